@@ -1,0 +1,2 @@
+/* api.c -- (being written) */
+#include "base/base.h"

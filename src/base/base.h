@@ -1,0 +1,162 @@
+/* base.h -- the bottom layer: error detail, logging, arenas, files, the
+ * thread pool, JSON. It knows nothing of tensors or models; everything else
+ * in src/ may include it. Read ringlm.h first for the status conventions.
+ *
+ * Internal (non-static) functions are prefixed rlm__; they are hidden in the
+ * shared library and reachable from the static one (tests link that).
+ */
+#ifndef RLM_BASE_H
+#define RLM_BASE_H
+
+#include "ringlm.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RLM_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#define RLM_UNUSED(x) ((void)(x))
+#define RLM_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define RLM_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Invariant checks: a broken invariant is a bug in ringlm, not bad input.
+ * In debug builds it aborts with the location; in release it compiles away.
+ * Input validation never uses this -- it returns RLM_ERR_INVALID. */
+#ifndef NDEBUG
+#define RLM_ASSERT(c) ((c) ? (void)0 : rlm__assert_fail(#c, __FILE__, __LINE__))
+#else
+#define RLM_ASSERT(c) ((void)0)
+#endif
+_Noreturn void rlm__assert_fail(const char *expr, const char *file, int line);
+
+/* ------------------------------------------------------------------------
+ * Error detail (status.c).
+ * rlm__err sets err (if not NULL) and returns code, so call sites read
+ *   return rlm__err(err, RLM_ERR_FORMAT, "%s: tensor '%s': ...", path, name);
+ * rlm__err_prefix prepends context ("file.safetensors: ") to a message that
+ * a lower layer already wrote, keeping the code.
+ * ---------------------------------------------------------------------- */
+rlm_status rlm__err(rlm_error *err, rlm_status code, const char *fmt, ...)
+    RLM_PRINTF(3, 4);
+rlm_status rlm__err_nomem(rlm_error *err, const char *what, size_t bytes);
+
+/* ------------------------------------------------------------------------
+ * Logging (log.c). Quiet by default; see rlm_log_set.
+ * ---------------------------------------------------------------------- */
+void rlm__log(rlm_log_level level, const char *fmt, ...) RLM_PRINTF(2, 3);
+bool rlm__log_enabled(rlm_log_level level);
+#define RLM_LOGE(...) rlm__log(RLM_LOG_ERROR, __VA_ARGS__)
+#define RLM_LOGW(...) rlm__log(RLM_LOG_WARN, __VA_ARGS__)
+#define RLM_LOGI(...) rlm__log(RLM_LOG_INFO, __VA_ARGS__)
+#define RLM_LOGD(...) rlm__log(RLM_LOG_DEBUG, __VA_ARGS__)
+
+/* ------------------------------------------------------------------------
+ * Heap allocation with a counter (arena.c). Everything in the library
+ * allocates through these so that tests can (a) count allocations made in
+ * a region that must not allocate -- the decode loop -- and (b) fail the
+ * N-th allocation to walk every error path.
+ * ---------------------------------------------------------------------- */
+void *rlm__malloc(size_t n);
+void *rlm__calloc(size_t count, size_t size);
+void *rlm__realloc(void *p, size_t n);
+void rlm__free(void *p);
+char *rlm__strdup(const char *s);
+uint64_t rlm__alloc_count(void);       /* allocations so far (all threads) */
+void rlm__alloc_fail_at(int64_t nth);  /* fail the nth from now; <0 = off  */
+
+/* Arena: bump allocation from large blocks, freed all at once. Used for
+ * per-call scratch (reset, not freed, between calls) and for parsed
+ * metadata whose lifetime is the owning handle's. Not thread-safe. */
+typedef struct rlm_arena rlm_arena;
+struct rlm_arena {
+  struct rlm_arena_block *head; /* newest block first                     */
+  size_t block_size;            /* default size of a new block            */
+  size_t used_total;            /* bytes handed out since the last reset  */
+};
+
+void rlm__arena_init(rlm_arena *a, size_t block_size);
+/* 16-byte aligned, zeroed; NULL if out of memory. */
+void *rlm__arena_alloc(rlm_arena *a, size_t n);
+void *rlm__arena_alloc_aligned(rlm_arena *a, size_t n, size_t align);
+char *rlm__arena_strndup(rlm_arena *a, const char *s, size_t n);
+/* Keeps the first block, drops the rest, so a steady-state user stops
+ * allocating once the first block is large enough. */
+void rlm__arena_reset(rlm_arena *a);
+void rlm__arena_free(rlm_arena *a);
+
+/* ------------------------------------------------------------------------
+ * Files (file.c).
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_mapped_file {
+  const uint8_t *data; /* read-only mapping, NULL for an empty file */
+  size_t size;
+  char *path;          /* owned copy, for error messages           */
+} rlm_mapped_file;
+
+rlm_status rlm__file_map(rlm_mapped_file *f, const char *path, rlm_error *err);
+void rlm__file_unmap(rlm_mapped_file *f);
+/* Whole file into a NUL-terminated heap buffer (config files). */
+rlm_status rlm__file_read_all(const char *path, char **out, size_t *len,
+                              rlm_error *err);
+bool rlm__path_is_dir(const char *path);
+bool rlm__path_exists(const char *path);
+/* dir + "/" + name into a new heap string; NULL if out of memory. */
+char *rlm__path_join(const char *dir, const char *name);
+/* mkdir -p of one level (the parent must exist); ok if it exists. */
+rlm_status rlm__mkdir(const char *path, rlm_error *err);
+rlm_status rlm__file_copy(const char *src, const char *dst, rlm_error *err);
+
+/* Atomic write: data goes to "<path>.tmp.<pid>", is fsync'd, then renamed
+ * over path, so a crash leaves either the old file or the new one. */
+typedef struct rlm_file_writer {
+  int fd;
+  char *path;     /* final name            */
+  char *tmp_path; /* name while writing    */
+  uint64_t written;
+} rlm_file_writer;
+
+rlm_status rlm__writer_open(rlm_file_writer *w, const char *path,
+                            rlm_error *err);
+rlm_status rlm__writer_write(rlm_file_writer *w, const void *p, size_t n,
+                             rlm_error *err);
+rlm_status rlm__writer_commit(rlm_file_writer *w, rlm_error *err);
+void rlm__writer_abort(rlm_file_writer *w); /* removes the temp file */
+
+/* ------------------------------------------------------------------------
+ * Thread pool (pool.c). A fixed set of workers created once; work is a
+ * parallel-for over [0, n) split into contiguous ranges, one per thread,
+ * the caller's thread taking the first. Workers spin briefly then sleep on
+ * a condition variable, so back-to-back calls in decode cost no syscalls.
+ * One caller at a time per pool (the pool is not re-entrant).
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_pool rlm_pool;
+
+/* fn processes [i0, i1) as thread ith of nth. */
+typedef void (*rlm_range_fn)(void *ctx, int64_t i0, int64_t i1, int ith,
+                             int nth);
+
+/* n_threads <= 0: the number of online CPUs. */
+rlm_status rlm__pool_create(rlm_pool **out, int n_threads, rlm_error *err);
+void rlm__pool_free(rlm_pool *p);
+int rlm__pool_size(const rlm_pool *p);
+/* Splits [0, n) into at most nth ranges whose bounds are multiples of
+ * `grain` (except the last). pool may be NULL: runs inline. */
+void rlm__pool_for(rlm_pool *p, int64_t n, int64_t grain, rlm_range_fn fn,
+                   void *ctx);
+int rlm__cpu_count(void);
+
+/* ------------------------------------------------------------------------
+ * JSON (json.c) over jansson. Parse errors name the file, line and column.
+ * ---------------------------------------------------------------------- */
+typedef struct json_t json_t;
+
+rlm_status rlm__json_load_file(const char *path, json_t **out, rlm_error *err);
+rlm_status rlm__json_load_buf(const char *buf, size_t len, const char *what,
+                              json_t **out, rlm_error *err);
+/* Writes with 2-space indent and sorted keys, atomically. */
+rlm_status rlm__json_save_file(const json_t *j, const char *path,
+                               rlm_error *err);
+void rlm__json_free(json_t *j);
+
+#endif /* RLM_BASE_H */

@@ -1,0 +1,2 @@
+/* quantize_model.c -- (being written) */
+#include "model/safetensors.h"

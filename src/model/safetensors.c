@@ -1,0 +1,2 @@
+/* safetensors.c -- (being written) */
+#include "model/safetensors.h"

@@ -1,0 +1,143 @@
+/* quant.h -- MLX affine quantization: the format, the scalar reference that
+ * defines it, and the kernel table that fast paths plug into.
+ *
+ * THE FORMAT (MLX "affine" mode; identical for weights and KV caches)
+ *
+ * A row of `cols` values is cut into groups of G = group_size consecutive
+ * values (G in {32, 64, 128}). Each group has a scale s and a bias b, stored
+ * in the row's float dtype T (f32, f16 or bf16), and B = bits per value
+ * (B in {2, 3, 4, 5, 6, 8}). Value x_j is coded as an integer
+ * q_j in [0, 2^B - 1] and read back as q_j * s + b.
+ *
+ * Packing: the codes of a row form one LSB-first bit stream; code i takes
+ * stream bits [i*B, (i+1)*B); u32 word w holds stream bits [32w, 32w+32)
+ * with bit 0 the least significant. G*B is a multiple of 32, so every group
+ * starts on a word boundary; for B = 3, 5, 6 codes may straddle two words:
+ *
+ *   B=3, word 0: | c10(lo 2) | c9 | c8 | ... | c1 | c0 |   (c10 continues
+ *                 31      30   29..27          5..3 2..0    in word 1 bit 0)
+ *
+ *   row layout:  wq     [rows][cols*B/32]  u32
+ *                scales [rows][cols/G]     T
+ *                biases [rows][cols/G]     T
+ *
+ * Per-group parameters, all in f32, exactly as MLX's Metal and CUDA kernels
+ * compute them (mlx/backend/metal/kernels/quantized.h affine_quantize):
+ *   n    = 2^B - 1
+ *   wmax = max(0, max x)        -- the GPU kernels start wmax at 0
+ *   wmin = min x                -- and do not clamp wmin
+ *   s    = max((wmax - wmin) / n, 1e-7)
+ *   if |wmin| > |wmax|: edge = wmin, s stays positive
+ *   else:               edge = wmax, s = -s
+ *   q0   = round(edge / s)      -- round half away from zero (C roundf)
+ *   q0 != 0: scale = edge / q0, bias = edge;  else scale = s, bias = 0
+ *   q_j  = clamp(round((x_j - bias) / scale), 0, n)   -- f32 scale/bias
+ *   stored: (T)scale, (T)bias, rounded to nearest even only after coding.
+ *
+ * MLX's CPU kernel differs in two ways that we deliberately do NOT follow:
+ * it starts wmax at the first value (no clamp at 0, so an all-negative group
+ * gets a different edge) and rounds codes with rint (half to even). Files
+ * written by mlx-lm on Apple GPUs -- every mlx-community checkpoint -- use
+ * the GPU rules, so those are the definition here.
+ *
+ * The larger-magnitude extreme (edge) gets code 0 and is reproduced
+ * exactly; the other extreme may be clipped by up to one step. That is the
+ * format, not a bug.
+ *
+ * Dequantization computes q*s + b in T with rounding after each operation
+ * (MLX's bf16/f16 arithmetic); for T = f32 it is two f32 operations, no FMA.
+ * Quantized products use the stored s, b widened to f32 and accumulate in
+ * f32 per group as s * sum(x_j q_j) + b * sum(x_j).
+ */
+#ifndef RLM_QUANT_H
+#define RLM_QUANT_H
+
+#include "tensor/tensor.h"
+
+#include <math.h>
+
+/* A quantized matrix [rows][cols] in the layout above (read-only view). */
+typedef struct rlm_qmat {
+  const uint32_t *wq;     /* [rows][cols*bits/32] */
+  const void *scales;     /* [rows][cols/group_size], dtype sdtype */
+  const void *biases;     /* [rows][cols/group_size], dtype sdtype */
+  rlm_dtype sdtype;       /* f32, f16 or bf16 */
+  int64_t rows;
+  int64_t cols;
+  int bits;
+  int group_size;
+} rlm_qmat;
+
+static inline bool rlm__quant_bits_ok(int bits) {
+  return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
+}
+static inline bool rlm__quant_group_ok(int g) { return g == 32 || g == 64 || g == 128; }
+static inline int64_t rlm__quant_row_words(int64_t cols, int bits) { return cols * bits / 32; }
+
+/* Validates bits, group size, dtype and that cols is a positive multiple of
+ * the group size; the message names `what`. */
+rlm_status rlm__quant_check(const char *what, rlm_dtype dtype, int64_t cols,
+                            int bits, int group_size, rlm_error *err);
+
+/* ---- the reference (quant_ref.c): the definition of the format -------- */
+
+/* Scale and bias of one group with extremes wmin, wmax(already >= 0). */
+void rlm__quant_group_params(float wmin, float wmax, int bits, float *scale,
+                             float *bias);
+/* Code of x given the f32 scale and bias; NaN codes as 0. */
+static inline uint32_t rlm__quant_code(float x, float scale, float bias, float n_bins) {
+  float v = roundf((x - bias) / scale);
+  v = v < n_bins ? v : n_bins;
+  return v > 0 ? (uint32_t)v : 0u; /* also catches NaN and -0 */
+}
+static inline uint32_t rlm__quant_get(const uint32_t *wq, int64_t i, int bits) {
+  int64_t bit = i * bits;
+  int64_t w = bit >> 5;
+  int off = (int)(bit & 31);
+  uint32_t v = wq[w] >> off;
+  if (off + bits > 32) v |= wq[w + 1] << (32 - off);
+  return v & ((1u << bits) - 1u);
+}
+
+void rlm__quantize_rows_ref(const void *x, rlm_dtype dtype, int64_t rows,
+                            int64_t cols, int bits, int group_size,
+                            uint32_t *wq, void *scales, void *biases);
+void rlm__dequantize_rows_ref(const rlm_qmat *w, void *out);
+/* y[o] = W[o] . x for o in [o0, o1); xsum[g] = sum of x over group g. */
+void rlm__qmatvec_ref(const rlm_qmat *w, const float *x, const float *xsum,
+                      int64_t o0, int64_t o1, float *y);
+/* y[i][o] = W[o] . x[i] for i < m, o in [o0, o1); x [m][cols], y [m][rows];
+ * xsum [m][cols/group_size]. */
+void rlm__qmatmul_ref(const rlm_qmat *w, const float *x, const float *xsum,
+                      int64_t m, int64_t o0, int64_t o1, float *y);
+/* xsum[i][g] = sum over group g of row i of x, in order. */
+void rlm__group_sums(const float *x, int64_t m, int64_t cols, int group_size,
+                     float *xsum);
+
+/* ---- kernels: reference and fast paths (quant_x86.c) ------------------ */
+
+typedef struct rlm_quant_kernels {
+  const char *name; /* "ref", "avx2", "avx512" */
+  void (*quantize_rows)(const void *x, rlm_dtype dtype, int64_t rows,
+                        int64_t cols, int bits, int group_size, uint32_t *wq,
+                        void *scales, void *biases);
+  void (*qmatvec)(const rlm_qmat *w, const float *x, const float *xsum,
+                  int64_t o0, int64_t o1, float *y);
+  void (*qmatmul)(const rlm_qmat *w, const float *x, const float *xsum,
+                  int64_t m, int64_t o0, int64_t o1, float *y);
+} rlm_quant_kernels;
+
+extern const rlm_quant_kernels rlm__quant_kernels_ref;
+/* NULL when this CPU (or this build) lacks the ISA. */
+const rlm_quant_kernels *rlm__quant_kernels_avx2(void);
+const rlm_quant_kernels *rlm__quant_kernels_avx512(void);
+/* The fastest table this CPU supports (chosen once). */
+const rlm_quant_kernels *rlm__quant_kernels(void);
+
+/* Multi-threaded products over a pool (NULL = inline): output rows are
+ * split across threads. xsum scratch [m][cols/G] is caller-provided so the
+ * decode loop does not allocate. */
+void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
+                  float *xsum, float *y);
+
+#endif /* RLM_QUANT_H */

@@ -1,0 +1,126 @@
+/* test.h -- a tiny test harness (one header, no dependencies).
+ *
+ *   TEST(name) { CHECK(x == 1); CHECK_EQ(a, b); CHECK_NEAR(x, y, tol); }
+ *   int main(void) { RUN(name); return test_summary(); }
+ *
+ * A failed CHECK prints file:line and the values, marks the current test
+ * failed and continues; test_summary prints "N passed, N failed" and
+ * returns the exit status for ctest. Randomised tests print their seed on
+ * failure via test_note().
+ */
+#ifndef RLM_TEST_H
+#define RLM_TEST_H
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <unistd.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int t_pass, t_fail, t_cur_failed;
+static const char *t_cur_name;
+static char t_note[256];
+
+#define TEST(name) static void name(void)
+
+static inline void test_note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static inline void test_note(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(t_note, sizeof t_note, fmt, ap);
+  va_end(ap);
+}
+
+static inline void t_failed(const char *file, int line, const char *what) {
+  if (t_cur_failed < 10)
+    fprintf(stderr, "  FAIL %s (%s:%d): %s%s%s\n", t_cur_name, file, line, what,
+            t_note[0] ? " | " : "", t_note);
+  t_cur_failed++;
+}
+
+#define CHECK(c)                                                             \
+  do {                                                                       \
+    if (!(c)) t_failed(__FILE__, __LINE__, #c);                              \
+  } while (0)
+
+#define CHECK_EQ(a, b)                                                       \
+  do {                                                                       \
+    long long t_a = (long long)(a), t_b = (long long)(b);                    \
+    if (t_a != t_b) {                                                        \
+      char t_m[256];                                                         \
+      snprintf(t_m, sizeof t_m, "%s == %s (%lld != %lld)", #a, #b, t_a, t_b); \
+      t_failed(__FILE__, __LINE__, t_m);                                     \
+    }                                                                        \
+  } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                \
+  do {                                                                       \
+    double t_a = (double)(a), t_b = (double)(b);                             \
+    if (!(fabs(t_a - t_b) <= (tol))) {                                       \
+      char t_m[256];                                                         \
+      snprintf(t_m, sizeof t_m, "%s ~ %s (%.9g vs %.9g, tol %g)", #a, #b, t_a, \
+               t_b, (double)(tol));                                          \
+      t_failed(__FILE__, __LINE__, t_m);                                     \
+    }                                                                        \
+  } while (0)
+
+#define CHECK_STR_CONTAINS(hay, needle)                                      \
+  do {                                                                       \
+    const char *t_h = (hay), *t_n = (needle);                                \
+    if (!t_h || !strstr(t_h, t_n)) {                                         \
+      char t_m[640];                                                         \
+      snprintf(t_m, sizeof t_m, "\"%s\" contains \"%s\"", t_h ? t_h : "(null)", t_n); \
+      t_failed(__FILE__, __LINE__, t_m);                                     \
+    }                                                                        \
+  } while (0)
+
+#define RUN(name) t_run(#name, name)
+
+static inline void t_run(const char *name, void (*fn)(void)) {
+  t_cur_name = name;
+  t_cur_failed = 0;
+  t_note[0] = 0;
+  fn();
+  if (t_cur_failed) {
+    t_fail++;
+    fprintf(stderr, "FAIL %s (%d checks)\n", name, t_cur_failed);
+  } else {
+    t_pass++;
+    printf("ok   %s\n", name);
+  }
+}
+
+static inline int test_summary(void) {
+  printf("%d passed, %d failed\n", t_pass, t_fail);
+  return t_fail ? 1 : 0;
+}
+
+/* Deterministic PRNG (splitmix64) for randomised tests. */
+static inline uint64_t t_rng_next(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+/* Uniform in [lo, hi). */
+static inline float t_rng_float(uint64_t *s, float lo, float hi) {
+  return lo + (hi - lo) * (float)((t_rng_next(s) >> 40) * 0x1p-24);
+}
+static inline float t_rng_normal(uint64_t *s) {
+  double u1 = ((t_rng_next(s) >> 11) + 1) * 0x1p-53, u2 = (t_rng_next(s) >> 11) * 0x1p-53;
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* A fresh empty directory under the build's temp area. */
+static inline void t_tmpdir(char *out, size_t n, const char *tag) {
+  snprintf(out, n, "/tmp/ringlm-test-%s-%ld-XXXXXX", tag, (long)getpid());
+  if (!mkdtemp(out)) {
+    perror("mkdtemp");
+    exit(2);
+  }
+}
+
+#endif /* RLM_TEST_H */
