@@ -35,6 +35,7 @@ static inline void test_note(const char *fmt, ...) {
 }
 
 static inline void t_failed(const char *file, int line, const char *what) {
+  fflush(stdout);
   if (t_cur_failed < 10)
     fprintf(stderr, "  FAIL %s (%s:%d): %s%s%s\n", t_cur_name, file, line, what,
             t_note[0] ? " | " : "", t_note);

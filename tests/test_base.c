@@ -1,2 +1,179 @@
+/* test_base.c -- error detail, arena, allocation counting and fault
+ * injection, files (mmap, atomic writer), JSON errors, the thread pool. */
+#include "base/base.h"
 #include "test.h"
-int main(void){ return test_summary(); }
+
+#include <jansson.h>
+#include <stdatomic.h>
+
+TEST(status_and_error) {
+  rlm_error err;
+  CHECK_EQ(rlm__err(&err, RLM_ERR_FORMAT, "x.safetensors: tensor '%s'\nbad", "w"),
+           RLM_ERR_FORMAT);
+  CHECK_EQ(err.code, RLM_ERR_FORMAT);
+  CHECK(strchr(err.msg, '\n') == NULL); /* kept to one line */
+  CHECK_STR_CONTAINS(err.msg, "tensor 'w'");
+  CHECK_EQ(rlm__err(NULL, RLM_ERR_IO, "ignored"), RLM_ERR_IO);
+  CHECK_STR_CONTAINS(rlm_status_str(RLM_ERR_FORMAT), "RLM_ERR_FORMAT");
+  CHECK_STR_CONTAINS(rlm_status_str((rlm_status)99), "unknown");
+  CHECK(strcmp(rlm_version(), RLM_VERSION_STRING) == 0);
+  CHECK_EQ(RLM_VERSION_HEX, (RLM_VERSION_MAJOR << 16) | (RLM_VERSION_MINOR << 8) | RLM_VERSION_PATCH);
+}
+
+static int log_calls;
+static void log_sink(rlm_log_level lv, const char *line, void *ctx) {
+  log_calls++;
+  RLM_UNUSED(lv);
+  RLM_UNUSED(ctx);
+  RLM_UNUSED(line);
+}
+
+TEST(logging_quiet_by_default) {
+  RLM_LOGE("should not print");
+  rlm_log_set(RLM_LOG_WARN, log_sink, NULL);
+  RLM_LOGW("counted");
+  RLM_LOGI("filtered");
+  CHECK_EQ(log_calls, 1);
+  rlm_log_set(RLM_LOG_NONE, NULL, NULL);
+  RLM_LOGE("silent again");
+  CHECK_EQ(log_calls, 1);
+}
+
+TEST(arena) {
+  rlm_arena a;
+  rlm__arena_init(&a, 256);
+  char *p = rlm__arena_alloc(&a, 10);
+  CHECK(p && ((uintptr_t)p % 16) == 0);
+  char *q = rlm__arena_alloc_aligned(&a, 100, 64);
+  CHECK(q && ((uintptr_t)q % 64) == 0);
+  char *big = rlm__arena_alloc(&a, 10000); /* larger than a block */
+  CHECK(big != NULL);
+  memset(big, 1, 10000);
+  CHECK(strcmp(rlm__arena_strndup(&a, "hello world", 5), "hello") == 0);
+  /* After a reset that merged blocks, the same pattern allocates nothing. */
+  rlm__arena_reset(&a);
+  CHECK(rlm__arena_alloc(&a, 10) && rlm__arena_alloc(&a, 10000)); /* warm */
+  uint64_t before = rlm__alloc_count();
+  for (int round = 0; round < 3; round++) {
+    rlm__arena_reset(&a);
+    CHECK(rlm__arena_alloc(&a, 10) && rlm__arena_alloc(&a, 10000));
+  }
+  CHECK_EQ(rlm__alloc_count() - before, 0);
+  rlm__arena_free(&a);
+}
+
+TEST(fault_injection) {
+  rlm__alloc_fail_at(2);
+  void *a = rlm__malloc(8), *b = rlm__malloc(8), *c = rlm__malloc(8), *d = rlm__malloc(8);
+  CHECK(a && b && !c && d);
+  rlm__free(a);
+  rlm__free(b);
+  rlm__free(d);
+  rlm__alloc_fail_at(-1);
+}
+
+TEST(files) {
+  char dir[256];
+  t_tmpdir(dir, sizeof dir, "base");
+  char *path = rlm__path_join(dir, "f.bin");
+  rlm_error err;
+  rlm_file_writer w;
+  CHECK_EQ(rlm__writer_open(&w, path, &err), RLM_OK);
+  CHECK_EQ(rlm__writer_write(&w, "abc", 3, &err), RLM_OK);
+  CHECK(!rlm__path_exists(path)); /* not visible before commit */
+  CHECK_EQ(rlm__writer_commit(&w, &err), RLM_OK);
+  rlm_mapped_file f;
+  CHECK_EQ(rlm__file_map(&f, path, &err), RLM_OK);
+  CHECK(f.size == 3 && memcmp(f.data, "abc", 3) == 0);
+  rlm__file_unmap(&f);
+  /* Abort leaves the old file in place. */
+  CHECK_EQ(rlm__writer_open(&w, path, &err), RLM_OK);
+  CHECK_EQ(rlm__writer_write(&w, "zzzz", 4, &err), RLM_OK);
+  rlm__writer_abort(&w);
+  char *buf;
+  size_t len;
+  CHECK_EQ(rlm__file_read_all(path, &buf, &len, &err), RLM_OK);
+  CHECK(len == 3 && strcmp(buf, "abc") == 0);
+  rlm__free(buf);
+  char *missing = rlm__path_join(dir, "missing");
+  CHECK_EQ(rlm__file_map(&f, missing, &err), RLM_ERR_IO);
+  CHECK_STR_CONTAINS(err.msg, missing);
+  CHECK_EQ(rlm__file_map(&f, dir, &err), RLM_ERR_IO); /* a directory */
+  CHECK(rlm__path_is_dir(dir) && !rlm__path_is_dir(path));
+  remove(path);
+  rmdir(dir);
+  rlm__free(missing);
+  rlm__free(path);
+}
+
+TEST(json_errors_name_the_file) {
+  json_t *j;
+  rlm_error err;
+  const char *bad = "{\n  \"a\": 1,\n  \"b\": }";
+  CHECK_EQ(rlm__json_load_buf(bad, strlen(bad), "config.json", &j, &err), RLM_ERR_FORMAT);
+  CHECK_STR_CONTAINS(err.msg, "config.json");
+  CHECK_STR_CONTAINS(err.msg, "line 3");
+  const char *dup = "{\"a\": 1, \"a\": 2}";
+  CHECK_EQ(rlm__json_load_buf(dup, strlen(dup), "d.json", &j, &err), RLM_ERR_FORMAT);
+  const char *ok = "{\"a\": [1, 2]}";
+  CHECK_EQ(rlm__json_load_buf(ok, strlen(ok), "ok.json", &j, &err), RLM_OK);
+  CHECK_EQ(json_array_size(json_object_get(j, "a")), 2);
+  rlm__json_free(j);
+}
+
+/* Pool: every index visited exactly once, ranges aligned to the grain. */
+struct pool_ctx {
+  _Atomic int *hits;
+  int64_t grain;
+  _Atomic int misaligned;
+  _Atomic int max_ith;
+};
+
+static void pool_fn(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
+  struct pool_ctx *c = ctx;
+  if (i0 % c->grain) atomic_fetch_add(&c->misaligned, 1);
+  if (ith >= nth) atomic_fetch_add(&c->misaligned, 1);
+  for (int64_t i = i0; i < i1; i++) atomic_fetch_add(&c->hits[i], 1);
+  int m = atomic_load(&c->max_ith);
+  while (ith > m && !atomic_compare_exchange_weak(&c->max_ith, &m, ith)) {
+  }
+}
+
+TEST(thread_pool) {
+  rlm_pool *p;
+  rlm_error err;
+  CHECK_EQ(rlm__pool_create(&p, 4, &err), RLM_OK); /* more than cores: fine */
+  CHECK_EQ(rlm__pool_size(p), 4);
+  static _Atomic int hits[10007];
+  for (int round = 0; round < 2000; round++) {
+    int64_t n = 1 + (round * 7919) % 10007, grain = 1 + round % 17;
+    for (int64_t i = 0; i < n; i++) atomic_store(&hits[i], 0);
+    struct pool_ctx c = {hits, grain, 0, 0};
+    rlm__pool_for(p, n, grain, pool_fn, &c);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) bad += atomic_load(&hits[i]) != 1;
+    test_note("round %d n=%lld grain=%lld", round, (long long)n, (long long)grain);
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(atomic_load(&c.misaligned), 0);
+    if (bad) break;
+  }
+  struct pool_ctx c = {hits, 1, 0, 0};
+  rlm__pool_for(p, 0, 1, pool_fn, &c); /* empty range: no call */
+  rlm__pool_for(NULL, 10, 1, pool_fn, &c); /* inline */
+  CHECK_EQ(atomic_load(&c.max_ith), 0);
+  rlm__pool_free(p);
+  rlm__pool_free(NULL);
+  CHECK_EQ(rlm__pool_create(&p, 5000, &err), RLM_ERR_INVALID);
+  CHECK(p == NULL);
+}
+
+int main(void) {
+  RUN(status_and_error);
+  RUN(logging_quiet_by_default);
+  RUN(arena);
+  RUN(fault_injection);
+  RUN(files);
+  RUN(json_errors_name_the_file);
+  RUN(thread_pool);
+  return test_summary();
+}

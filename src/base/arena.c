@@ -64,7 +64,7 @@ struct rlm_arena_block {
   struct rlm_arena_block *next; /* older block            */
   size_t size;                  /* usable bytes after hdr */
   size_t used;                  /* bytes handed out       */
-  _Alignas(64) unsigned char data[];
+  _Alignas(16) unsigned char data[];
 };
 
 void rlm__arena_init(rlm_arena *a, size_t block_size) {
@@ -84,16 +84,23 @@ static struct rlm_arena_block *arena_new_block(rlm_arena *a, size_t need) {
   return b;
 }
 
+/* Offset in b of the first address at or after b->used aligned to align
+ * (alignment is of the absolute address: malloc gives only 16). */
+static size_t block_align(const struct rlm_arena_block *b, size_t align) {
+  uintptr_t p = (uintptr_t)(b->data + b->used);
+  return (size_t)(((p + align - 1) & ~(uintptr_t)(align - 1)) - (uintptr_t)b->data);
+}
+
 void *rlm__arena_alloc_aligned(rlm_arena *a, size_t n, size_t align) {
   if (align < 16) align = 16;
-  if ((align & (align - 1)) || align > 64) return NULL; /* caller bug */
-  if (n > SIZE_MAX - 64) return NULL;
+  if ((align & (align - 1)) || align > 4096) return NULL; /* caller bug */
+  if (n > SIZE_MAX / 2) return NULL;
   struct rlm_arena_block *b = a->head;
-  size_t off = b ? (b->used + align - 1) & ~(align - 1) : 0;
+  size_t off = b ? block_align(b, align) : 0;
   if (!b || off > b->size || n > b->size - off) {
     b = arena_new_block(a, n + align);
     if (!b) return NULL;
-    off = 0;
+    off = block_align(b, align);
   }
   b->used = off + n;
   a->used_total += n;
