@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ringlm needs to build and test, and only
+# those that are missing; says what it installs. Safe to run repeatedly.
+set -euo pipefail
+need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev)
+missing=()
+for p in "${need[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all present (${need[*]})"
+  exit 0
+fi
+echo "deps: installing missing Debian packages: ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -q
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds and runs the whole test suite with ctest.
+#   scripts/test.sh             Debug build in build-test/
+#   scripts/test.sh --sanitize  AddressSanitizer + UBSan build in build-san/
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+dir=build-test
+flags=(-DCMAKE_BUILD_TYPE=Debug)
+if [ "${1:-}" = "--sanitize" ]; then
+  dir=build-san
+  flags=(-DCMAKE_BUILD_TYPE=Debug -DRINGLM_SANITIZE=ON)
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+fi
+cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+cmake --build "$dir"
+ctest --test-dir "$dir" --output-on-failure -j2

@@ -1,0 +1,25 @@
+/* cli.h -- shared pieces of the ringlm command-line tool. The CLI sees
+ * only the public header: anything it needs from the engine must be in
+ * ringlm.h. Exit codes: 0 success, 1 the operation failed (one line on
+ * stderr: "ringlm: <message>"), 2 bad usage. */
+#ifndef RLM_CLI_H
+#define RLM_CLI_H
+
+#include "ringlm.h"
+
+#include <stdio.h>
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+/* Parses a whole decimal integer in [lo, hi]; prints a usage error naming
+ * `flag` and returns false otherwise. */
+bool cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out);
+/* Prints "ringlm: <msg>" for a failed call and returns CLI_FAIL. */
+int cli_fail(const rlm_error *err);
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+int cmd_quantize(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+
+#endif
