@@ -73,7 +73,7 @@ static inline void t_failed(const char *file, int line, const char *what) {
     const char *t_h = (hay), *t_n = (needle);                                \
     if (!t_h || !strstr(t_h, t_n)) {                                         \
       char t_m[640];                                                         \
-      snprintf(t_m, sizeof t_m, "\"%s\" contains \"%s\"", t_h ? t_h : "(null)", t_n); \
+      snprintf(t_m, sizeof t_m, "\"%.300s\" contains \"%.200s\"", t_h ? t_h : "(null)", t_n); \
       t_failed(__FILE__, __LINE__, t_m);                                     \
     }                                                                        \
   } while (0)

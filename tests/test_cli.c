@@ -1,2 +1,99 @@
+/* test_cli.c -- the ringlm command line as a user meets it: exit codes
+ * (0 ok, 1 failed, 2 usage), one-line errors that name the file, and a
+ * quantize + inspect round trip on a generated model. */
 #include "test.h"
-int main(void){ return test_summary(); }
+
+#include <sys/wait.h>
+
+static char g_dir[256];
+static const char *g_bin, *g_make;
+
+/* Runs a shell command, captures its stdout+stderr, returns its status. */
+static int run(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int run(char *out, size_t n, const char *fmt, ...) {
+  char cmd[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t len = fread(out, 1, n - 1, p);
+  out[len] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int count_lines(const char *s) {
+  int n = 0;
+  for (; *s; s++) n += *s == '\n';
+  return n;
+}
+
+TEST(usage_errors) {
+  char out[8192];
+  CHECK_EQ(run(out, sizeof out, "%s", g_bin), 2);
+  CHECK_STR_CONTAINS(out, "usage: ringlm");
+  CHECK_EQ(run(out, sizeof out, "%s frobnicate", g_bin), 2);
+  CHECK_STR_CONTAINS(out, "unknown command 'frobnicate'");
+  CHECK_EQ(run(out, sizeof out, "%s quantize onlyone", g_bin), 2);
+  CHECK_EQ(run(out, sizeof out, "%s quantize a b --bits x", g_bin), 2);
+  CHECK_STR_CONTAINS(out, "--bits expects an integer");
+  CHECK_EQ(run(out, sizeof out, "%s quantize a b --wat", g_bin), 2);
+  CHECK_EQ(run(out, sizeof out, "%s quantize --help", g_bin), 0);
+  CHECK_EQ(run(out, sizeof out, "%s version", g_bin), 0);
+  CHECK_STR_CONTAINS(out, "ringlm 0.");
+}
+
+TEST(bad_files_one_line_errors) {
+  char out[8192], path[512];
+  CHECK_EQ(run(out, sizeof out, "%s inspect %s/missing.safetensors", g_bin, g_dir), 1);
+  CHECK_STR_CONTAINS(out, "missing.safetensors");
+  CHECK_EQ(count_lines(out), 1);
+  /* Header length past the end of the file. */
+  snprintf(path, sizeof path, "%s/bad.safetensors", g_dir);
+  FILE *f = fopen(path, "wb");
+  uint64_t n = 1000;
+  fwrite(&n, 8, 1, f);
+  fputs("{}", f);
+  fclose(f);
+  CHECK_EQ(run(out, sizeof out, "%s inspect %s", g_bin, path), 1);
+  CHECK_STR_CONTAINS(out, "bad.safetensors");
+  CHECK_EQ(count_lines(out), 1);
+  CHECK_EQ(run(out, sizeof out, "%s quantize %s %s/o.safetensors", g_bin, path, g_dir), 1);
+  CHECK_STR_CONTAINS(out, "bad.safetensors");
+  CHECK_EQ(run(out, sizeof out, "%s quantize %s %s/o --bits 7", g_bin, path, g_dir), 1);
+  CHECK_STR_CONTAINS(out, "--bits 7");
+}
+
+TEST(quantize_and_inspect_round_trip) {
+  char out[65536];
+  CHECK_EQ(run(out, sizeof out, "%s %s/m --dtype bf16 --layers 2 --hidden 128 --inter 256 --vocab 300",
+               g_make, g_dir), 0);
+  CHECK_EQ(run(out, sizeof out, "%s quantize %s/m %s/q --bits 8 --group-size 32 -t 2", g_bin, g_dir,
+               g_dir), 0);
+  CHECK_STR_CONTAINS(out, "quantized 15 of");
+  CHECK_EQ(run(out, sizeof out, "%s inspect %s/q", g_bin, g_dir), 0);
+  CHECK_STR_CONTAINS(out, "model.layers.1.mlp.down_proj.scales");
+  CHECK_STR_CONTAINS(out, "U32   [128, 64]"); /* 256 inputs * 8 bits / 32 */
+  CHECK_STR_CONTAINS(out, "model.embed_tokens.weight                                    BF16  [300, 128]");
+}
+
+int main(void) {
+  g_bin = getenv("RINGLM_BIN");
+  g_make = getenv("RINGLM_MAKE_MODEL");
+  if (!g_bin || !g_make) {
+    fprintf(stderr, "RINGLM_BIN and RINGLM_MAKE_MODEL must be set (ctest sets them)\n");
+    return 1;
+  }
+  t_tmpdir(g_dir, sizeof g_dir, "cli");
+  RUN(usage_errors);
+  RUN(bad_files_one_line_errors);
+  RUN(quantize_and_inspect_round_trip);
+  int rc = test_summary();
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  if (!rc && system(cmd) != 0) return 1;
+  return rc;
+}
