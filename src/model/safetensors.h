@@ -19,6 +19,17 @@
  * rlm__st_open accepts a file, a folder, or an index file, and presents one
  * name-sorted table. Tensor data stay in the read-only mappings (zero-copy,
  * possibly unaligned: read with memcpy or unaligned loads).
+ *
+ * A folder is opened through its index if it has one, else through
+ * model.safetensors; with neither it is RLM_ERR_NOT_FOUND. For an index,
+ * shard paths are relative to the index's folder, each shard is mapped once,
+ * and shards are numbered (file_index) in strcmp order of their names, so
+ * shard 0 is model-00001-of-N. Every weight_map entry must be in the shard
+ * it names, and a name in two shards is RLM_ERR_FORMAT; tensors a shard
+ * holds that weight_map omits are kept (lenient). The index's own
+ * "metadata" object is ignored: rlm__st_metadata reads shard 0's
+ * __metadata__. A file with no tensors (only "{}" or only __metadata__) and
+ * an empty weight_map are valid.
  */
 #ifndef RLM_SAFETENSORS_H
 #define RLM_SAFETENSORS_H
