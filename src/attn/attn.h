@@ -1,0 +1,93 @@
+/* attn.h -- attention over KV slots whose order does not matter, with the
+ * mask computed from positions.
+ *
+ * The KV-state layer (src/kv/) stores keys and values in rings written in
+ * place; it never re-orders them. What a query sees is decided by positions
+ * alone: a query at position p attends a slot holding position k when
+ *
+ *     k >= 0                      (the slot is filled)
+ *     k <= p                      (causal)
+ *     window == 0                 (no sliding window), or
+ *     k < sink, or p - k < window - sink
+ *                                 (sliding window of `window` positions of
+ *                                  which the first `sink` are kept forever)
+ *
+ * so decode, window and block reads, batched rows with left padding and
+ * ragged rollback are all the same kernel fed different positions.
+ *
+ * Slots come in segments: a run of slots with one storage format, e.g. the
+ * ring of one (row, kv head) and a verification block that is attended but
+ * not stored. A segment's keys and values are each either dense (f32, f16
+ * or bf16) or MLX affine-quantized (bits 2..8 per tensor, so K and V may
+ * differ), one row of `dim` values per slot:
+ *
+ *   dense:  data   [n][row_stride]      (dtype; row_stride >= dim elements)
+ *   quant:  data   [n][row_stride]      (u32 words; row_stride >= dim*bits/32)
+ *           scales [n][sb_stride]       (dtype; sb_stride >= dim/group_size)
+ *           biases [n][sb_stride]
+ *
+ * A dequantized element is code * scale + bias with scale and bias widened
+ * to f32 (not rounded to the scale dtype: attention works in f32).
+ *
+ * Queries: `n_q` rows of `dim_k` floats, each with its own position (GQA:
+ * the query heads that share one kv head are passed as separate rows with
+ * the same position, so K and V are read once for all of them). Output:
+ * n_q rows of `dim_v` floats. Softmax is in f32. A query row that sees no
+ * slot at all (a padding query) outputs zeros.
+ */
+#ifndef RLM_ATTN_H
+#define RLM_ATTN_H
+
+#include "quant/quant.h"
+
+typedef struct rlm_attn_mat {
+  int bits;            /* 0: dense; else 2..8 (MLX affine)                  */
+  rlm_dtype dtype;     /* dense: element dtype; quant: scale/bias dtype     */
+  int group_size;      /* quant only                                         */
+  const void *data;    /* dense elements or packed u32 words                 */
+  const void *scales;  /* quant only                                         */
+  const void *biases;  /* quant only                                         */
+  int64_t row_stride;  /* elements (dense) or u32 words (quant) per slot     */
+  int64_t sb_stride;   /* scale/bias elements per slot (quant only)          */
+} rlm_attn_mat;
+
+typedef struct rlm_attn_seg {
+  int64_t n;             /* slots in this segment                  */
+  const int32_t *pos;    /* [n] position per slot, -1 = empty      */
+  rlm_attn_mat k;        /* dim_k per slot                         */
+  rlm_attn_mat v;        /* dim_v per slot                         */
+} rlm_attn_seg;
+
+typedef struct rlm_attn_args {
+  const rlm_attn_seg *segs; /* [n_segs]                                    */
+  int n_segs;
+  int dim_k, dim_v;
+  const float *q;           /* [n_q][dim_k]                                */
+  const int64_t *q_pos;     /* [n_q] position of each query row            */
+  int n_q;
+  float scale;              /* applied to q.k before softmax               */
+  int64_t window;           /* 0 = causal only; else sliding window         */
+  int64_t sink;             /* positions < sink always visible (window > 0) */
+  float *out;               /* [n_q][dim_v]                                */
+} rlm_attn_args;
+
+/* True if a query at position qp attends a slot holding position kp. */
+static inline bool rlm__attn_visible(int64_t qp, int64_t kp, int64_t window, int64_t sink) {
+  if (kp < 0 || kp > qp) return false;
+  return window == 0 || kp < sink || qp - kp < window - sink;
+}
+
+/* Reference: dequantizes every segment into f32 (allocating), then naive
+ * attention in f32 with a two-pass softmax. The definition for tests;
+ * returns RLM_ERR_NOMEM if its scratch cannot be allocated. */
+rlm_status rlm__attn_ref(const rlm_attn_args *a);
+
+/* Fused kernel: processes slots in tiles with an online softmax; never
+ * dequantizes more than one tile nor holds more than one tile of scores.
+ * `scratch` must hold rlm__attn_scratch_floats(a) floats (no allocation:
+ * the decode loop calls this). Agrees with rlm__attn_ref within f32
+ * rounding (relative 1e-5 on well-conditioned inputs). */
+size_t rlm__attn_scratch_floats(int n_q, int dim_k, int dim_v);
+void rlm__attn_fused(const rlm_attn_args *a, float *scratch);
+
+#endif /* RLM_ATTN_H */

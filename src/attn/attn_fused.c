@@ -1,0 +1,2 @@
+/* attn_fused.c -- (being written) */
+#include "attn/attn.h"

@@ -1,0 +1,2 @@
+/* attn_ref.c -- (being written) */
+#include "attn/attn.h"

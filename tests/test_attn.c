@@ -1,0 +1,2 @@
+#include "test.h"
+int main(void){ return test_summary(); }
