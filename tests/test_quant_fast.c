@@ -1,2 +1,440 @@
+/* test_quant_fast.c -- the AVX2 and AVX-512 kernel tables (quant_x86.c)
+ * against the scalar reference (quant_ref.c), which defines the format.
+ *
+ *   quantize: the packed codes, scales and biases must be the same bytes,
+ *             for every bits x group size x dtype, on random shapes and on
+ *             groups built to hit the edge cases (constant, all negative,
+ *             all zero, huge and tiny magnitudes, exact .5 ties).
+ *   products: qmatvec / qmatmul within 1e-5 of the natural error scale of
+ *             the format's arithmetic, sum_j |x_j| (|s| q_j + |b|), with
+ *             entries of y outside [o0, o1) untouched. A negative control
+ *             shows one wrong code in the largest shape breaks that bound.
+ *
+ * A table the CPU lacks is reported as skipped, not passed. Randomised
+ * cases print their seed; RINGLM_TEST_SEED=<n> replays with another base.
+ */
+#include "quant/quant.h"
 #include "test.h"
-int main(void){ return test_summary(); }
+
+#include <float.h>
+
+static const int BITS[] = {2, 3, 4, 5, 6, 8};
+static const int GROUPS[] = {32, 64, 128};
+static const rlm_dtype DTYPES[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const rlm_quant_kernels *g_k; /* the table under test */
+static uint64_t g_seed = 0x5eedf00dull;
+
+static void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+/* ---- inputs --------------------------------------------------------------- */
+
+enum group_kind {
+  GK_NORMAL,   /* centred, random spread                            */
+  GK_POS,      /* all > 0                                           */
+  GK_NEG,      /* all < 0: wmax stays at the clamp 0                */
+  GK_CONST,    /* one value repeated                                */
+  GK_ZERO,     /* +0 and -0 mixed                                   */
+  GK_HUGE,     /* magnitudes near the dtype's top                   */
+  GK_TINY,     /* magnitudes near or below the smallest normal      */
+  GK_TIES,     /* multiples of 0.5 spanning [0, n]: exact .5 codes  */
+  GK_NEG_TIES, /* the same spanning [-n, 0]                         */
+  GK_FEW,      /* a few distinct values, some repeated              */
+  GK_COUNT
+};
+
+/* Largest and smallest magnitudes that stay finite and non-NaN in dtype. */
+static float huge_of(rlm_dtype dt) { return dt == RLM_DTYPE_F16 ? 3.0e4f : 1.0e37f; }
+static float tiny_of(rlm_dtype dt) { return dt == RLM_DTYPE_F16 ? 1.0e-6f : 1.0e-39f; }
+
+static void fill_group(float *v, int g, int kind, int bits, rlm_dtype dt, uint64_t *rng) {
+  const float n = (float)((1 << bits) - 1);
+  float mag = powf(10.0f, t_rng_float(rng, -3.0f, 3.0f));
+  float c = t_rng_normal(rng) * mag;
+  for (int j = 0; j < g; j++) {
+    float e = t_rng_normal(rng);
+    switch (kind) {
+    case GK_NORMAL: v[j] = e * mag; break;
+    case GK_POS: v[j] = fabsf(e) * mag + mag * 0.01f; break;
+    case GK_NEG: v[j] = -fabsf(e) * mag - mag * 0.01f; break;
+    case GK_CONST: v[j] = c; break;
+    case GK_ZERO: v[j] = (t_rng_next(rng) & 1) ? -0.0f : 0.0f; break;
+    case GK_HUGE: v[j] = huge_of(dt) * t_rng_float(rng, -1.0f, 1.0f); break;
+    case GK_TINY: v[j] = tiny_of(dt) * (float)(int)t_rng_float(rng, -40.0f, 40.0f); break;
+    case GK_TIES: v[j] = 0.5f * (float)(int)t_rng_float(rng, 0.0f, 2.0f * n + 1.0f); break;
+    case GK_NEG_TIES: v[j] = -0.5f * (float)(int)t_rng_float(rng, 0.0f, 2.0f * n + 1.0f); break;
+    default: v[j] = c * (float)(t_rng_next(rng) % 4); break;
+    }
+  }
+  if (kind == GK_TIES || kind == GK_NEG_TIES) { /* pin both ends of the range */
+    v[t_rng_next(rng) % (uint64_t)g] = 0.0f;
+    v[t_rng_next(rng) % (uint64_t)g] = kind == GK_TIES ? n : -n;
+  }
+}
+
+/* rows x cols values of dtype dt; every group gets a random kind. */
+static void *make_input(int64_t rows, int64_t cols, int g, int bits, rlm_dtype dt,
+                        uint64_t *rng) {
+  float *f = xmalloc((size_t)(rows * cols) * sizeof *f);
+  for (int64_t i = 0; i < rows * cols; i += g)
+    fill_group(f + i, g, (int)(t_rng_next(rng) % GK_COUNT), bits, dt, rng);
+  void *out = xmalloc((size_t)(rows * cols) * rlm_dtype_size(dt));
+  rlm__convert(f, RLM_DTYPE_F32, out, dt, rows * cols);
+  free(f);
+  return out;
+}
+
+/* ---- quantize: bit-exact ---------------------------------------------------- */
+
+/* Quantizes x both ways and compares bytes. The fast outputs start as
+ * garbage so a word the kernel forgets to write shows up; each array is
+ * its own allocation of the exact size so the sanitizer build catches a
+ * kernel writing past one. */
+static bool quantize_matches(const void *x, rlm_dtype dt, int64_t rows, int64_t cols, int bits,
+                             int g) {
+  const size_t n[3] = {(size_t)(rows * rlm__quant_row_words(cols, bits)) * sizeof(uint32_t),
+                       (size_t)(rows * (cols / g)) * rlm_dtype_size(dt),
+                       (size_t)(rows * (cols / g)) * rlm_dtype_size(dt)};
+  void *a[3], *b[3];
+  for (int i = 0; i < 3; i++) {
+    a[i] = memset(xmalloc(n[i]), 0x00, n[i]);
+    b[i] = memset(xmalloc(n[i]), 0xab, n[i]);
+  }
+  rlm__quantize_rows_ref(x, dt, rows, cols, bits, g, a[0], a[1], a[2]);
+  g_k->quantize_rows(x, dt, rows, cols, bits, g, b[0], b[1], b[2]);
+  bool ok = true;
+  for (int i = 0; i < 3; i++) {
+    ok = ok && memcmp(a[i], b[i], n[i]) == 0;
+    free(a[i]);
+    free(b[i]);
+  }
+  return ok;
+}
+
+TEST(quantize_bit_exact) {
+  int cases = 0;
+  for (int bi = 0; bi < N_OF(BITS); bi++)
+    for (int gi = 0; gi < N_OF(GROUPS); gi++)
+      for (int di = 0; di < N_OF(DTYPES); di++)
+        for (int trial = 0; trial < 4; trial++) {
+          uint64_t seed = g_seed + (uint64_t)(((bi * 8 + gi) * 4 + di) * 16 + trial);
+          uint64_t rng = seed;
+          const int bits = BITS[bi], g = GROUPS[gi];
+          int64_t rows = 1 + (int64_t)(t_rng_next(&rng) % 37);
+          int64_t cols = g * (1 + (int64_t)(t_rng_next(&rng) % 8));
+          void *x = make_input(rows, cols, g, bits, DTYPES[di], &rng);
+          test_note("seed %llu: bits %d group %d %s rows %lld cols %lld",
+                    (unsigned long long)seed, bits, g, rlm_dtype_name(DTYPES[di]),
+                    (long long)rows, (long long)cols);
+          CHECK(quantize_matches(x, DTYPES[di], rows, cols, bits, g));
+          free(x);
+          cases++;
+        }
+  CHECK_EQ(cases, 6 * 3 * 3 * 4);
+}
+
+/* Every group kind alone, so each edge case is hit in every configuration
+ * rather than by chance. */
+TEST(quantize_each_group_kind) {
+  for (int kind = 0; kind < GK_COUNT; kind++)
+    for (int bi = 0; bi < N_OF(BITS); bi++)
+      for (int gi = 0; gi < N_OF(GROUPS); gi++)
+        for (int di = 0; di < N_OF(DTYPES); di++) {
+          uint64_t seed = g_seed ^ (uint64_t)((kind * 8 + bi) * 64 + gi * 4 + di) << 20;
+          uint64_t rng = seed;
+          const int g = GROUPS[gi];
+          float f[3 * 128];
+          for (int k = 0; k < 3; k++) fill_group(f + k * g, g, kind, BITS[bi], DTYPES[di], &rng);
+          uint16_t h[3 * 128];
+          void *x = f;
+          if (DTYPES[di] != RLM_DTYPE_F32) {
+            rlm__convert(f, RLM_DTYPE_F32, h, DTYPES[di], 3 * g);
+            x = h;
+          }
+          test_note("seed %llu: kind %d bits %d group %d %s", (unsigned long long)seed, kind,
+                    BITS[bi], g, rlm_dtype_name(DTYPES[di]));
+          CHECK(quantize_matches(x, DTYPES[di], 1, 3 * g, BITS[bi], g));
+        }
+}
+
+/* Non-finite inputs are still defined by the reference: NaN is skipped by
+ * min/max and codes as n (not 0, whatever the comment on rlm__quant_code
+ * in quant.h says: "v < n ? v : n" sends NaN to n), an inf extreme makes
+ * the scale NaN. The fast paths follow it byte for byte. */
+TEST(quantize_non_finite) {
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 1e-45f, -0.0f};
+  for (int bi = 0; bi < N_OF(BITS); bi++)
+    for (int di = 0; di < N_OF(DTYPES); di++)
+      for (int s = 0; s < N_OF(specials); s++) {
+        uint64_t rng = g_seed + (uint64_t)(bi * 100 + di * 10 + s);
+        float f[4 * 32];
+        for (int j = 0; j < 4 * 32; j++) f[j] = t_rng_normal(&rng);
+        for (int j = 0; j < 32; j++) f[j] = specials[s]; /* one group all special */
+        f[32 + 7] = specials[s];                          /* one special among normals */
+        f[64 + 31] = specials[s];
+        f[96] = specials[s], f[97] = specials[(s + 1) % N_OF(specials)];
+        uint16_t h[4 * 32];
+        void *x = f;
+        if (DTYPES[di] != RLM_DTYPE_F32) {
+          rlm__convert(f, RLM_DTYPE_F32, h, DTYPES[di], 4 * 32);
+          x = h;
+        }
+        test_note("special %d bits %d %s", s, BITS[bi], rlm_dtype_name(DTYPES[di]));
+        CHECK(quantize_matches(x, DTYPES[di], 1, 4 * 32, BITS[bi], 32));
+      }
+}
+
+/* ---- products: within tolerance ------------------------------------------- */
+
+/* A quantized matrix; wq, scales and biases are separate exact-size
+ * allocations so the sanitizer build catches a kernel reading past one. */
+typedef struct {
+  rlm_qmat w;
+  uint32_t *wq;
+  void *scales, *biases;
+} test_qmat;
+
+static void qmat_free(test_qmat *t) {
+  free(t->wq);
+  free(t->scales);
+  free(t->biases);
+}
+
+static void qmat_make(test_qmat *t, int64_t rows, int64_t cols, int bits, int g, rlm_dtype dt,
+                      uint64_t *rng) {
+  float *f = xmalloc((size_t)(rows * cols) * sizeof *f);
+  for (int64_t r = 0; r < rows; r++) {
+    float row_mag = powf(10.0f, t_rng_float(rng, -2.0f, 2.0f));
+    for (int64_t j = 0; j < cols; j++)
+      f[r * cols + j] = row_mag * (t_rng_normal(rng) + t_rng_float(rng, -0.3f, 0.5f));
+  }
+  void *x = xmalloc((size_t)(rows * cols) * rlm_dtype_size(dt));
+  rlm__convert(f, RLM_DTYPE_F32, x, dt, rows * cols);
+  const size_t ns = (size_t)(rows * (cols / g)) * rlm_dtype_size(dt);
+  t->wq = xmalloc((size_t)(rows * rlm__quant_row_words(cols, bits)) * sizeof(uint32_t));
+  t->scales = xmalloc(ns);
+  t->biases = xmalloc(ns);
+  rlm__quantize_rows_ref(x, dt, rows, cols, bits, g, t->wq, t->scales, t->biases);
+  t->w = (rlm_qmat){t->wq, t->scales, t->biases, dt, rows, cols, bits, g};
+  free(x);
+  free(f);
+}
+
+/* The error scale of y[o] for x: sum over groups of
+ * |s| sum |x_j| q_j + |b| sum |x_j|, i.e. the magnitudes of the terms the
+ * format's formula adds. Rounding differences are a small fraction of it;
+ * one wrong code in a row of a few thousand columns is not (see
+ * tolerance_catches_one_wrong_code). */
+static double error_scale(const rlm_qmat *w, const float *x, int64_t o) {
+  const int64_t n_groups = w->cols / w->group_size;
+  const uint32_t *wr = w->wq + o * rlm__quant_row_words(w->cols, w->bits);
+  double sum = 0;
+  for (int64_t g = 0; g < n_groups; g++) {
+    double sxq = 0, sx = 0;
+    for (int j = 0; j < w->group_size; j++) {
+      int64_t c = g * w->group_size + j;
+      sxq += fabs((double)x[c]) * rlm__quant_get(wr, c, w->bits);
+      sx += fabs((double)x[c]);
+    }
+    sum += fabs((double)rlm__load_f(w->scales, w->sdtype, o * n_groups + g)) * sxq;
+    sum += fabs((double)rlm__load_f(w->biases, w->sdtype, o * n_groups + g)) * sx;
+  }
+  return sum;
+}
+
+static const double REL_TOL = 1e-5;
+
+static double g_worst; /* largest |fast - ref| / scale seen, for the log */
+
+static bool close_enough(float got, float want, double scale) {
+  double err = fabs((double)got - (double)want);
+  if (scale > 0 && err / scale > g_worst) g_worst = err / scale;
+  return err <= REL_TOL * scale + 1e-35;
+}
+
+static const uint32_t POISON = 0x7fc0dead; /* a NaN nobody computes */
+
+static void poison(float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) memcpy(y + i, &POISON, 4);
+}
+
+static bool is_poison(const float *y) { return memcmp(y, &POISON, 4) == 0; }
+
+/* Runs the fast kernel (qmatvec when use_matvec, else qmatmul) and the
+ * reference on rows [o0, o1) and checks every entry of y. */
+static void check_product(const rlm_qmat *w, const float *x, int64_t m, int64_t o0, int64_t o1,
+                          bool use_matvec) {
+  const int64_t n_groups = w->cols / w->group_size;
+  float *xsum = xmalloc((size_t)(m * n_groups) * sizeof *xsum);
+  float *yr = xmalloc((size_t)(m * w->rows) * sizeof *yr);
+  float *yf = xmalloc((size_t)(m * w->rows) * sizeof *yf);
+  rlm__group_sums(x, m, w->cols, w->group_size, xsum);
+  poison(yf, m * w->rows);
+  rlm__qmatmul_ref(w, x, xsum, m, o0, o1, yr);
+  if (use_matvec) g_k->qmatvec(w, x, xsum, o0, o1, yf);
+  else g_k->qmatmul(w, x, xsum, m, o0, o1, yf);
+  int bad = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t o = 0; o < w->rows; o++) {
+      const float *f = yf + i * w->rows + o;
+      if (o < o0 || o >= o1) bad += !is_poison(f);
+      else bad += !close_enough(*f, yr[i * w->rows + o], error_scale(w, x + i * w->cols, o));
+    }
+  CHECK_EQ(bad, 0);
+  free(yf);
+  free(yr);
+  free(xsum);
+}
+
+static float *make_x(int64_t m, int64_t cols, uint64_t *rng) {
+  float *x = xmalloc((size_t)(m * cols) * sizeof *x);
+  float mag = powf(10.0f, t_rng_float(rng, -3.0f, 3.0f));
+  for (int64_t i = 0; i < m * cols; i++) x[i] = mag * t_rng_normal(rng);
+  return x;
+}
+
+/* Group counts around the kernels' scale chunks (8 and 16 groups). */
+static const int N_GROUPS[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 33};
+
+static void product_case(int bits, int g, rlm_dtype dt, int trial, bool use_matvec) {
+  uint64_t seed = g_seed + (uint64_t)((bits * 200 + g) * 16 + (int)dt * 4000 + trial) * 7919;
+  uint64_t rng = seed;
+  int64_t rows = 1 + (int64_t)(t_rng_next(&rng) % 37);
+  int64_t cols = g * N_GROUPS[t_rng_next(&rng) % N_OF(N_GROUPS)];
+  static const int M[] = {1, 2, 3, 4, 5, 1, 2, 9, 17};
+  int64_t m = use_matvec ? 1 : M[t_rng_next(&rng) % N_OF(M)];
+  int64_t o0 = (int64_t)(t_rng_next(&rng) % (uint64_t)rows);
+  int64_t o1 = o0 + 1 + (int64_t)(t_rng_next(&rng) % (uint64_t)(rows - o0));
+  if (trial == 0) o0 = 0, o1 = rows; /* always one full range */
+  test_qmat t;
+  qmat_make(&t, rows, cols, bits, g, dt, &rng);
+  float *x = make_x(m, cols, &rng);
+  test_note("seed %llu: %s bits %d group %d %s rows %lld cols %lld m %lld [%lld, %lld)",
+            (unsigned long long)seed, use_matvec ? "qmatvec" : "qmatmul", bits, g,
+            rlm_dtype_name(dt), (long long)rows, (long long)cols, (long long)m, (long long)o0,
+            (long long)o1);
+  check_product(&t.w, x, m, o0, o1, use_matvec);
+  free(x);
+  qmat_free(&t);
+}
+
+TEST(qmatvec_matches_ref) {
+  for (int bi = 0; bi < N_OF(BITS); bi++)
+    for (int gi = 0; gi < N_OF(GROUPS); gi++)
+      for (int di = 0; di < N_OF(DTYPES); di++)
+        for (int trial = 0; trial < 4; trial++)
+          product_case(BITS[bi], GROUPS[gi], DTYPES[di], trial, true);
+}
+
+TEST(qmatmul_matches_ref) {
+  for (int bi = 0; bi < N_OF(BITS); bi++)
+    for (int gi = 0; gi < N_OF(GROUPS); gi++)
+      for (int di = 0; di < N_OF(DTYPES); di++)
+        for (int trial = 0; trial < 4; trial++)
+          product_case(BITS[bi], GROUPS[gi], DTYPES[di], trial + 100, false);
+}
+
+/* Shapes larger than one qmatmul tile of W (256 KiB) and than one block of
+ * x columns, with a range that starts and ends inside tiles. */
+TEST(qmatmul_many_tiles) {
+  static const struct {
+    int bits, g;
+    int64_t rows, cols, m, o0, o1;
+  } cases[] = {
+      {8, 64, 150, 4096, 6, 3, 141},  {4, 128, 300, 4096, 5, 1, 299},
+      {4, 32, 260, 8192, 2, 0, 260},  {8, 128, 70, 8192, 9, 10, 69},
+      {2, 64, 90, 4096, 3, 7, 90},
+  };
+  for (int c = 0; c < N_OF(cases); c++) {
+    uint64_t seed = g_seed + 977 * (uint64_t)c, rng = seed;
+    test_qmat t;
+    qmat_make(&t, cases[c].rows, cases[c].cols, cases[c].bits, cases[c].g, RLM_DTYPE_BF16, &rng);
+    float *x = make_x(cases[c].m, cases[c].cols, &rng);
+    test_note("seed %llu: case %d", (unsigned long long)seed, c);
+    check_product(&t.w, x, cases[c].m, cases[c].o0, cases[c].o1, false);
+    free(x);
+    qmat_free(&t);
+  }
+}
+
+/* The tolerance must be able to fail: in the largest shape tested
+ * (33 groups of 128), one code off by one at an x of typical size moves
+ * the result by more than REL_TOL of the error scale. */
+TEST(tolerance_catches_one_wrong_code) {
+  uint64_t rng = g_seed;
+  test_qmat t;
+  qmat_make(&t, 4, 128 * 33, 4, 128, RLM_DTYPE_F32, &rng);
+  float *x = make_x(1, t.w.cols, &rng);
+  const int64_t c = 128 * 20 + 77, words = rlm__quant_row_words(t.w.cols, 4);
+  x[c] = 1.0f;
+  float xsum[33], y[4], y_bad[4];
+  rlm__group_sums(x, 1, t.w.cols, 128, xsum);
+  rlm__qmatvec_ref(&t.w, x, xsum, 0, 4, y);
+  uint32_t *wq = t.wq;
+  for (int64_t r = 0; r < 4; r++) { /* code +1, or -1 at the top */
+    uint32_t q = rlm__quant_get(wq + r * words, c, 4);
+    wq[r * words + c / 8] ^= (q ^ (q == 15 ? 14u : q + 1)) << (4 * (c % 8));
+  }
+  rlm__qmatvec_ref(&t.w, x, xsum, 0, 4, y_bad);
+  for (int64_t r = 0; r < 4; r++) {
+    test_note("row %lld: y %.9g, one code off %.9g", (long long)r, y[r], y_bad[r]);
+    CHECK(!close_enough(y_bad[r], y[r], error_scale(&t.w, x, r)));
+  }
+  free(x);
+  qmat_free(&t);
+}
+
+/* ---- dispatch --------------------------------------------------------------- */
+
+TEST(dispatch_picks_fastest) {
+  const rlm_quant_kernels *best = rlm__quant_kernels_avx512();
+  if (!best) best = rlm__quant_kernels_avx2();
+  if (!best) best = &rlm__quant_kernels_ref;
+  CHECK(rlm__quant_kernels() == best);
+  printf("     dispatch: %s\n", rlm__quant_kernels()->name);
+}
+
+static void run_table(const char *name, const rlm_quant_kernels *k) {
+  if (!k) {
+    printf("skipped: %s not supported by this CPU\n", name);
+    return;
+  }
+  g_k = k;
+  static const struct {
+    const char *name;
+    void (*fn)(void);
+  } tests[] = {
+      {"quantize_bit_exact", quantize_bit_exact},
+      {"quantize_each_group_kind", quantize_each_group_kind},
+      {"quantize_non_finite", quantize_non_finite},
+      {"qmatvec_matches_ref", qmatvec_matches_ref},
+      {"qmatmul_matches_ref", qmatmul_matches_ref},
+      {"qmatmul_many_tiles", qmatmul_many_tiles},
+  };
+  for (int i = 0; i < N_OF(tests); i++) {
+    char full[128];
+    snprintf(full, sizeof full, "%s/%s", name, tests[i].name);
+    t_run(full, tests[i].fn);
+  }
+}
+
+int main(void) {
+  const char *s = getenv("RINGLM_TEST_SEED");
+  if (s) g_seed = strtoull(s, NULL, 0);
+  RUN(tolerance_catches_one_wrong_code);
+  g_worst = 0; /* the control's error is meant to be large */
+  RUN(dispatch_picks_fastest);
+  run_table("avx2", rlm__quant_kernels_avx2());
+  run_table("avx512", rlm__quant_kernels_avx512());
+  printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
+         REL_TOL);
+  return test_summary();
+}

@@ -7,8 +7,8 @@
 #include <stdio.h>
 
 static _Atomic int g_level = RLM_LOG_NONE;
-static _Atomic(rlm_log_fn) g_fn = NULL;
-static _Atomic(void *) g_ctx = NULL;
+static _Atomic(rlm_log_fn) g_fn; /* zero-initialised: no sink */
+static _Atomic(void *) g_ctx;
 
 void rlm_log_set(rlm_log_level level, rlm_log_fn fn, void *ctx) {
   atomic_store(&g_fn, fn);

@@ -384,7 +384,7 @@ static rlm_status table_finish(rlm_safetensors *st, rlm_error *err) {
 }
 
 static rlm_status open_single(rlm_safetensors **out, const char *path, rlm_error *err) {
-  rlm_safetensors *st;
+  rlm_safetensors *st = NULL;
   rlm_status rc = st_create(&st, 1, err);
   if (rc) return rc;
   rc = shard_load(st, 0, path, err);
@@ -483,8 +483,8 @@ static rlm_status open_index(rlm_safetensors **out, const char *path, rlm_error 
     rc = rlm__err(err, RLM_ERR_FORMAT, "%s: \"weight_map\" is missing or not an object", path);
     goto out_free_root;
   }
-  const char **shards;
-  size_t n;
+  const char **shards = NULL;
+  size_t n = 0;
   rc = index_shards(wm, path, &shards, &n, err);
   if (rc) goto out_free_root;
   rlm_safetensors *st = NULL;

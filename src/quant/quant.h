@@ -84,11 +84,13 @@ rlm_status rlm__quant_check(const char *what, rlm_dtype dtype, int64_t cols,
 /* Scale and bias of one group with extremes wmin, wmax(already >= 0). */
 void rlm__quant_group_params(float wmin, float wmax, int bits, float *scale,
                              float *bias);
-/* Code of x given the f32 scale and bias; NaN codes as 0. */
+/* Code of x given the f32 scale and bias. The upper clamp comes first,
+ * as in MLX's kernels (min(v, n_bins)), so a NaN codes as n_bins there
+ * (fmin returns the non-NaN operand) and here (the comparison fails). */
 static inline uint32_t rlm__quant_code(float x, float scale, float bias, float n_bins) {
   float v = roundf((x - bias) / scale);
   v = v < n_bins ? v : n_bins;
-  return v > 0 ? (uint32_t)v : 0u; /* also catches NaN and -0 */
+  return v > 0 ? (uint32_t)v : 0u; /* -0 and negatives to 0 */
 }
 static inline uint32_t rlm__quant_get(const uint32_t *wq, int64_t i, int bits) {
   int64_t bit = i * bits;
