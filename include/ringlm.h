@@ -214,6 +214,172 @@ RLM_API rlm_status rlm_quantize_model(const char *in, const char *out,
                                       rlm_quantize_stats *stats,
                                       rlm_error *err);
 
+/* ------------------------------------------------------------------------
+ * KV-state layer: the caches one attention layer keeps, usable on its own.
+ *
+ * A cache holds B rows (batch sequences), each with its own positions.
+ * Keys and values of a token are written once, at a slot chosen from its
+ * position, and never moved; attention masks come from positions. Kinds:
+ *   PLAIN           every position, dense (f32, f16 or bf16)
+ *   QUANT           every position, MLX affine-quantized (K and V may use
+ *                   different bit widths, e.g. K8V4)
+ *   ROTATING        a sliding window: a query at position p sees positions
+ *                   p-window < k <= p, plus the first `keep` positions
+ *                   ("sink" tokens) when keep > 0; dense
+ *   ROTATING_QUANT  the same ring, quantized; with dense_first, the first
+ *                   append attends its own keys unquantized (the keys are
+ *                   stored quantized) -- mlx-lm's quantized_kv_start for rings
+ * A ring holds window + max_chunk - 1 slots: the slack lets any append or
+ * rollback of up to max_chunk tokens proceed without losing a key that a
+ * later query needs, so rollback after wrap-around recomputes nothing.
+ *
+ * Tensor layouts (all f32, row-major):
+ *   k   [B][N][H][Dk]     v   [B][N][H][Dv]
+ *   q   [B][N][Hq][Dk]    out [B][N][Hq][Dv]
+ * Hq is a multiple of H; query head j uses kv head j / (Hq / H) (GQA,
+ * without copying K/V). Row b's token n has position offset(b) + n - pad(b)
+ * where pad(b) = left_pad[b] leading padding tokens (not stored; their
+ * outputs are zeros).
+ *
+ * Every operation is all-or-nothing: on error the cache is unchanged.
+ * A cache is not thread-safe; distinct caches may be used concurrently.
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_kv rlm_kv;
+
+typedef enum rlm_kv_kind {
+  RLM_KV_PLAIN = 0,
+  RLM_KV_QUANT = 1,
+  RLM_KV_ROTATING = 2,
+  RLM_KV_ROTATING_QUANT = 3,
+} rlm_kv_kind;
+
+typedef struct rlm_kv_config {
+  rlm_kv_kind kind;
+  int n_rows;          /* B >= 1                                            */
+  int n_kv_heads;      /* H >= 1                                            */
+  int head_dim_k;      /* Dk                                                */
+  int head_dim_v;      /* Dv (0: same as Dk)                                */
+  rlm_dtype dtype;     /* dense storage and scale/bias dtype: F32/F16/BF16  */
+  int k_bits, v_bits;  /* quantized kinds: 2, 3, 4, 5, 6, 8                 */
+  int group_size;      /* quantized kinds: 32, 64, 128                      */
+  int window;          /* rotating kinds: positions one query sees          */
+  int keep;            /* rotating kinds: sink positions, 0 <= keep < window */
+  int max_chunk;       /* most tokens one append step or rollback spans     */
+  int64_t reserve;     /* slots to allocate up front (0: grow by 256)       */
+  bool dense_first;    /* ROTATING_QUANT only: see above                    */
+  int q_per_kv;        /* largest Hq / H a read will use (scratch sizing)   */
+} rlm_kv_config;
+
+/* Defaults: 1 row, dtype BF16, 4-bit K and V with group 64, window 4096,
+ * keep 0, max_chunk 512, q_per_kv 8; heads and dims must be set by the
+ * caller. */
+RLM_API rlm_kv_config rlm_kv_config_default(rlm_kv_kind kind);
+RLM_API rlm_status rlm_kv_create(rlm_kv **out, const rlm_kv_config *cfg,
+                                 rlm_error *err);
+RLM_API void rlm_kv_free(rlm_kv *kv);
+/* "kv:plain", "kv:quant:B:G" (B = "8" or "k8v4"), "kv:rotating:W:K",
+ * "kv:rotating-quant:B:G" (+ ":W:K"), "...-dense-first...". */
+RLM_API const char *rlm_kv_signature(const rlm_kv *kv);
+RLM_API int rlm_kv_rows(const rlm_kv *kv);
+/* Next position of a row: the number of real tokens it has seen. */
+RLM_API int64_t rlm_kv_offset(const rlm_kv *kv, int row);
+
+typedef struct rlm_kv_batch {
+  int n_tokens;          /* N per row                                    */
+  const float *k;        /* [B][N][H][Dk]                                */
+  const float *v;        /* [B][N][H][Dv]                                */
+  const float *q;        /* [B][N][Hq][Dk], or NULL to append only       */
+  int n_q_heads;         /* Hq                                           */
+  float scale;           /* softmax scale                                */
+  const int *left_pad;   /* [B] padding tokens at the start, or NULL     */
+  float *out;            /* [B][N][Hq][Dv]                               */
+} rlm_kv_batch;
+
+/* One token per row (N = 1), written in place at the ring head. */
+RLM_API rlm_status rlm_kv_append_decode(rlm_kv *kv, const rlm_kv_batch *b,
+                                        rlm_error *err);
+/* N tokens per row, each attending causally (bottom-right aligned) within
+ * the window; processed in steps of at most max_chunk tokens. */
+RLM_API rlm_status rlm_kv_append_window(rlm_kv *kv, const rlm_kv_batch *b,
+                                        rlm_error *err);
+/* N tokens per row, one decode per position (same outputs as a window). */
+RLM_API rlm_status rlm_kv_append_committed(rlm_kv *kv, const rlm_kv_batch *b,
+                                           rlm_error *err);
+/* Attends the live window plus the N block tokens (N <= max_chunk) under
+ * the same mask as an append, stored as the cache would store them, but
+ * appends nothing (a verification read). */
+RLM_API rlm_status rlm_kv_read_block(rlm_kv *kv, const rlm_kv_batch *b,
+                                     rlm_error *err);
+/* Donor attention (KV sharing): queries for each row's last n appended
+ * positions attend this cache as those positions did. k, v are unused. */
+RLM_API rlm_status rlm_kv_attend_last(rlm_kv *kv, const rlm_kv_batch *b,
+                                      rlm_error *err);
+/* Forgets the last n positions of every row (n is clamped per row). */
+RLM_API rlm_status rlm_kv_trim(rlm_kv *kv, int64_t n, rlm_error *err);
+/* Ragged rollback: row i keeps keep[i] of the tokens appended since its
+ * offset was before[i]; the rest are forgotten as if never appended, also
+ * after the ring wrapped (no recomputation). RLM_ERR_INVALID if a row
+ * would need a key the ring no longer holds (more than max_chunk tokens
+ * appended since `before`). */
+RLM_API rlm_status rlm_kv_rollback(rlm_kv *kv, const int64_t *before,
+                                   const int64_t *keep, rlm_error *err);
+
+/* Rows: append n empty rows; remove one; copy one out as a new 1-row cache. */
+RLM_API rlm_status rlm_kv_add_rows(rlm_kv *kv, int n, rlm_error *err);
+RLM_API rlm_status rlm_kv_remove_row(rlm_kv *kv, int row, rlm_error *err);
+RLM_API rlm_status rlm_kv_extract_row(const rlm_kv *kv, int row, rlm_kv **out,
+                                      rlm_error *err);
+
+/* Memory: bytes of K+V storage per cached token per row (quantized: codes
+ * plus scales and biases; bookkeeping excluded), and all bytes held. A
+ * ring's total is bounded by its window + max_chunk - 1 slots. */
+RLM_API double rlm_kv_bytes_per_token(const rlm_kv *kv);
+RLM_API size_t rlm_kv_nbytes(const rlm_kv *kv);
+RLM_API size_t rlm_kv_nbytes_total(rlm_kv *const *kvs, int n);
+
+/* State: a self-describing, checksummed byte image of the whole cache.
+ * save allocates *buf (free it with rlm_free); restore requires a cache
+ * created with the same configuration (RLM_ERR_FORMAT otherwise). */
+RLM_API rlm_status rlm_kv_state_save(const rlm_kv *kv, void **buf, size_t *len,
+                                     rlm_error *err);
+RLM_API rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t len,
+                                        rlm_error *err);
+RLM_API void rlm_free(void *p);
+
+/* Compiled decode: prepare does the host bookkeeping of the next decode
+ * step (growth of the buffers, rotation) and says where each row's token
+ * goes; a fixed device graph then writes that slot and attends, and commit
+ * advances the positions. CONCAT: the row has not wrapped, its live slots
+ * are [0, active_len) in position order and the token goes to active_len;
+ * RING: the row has wrapped, the whole ring is attended (unordered, masked
+ * by position). rlm_kv_append_decode is exactly prepare + write + attend +
+ * commit. */
+typedef enum rlm_kv_fetch { RLM_KV_FETCH_CONCAT = 0, RLM_KV_FETCH_RING = 1 } rlm_kv_fetch;
+
+typedef struct rlm_kv_decode_plan {
+  rlm_kv_fetch fetch;
+  int64_t write_pos;   /* slot the token is written to            */
+  int64_t active_len;  /* slots to attend after the write          */
+  int64_t position;    /* the token's position (RoPE offset)        */
+} rlm_kv_decode_plan;
+
+/* plans: [B]. Idempotent until commit. */
+RLM_API rlm_status rlm_kv_prepare_decode(rlm_kv *kv, rlm_kv_decode_plan *plans,
+                                         rlm_error *err);
+/* The commit that follows a prepare: writes each row's token k [B][1][H][Dk],
+ * v [B][1][H][Dv] at its plan's write_pos and advances the positions. */
+RLM_API rlm_status rlm_kv_commit_decode(rlm_kv *kv, const rlm_kv_decode_plan *plans,
+                                        const float *k, const float *v,
+                                        rlm_error *err);
+/* The live window of a row in position order: the slots holding the
+ * positions the next query would see (sinks first). Writes up to max slot
+ * indices; *n is the count (RLM_ERR_INVALID if it exceeds max). */
+RLM_API rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots,
+                                        int64_t max, int64_t *n, rlm_error *err);
+/* Slots allocated per row now (growth is in steps of 256 up to capacity). */
+RLM_API int64_t rlm_kv_slots_allocated(const rlm_kv *kv);
+RLM_API int64_t rlm_kv_capacity(const rlm_kv *kv);
+
 #ifdef __cplusplus
 }
 #endif

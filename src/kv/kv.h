@@ -1,0 +1,89 @@
+/* kv.h -- the KV-state layer's internals: one struct for every cache kind.
+ *
+ * THE RING. Each row owns `n_alloc` slots (growing by 256 up to
+ * `capacity`). A token at position p always lives in slot
+ *
+ *     slot(p) = p                                  plain kinds
+ *     slot(p) = p                  if p < keep     rotating kinds (sinks)
+ *             = keep + (p - keep) mod (cap - keep) otherwise
+ *
+ * with cap = window + max_chunk - 1 for rings, and pos[row][slot] records
+ * which position a slot holds (-1: empty). Nothing is ever moved:
+ *
+ *    slot:   0    1  | 2    3    4    5    6    7      (keep 2, cap 8)
+ *    pos:    0    1  | 8    9    10   11   6    7      offset 12, window 5
+ *           sinks    |<-------- ring, written at slot(p) ------->
+ *    a query at 12 sees 0, 1 (sinks) and 9, 10, 11, 12 (window 5 - keep 2 = 3
+ *    back, plus itself once written)
+ *
+ * The slack (cap - window = max_chunk - 1) is what makes rollback free:
+ * appending L <= max_chunk tokens overwrites positions at least `window`
+ * older than any position a query can still ask for after rolling back to
+ * `before + keep`, so rollback only forgets positions (pos = -1). Attention
+ * reads slots where they lie; src/attn masks by position.
+ *
+ * Storage per tensor (K, V): dense [B][H][n_alloc][dim] in dtype, or MLX
+ * affine triples [B][H][n_alloc][dim*bits/32] u32 + scales/biases
+ * [B][H][n_alloc][dim/group] in dtype. Rows are contiguous, so adding,
+ * removing and extracting rows are block copies.
+ *
+ * Scratch: everything an operation needs besides the storage (the block of
+ * a read, gathered queries, attention tiles) is allocated at create time,
+ * sized by max_chunk and q_per_kv; operations do not allocate except when
+ * the slots grow (at most once per 256 positions, never after reserve).
+ */
+#ifndef RLM_KV_H
+#define RLM_KV_H
+
+#include "attn/attn.h"
+
+typedef struct rlm_kv_store {
+  int bits;           /* 0: dense                                          */
+  int dim;            /* elements per head per slot                         */
+  int64_t row_elems;  /* dense: dim; quant: dim*bits/32 (u32 words)        */
+  int64_t sb_elems;   /* quant: dim/group_size, else 0                     */
+  size_t elem_size;   /* bytes of one row element (dtype or 4 for words)   */
+  void *data;         /* [B][H][n_alloc][row_elems]                        */
+  void *scales;       /* [B][H][n_alloc][sb_elems] (quant)                 */
+  void *biases;
+} rlm_kv_store;
+
+struct rlm_kv {
+  rlm_kv_config cfg;     /* as created (n_rows updated by row ops)         */
+  char signature[80];
+  int n_rows;            /* B                                              */
+  bool ring;             /* rotating kind                                   */
+  int64_t capacity;      /* slots a row may ever use                        */
+  int64_t n_alloc;       /* slots allocated per row                         */
+  rlm_kv_store k, v;
+  int32_t *pos;          /* [B][n_alloc]                                    */
+  int64_t *offset;       /* [B] next position                               */
+  bool *wrapped;         /* [B] a position >= capacity was ever written     */
+  bool dense_pending;    /* dense_first and nothing appended yet            */
+  /* scratch, allocated at create (kv.c: scratch_alloc) */
+  rlm_kv_store blk_k, blk_v;   /* one chunk of H heads (block reads)        */
+  rlm_kv_store den_k, den_v;   /* dense twin of the block (dense_first)     */
+  int32_t *blk_pos;            /* [max_chunk]                               */
+  float *q_rows;               /* [max_chunk * ratio_max][Dk] gathered q     */
+  int64_t *q_pos;              /* [max_chunk * ratio_max]                    */
+  float *o_rows;               /* [max_chunk * ratio_max][Dv]                */
+  float *attn_scratch;         /* rlm__attn_scratch_floats(...)              */
+  void *conv;                  /* [max(Dk, Dv)] one row rounded to dtype     */
+};
+
+/* ---- kv.c: lifetime, storage, rows, accounting ------------------------- */
+rlm_status rlm__kv_check_config(const rlm_kv_config *c, rlm_error *err);
+/* Grows every row to at least n slots (capped at capacity). */
+rlm_status rlm__kv_reserve(rlm_kv *kv, int64_t n, rlm_error *err);
+int64_t rlm__kv_slot(const rlm_kv *kv, int64_t p);
+/* View of (row, head) of a store as an attention matrix. */
+rlm_attn_mat rlm__kv_mat(const rlm_kv *kv, const rlm_kv_store *s, int b, int h,
+                         int64_t n_alloc);
+/* Writes one token's heads x[H][dim] into slot `slot` of row b. */
+void rlm__kv_store_write(const rlm_kv *kv, rlm_kv_store *s, int b, int64_t n_alloc,
+                         int64_t slot, const float *x);
+
+/* ---- kv_ops.c: appends, reads, trim, rollback, decode plan ------------- */
+/* ---- kv_state.c: state image ------------------------------------------- */
+
+#endif /* RLM_KV_H */

@@ -1,0 +1,168 @@
+/* kv_state.c -- the state image of a cache (save/restore) and its temporal
+ * view.
+ *
+ * Image layout (little-endian; RLM_KV_STATE_VERSION 1):
+ *   [0, 8)     magic "RLMKVST1"
+ *   u32        version
+ *   u32        number of i64 fields that follow (KV_NFIELDS)
+ *   i64 x N    kind, rows, kv heads, Dk, Dv, dtype, k bits, v bits, group,
+ *              window, keep, max_chunk, slots allocated, dense_pending
+ *   i64 x B    offset per row
+ *   u8  x B    wrapped per row
+ *   i32 x B*S  position per slot
+ *   K data, K scales, K biases, V data, V scales, V biases (raw storage)
+ *   u64        FNV-1a 64 of every byte before it
+ * The ring is saved as laid out (no temporal re-ordering): positions say
+ * everything, so restoring is a copy.
+ */
+#include "kv/kv.h"
+
+#define KV_STATE_VERSION 1u
+enum { KV_NFIELDS = 14 };
+static const char kv_magic[8] = {'R', 'L', 'M', 'K', 'V', 'S', 'T', '1'};
+
+static uint64_t fnv1a(const uint8_t *p, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+static void fields_of(const rlm_kv *kv, int64_t f[KV_NFIELDS]) {
+  const rlm_kv_config *c = &kv->cfg;
+  int64_t v[KV_NFIELDS] = {c->kind,   kv->n_rows, c->n_kv_heads, kv->k.dim,    kv->v.dim,
+                           c->dtype,  c->k_bits,  c->v_bits,     c->group_size, c->window,
+                           c->keep,   c->max_chunk, kv->n_alloc, kv->dense_pending};
+  memcpy(f, v, sizeof v);
+}
+
+/* The six storage arrays and their byte sizes. */
+static int storage_arrays(const rlm_kv *kv, void *arr[6], size_t len[6]) {
+  const rlm_kv_store *s[2] = {&kv->k, &kv->v};
+  size_t per = (size_t)kv->n_rows * (size_t)kv->cfg.n_kv_heads * (size_t)kv->n_alloc;
+  size_t es = rlm_dtype_size(kv->cfg.dtype);
+  for (int t = 0; t < 2; t++) {
+    arr[3 * t] = s[t]->data, arr[3 * t + 1] = s[t]->scales, arr[3 * t + 2] = s[t]->biases;
+    len[3 * t] = per * (size_t)s[t]->row_elems * s[t]->elem_size;
+    len[3 * t + 1] = len[3 * t + 2] = per * (size_t)s[t]->sb_elems * es;
+  }
+  return 6;
+}
+
+static size_t image_size(const rlm_kv *kv) {
+  void *arr[6];
+  size_t len[6], n = 16 + KV_NFIELDS * 8 + (size_t)kv->n_rows * 9 +
+                     (size_t)kv->n_rows * (size_t)kv->n_alloc * 4 + 8;
+  storage_arrays(kv, arr, len);
+  for (int i = 0; i < 6; i++) n += len[i];
+  return n;
+}
+
+static uint8_t *put(uint8_t *p, const void *src, size_t n) {
+  if (n) memcpy(p, src, n);
+  return p + n;
+}
+
+rlm_status rlm_kv_state_save(const rlm_kv *kv, void **buf, size_t *len, rlm_error *err) {
+  if (!kv || !buf || !len) return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_state_save: NULL argument");
+  size_t n = image_size(kv);
+  uint8_t *img = rlm__malloc(n), *p = img;
+  if (!img) return rlm__err_nomem(err, "kv state image", n);
+  uint32_t hdr[2] = {KV_STATE_VERSION, KV_NFIELDS};
+  int64_t f[KV_NFIELDS];
+  fields_of(kv, f);
+  p = put(p, kv_magic, 8);
+  p = put(p, hdr, sizeof hdr);
+  p = put(p, f, sizeof f);
+  p = put(p, kv->offset, (size_t)kv->n_rows * 8);
+  for (int b = 0; b < kv->n_rows; b++) *p++ = kv->wrapped[b];
+  p = put(p, kv->pos, (size_t)kv->n_rows * (size_t)kv->n_alloc * 4);
+  void *arr[6];
+  size_t alen[6];
+  storage_arrays(kv, arr, alen);
+  for (int i = 0; i < 6; i++) p = put(p, arr[i], alen[i]);
+  uint64_t h = fnv1a(img, (size_t)(p - img));
+  p = put(p, &h, 8);
+  *buf = img;
+  *len = n;
+  return RLM_OK;
+}
+
+/* Checks magic, version, checksum and that the configuration matches kv's
+ * (rows and slots may differ: the image defines them). */
+static rlm_status check_image(const rlm_kv *kv, const uint8_t *img, size_t n, int64_t f[KV_NFIELDS],
+                              rlm_error *err) {
+  const char *w = "kv state image";
+  uint32_t hdr[2];
+  if (n < 16 + KV_NFIELDS * 8 + 8 || memcmp(img, kv_magic, 8))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: not a ringlm KV state (bad magic or %zu bytes)", w, n);
+  memcpy(hdr, img + 8, 8);
+  if (hdr[0] != KV_STATE_VERSION || hdr[1] != KV_NFIELDS)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: version %u, expected %u", w, hdr[0], KV_STATE_VERSION);
+  uint64_t h;
+  memcpy(&h, img + n - 8, 8);
+  if (h != fnv1a(img, n - 8)) return rlm__err(err, RLM_ERR_FORMAT, "%s: checksum mismatch (corrupt)", w);
+  int64_t mine[KV_NFIELDS];
+  memcpy(f, img + 16, KV_NFIELDS * 8);
+  fields_of(kv, mine);
+  for (int i = 0; i < KV_NFIELDS; i++)
+    if (i != 1 && i != 12 && i != 13 && f[i] != mine[i])
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: configuration field %d is %lld, this cache has %lld", w,
+                      i, (long long)f[i], (long long)mine[i]);
+  if (f[1] < 1 || f[1] > (1 << 16) || f[12] < 0 || f[12] > kv->capacity)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: %lld rows, %lld slots out of range", w, (long long)f[1],
+                    (long long)f[12]);
+  return RLM_OK;
+}
+
+rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error *err) {
+  if (!kv || !buf) return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_state_restore: NULL argument");
+  int64_t f[KV_NFIELDS];
+  rlm_status rc = check_image(kv, buf, n, f, err);
+  if (rc) return rc;
+  rlm_kv_config c = kv->cfg;
+  c.n_rows = (int)f[1];
+  c.reserve = f[12];
+  rlm_kv *t;
+  if ((rc = rlm_kv_create(&t, &c, err))) return rc;
+  if (image_size(t) != n || t->n_alloc != f[12]) {
+    rlm_kv_free(t);
+    return rlm__err(err, RLM_ERR_FORMAT, "kv state image: %zu bytes, expected %zu", n, image_size(t));
+  }
+  const uint8_t *p = (const uint8_t *)buf + 16 + KV_NFIELDS * 8;
+  memcpy(t->offset, p, (size_t)t->n_rows * 8), p += (size_t)t->n_rows * 8;
+  for (int b = 0; b < t->n_rows; b++) t->wrapped[b] = *p++ != 0;
+  memcpy(t->pos, p, (size_t)t->n_rows * (size_t)t->n_alloc * 4);
+  p += (size_t)t->n_rows * (size_t)t->n_alloc * 4;
+  void *arr[6];
+  size_t alen[6];
+  storage_arrays(t, arr, alen);
+  for (int i = 0; i < 6; i++) memcpy(arr[i], p, alen[i]), p += alen[i];
+  t->dense_pending = f[13] != 0;
+  rlm_kv old = *kv; /* swap so the caller's handle stays valid */
+  *kv = *t;
+  *t = old;
+  rlm_kv_free(t);
+  return RLM_OK;
+}
+
+/* ---- temporal view ------------------------------------------------------ */
+
+rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots, int64_t max,
+                                int64_t *n, rlm_error *err) {
+  if (!kv || !slots || !n || row < 0 || row >= kv->n_rows)
+    return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_temporal_view: bad arguments");
+  const int32_t *pos = kv->pos + (int64_t)row * kv->n_alloc;
+  int64_t off = kv->offset[row], keep = kv->ring ? kv->cfg.keep : 0;
+  int64_t lo = kv->ring ? RLM_MAX(keep, off - (kv->cfg.window - keep)) : 0;
+  int64_t count = 0;
+  for (int64_t p = 0; p < off; p++) {
+    if (p >= keep && p < lo) p = lo;
+    int64_t s = rlm__kv_slot(kv, p);
+    if (s >= kv->n_alloc || pos[s] != p) continue;
+    if (count < max) slots[count] = s;
+    count++;
+  }
+  *n = count;
+  return count <= max ? RLM_OK : rlm__err(err, RLM_ERR_INVALID, "rlm_kv_temporal_view: %lld slots, room for %lld",
+                                          (long long)count, (long long)max);
+}
