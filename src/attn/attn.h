@@ -84,10 +84,17 @@ rlm_status rlm__attn_ref(const rlm_attn_args *a);
 
 /* Fused kernel: processes slots in tiles with an online softmax; never
  * dequantizes more than one tile nor holds more than one tile of scores.
- * `scratch` must hold rlm__attn_scratch_floats(a) floats (no allocation:
- * the decode loop calls this). Agrees with rlm__attn_ref within f32
- * rounding (relative 1e-5 on well-conditioned inputs). */
+ * `scratch` must hold rlm__attn_scratch_floats(n_q, dim_k, dim_v) floats
+ * (no allocation: the decode loop calls this). Agrees with rlm__attn_ref
+ * within f32 rounding (relative 1e-5 on well-conditioned inputs). */
 size_t rlm__attn_scratch_floats(int n_q, int dim_k, int dim_v);
 void rlm__attn_fused(const rlm_attn_args *a, float *scratch);
+
+/* The fused kernel built for one instruction set -- "scalar" (portable C),
+ * "avx2" or "avx512" -- so tests and benchmarks can reach each variant;
+ * NULL if the name is unknown or this CPU lacks the ISA. rlm__attn_fused
+ * is the fastest of them. */
+typedef void (*rlm_attn_fused_fn)(const rlm_attn_args *a, float *scratch);
+rlm_attn_fused_fn rlm__attn_fused_isa(const char *isa);
 
 #endif /* RLM_ATTN_H */
