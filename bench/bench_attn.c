@@ -23,6 +23,7 @@
  * usage: bench_attn [--quick] [--reps N] [--isa scalar|avx2|avx512]
  * (default: the variant rlm__attn_fused uses on this CPU)
  */
+#include "bench.h"
 #include "attn/attn.h"
 
 #include <stdio.h>
@@ -55,30 +56,6 @@ typedef struct cache {
   rlm_attn_seg *segs;    /* [copies][N_KV]               */
 } cache;
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n);
-  if (!p) {
-    fprintf(stderr, "bench_attn: out of memory (%zu bytes)\n", n);
-    exit(1);
-  }
-  return p;
-}
 
 static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);

@@ -371,9 +371,11 @@ RLM_API rlm_status rlm_kv_prepare_decode(rlm_kv *kv, rlm_kv_decode_plan *plans,
 RLM_API rlm_status rlm_kv_commit_decode(rlm_kv *kv, const rlm_kv_decode_plan *plans,
                                         const float *k, const float *v,
                                         rlm_error *err);
-/* The live window of a row in position order: the slots holding the
- * positions the next query would see (sinks first). Writes up to max slot
- * indices; *n is the count (RLM_ERR_INVALID if it exceeds max). */
+/* The live window of a row in position order (mlx-lm's temporal order):
+ * the slots of the newest positions a ring of `window` slots holds -- the
+ * sinks, then the last window - keep positions -- or of every position for
+ * plain kinds. Writes up to max slot indices; *n is the count
+ * (RLM_ERR_INVALID if it exceeds max). */
 RLM_API rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots,
                                         int64_t max, int64_t *n, rlm_error *err);
 /* Slots allocated per row now (growth is in steps of 256 up to capacity). */

@@ -12,3 +12,4 @@ rm -rf "$work" && mkdir -p "$work"
 ./build/tests/make_test_model "$work/model-bf16" --dtype bf16 --layers 4 --hidden 512 --inter 1536 --vocab 4096
 ./build/ringlm quantize "$work/model-bf16" "$work/model-4bit" --bits 4 --group-size 64
 ./build/ringlm inspect "$work/model-4bit" | grep -E 'layers\.0\.self_attn\.q_proj|embed|tensors'
+./build/kv_ring

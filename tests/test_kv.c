@@ -639,6 +639,31 @@ TEST(ragged_rollback_after_wrap_is_exact) {
   }
 }
 
+/* The temporal view: sinks, then the newest window - keep positions, in
+ * order, wherever the ring put them. */
+TEST(temporal_view) {
+  const int W = 8, keep = 2, chunk = 4;
+  rlm_kv *kv = make_cache(RLM_KV_ROTATING, W, keep, chunk, 1);
+  uint64_t rng = 3;
+  float out[4 * 64];
+  for (int t = 0; t < 30; t++) decode_one(kv, &rng, out);
+  int64_t slots[16], n;
+  rlm_error err;
+  CHECK_EQ(rlm_kv_temporal_view(kv, 0, slots, 16, &n, &err), RLM_OK);
+  CHECK_EQ(n, W);
+  static const int want_pos[] = {0, 1, 24, 25, 26, 27, 28, 29};
+  for (int i = 0; i < W && i < n; i++)
+    CHECK_EQ(slots[i], want_pos[i] < keep ? want_pos[i] : keep + (want_pos[i] - keep) % (W + chunk - 1 - keep));
+  CHECK_EQ(rlm_kv_temporal_view(kv, 0, slots, 4, &n, &err), RLM_ERR_INVALID);
+  rlm_kv_free(kv);
+  kv = make_cache(RLM_KV_PLAIN, W, 0, chunk, 1);
+  for (int t = 0; t < 5; t++) decode_one(kv, &rng, out);
+  CHECK_EQ(rlm_kv_temporal_view(kv, 0, slots, 16, &n, &err), RLM_OK);
+  CHECK_EQ(n, 5);
+  CHECK_EQ(slots[4], 4);
+  rlm_kv_free(kv);
+}
+
 TEST(config_and_argument_errors) {
   rlm_kv_config c = rlm_kv_config_default(RLM_KV_ROTATING_QUANT);
   rlm_kv *kv;
@@ -670,6 +695,7 @@ int main(void) {
   RUN(decode_plan_plain_growth);
   RUN(bytes_per_token_4bit);
   RUN(ragged_rollback_after_wrap_is_exact);
+  RUN(temporal_view);
   RUN(config_and_argument_errors);
   RUN(property_plain);
   RUN(property_quant);

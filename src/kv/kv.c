@@ -314,8 +314,9 @@ static void copy_row(rlm_kv *dst, int di, const rlm_kv *src, int si) {
     for (int a = 0; a < 3; a++)
       if (w[a]) memcpy((char *)d[a] + di * w[a], (const char *)s[a] + si * w[a], w[a]);
   }
-  memcpy(dst->pos + di * dst->n_alloc, src->pos + si * src->n_alloc,
-         (size_t)src->n_alloc * sizeof *src->pos);
+  if (src->n_alloc) /* pos is NULL until the first slots exist */
+    memcpy(dst->pos + di * dst->n_alloc, src->pos + si * src->n_alloc,
+           (size_t)src->n_alloc * sizeof *src->pos);
   dst->offset[di] = src->offset[si];
   dst->wrapped[di] = src->wrapped[si];
 }

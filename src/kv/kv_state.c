@@ -131,12 +131,13 @@ rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error
   const uint8_t *p = (const uint8_t *)buf + 16 + KV_NFIELDS * 8;
   memcpy(t->offset, p, (size_t)t->n_rows * 8), p += (size_t)t->n_rows * 8;
   for (int b = 0; b < t->n_rows; b++) t->wrapped[b] = *p++ != 0;
-  memcpy(t->pos, p, (size_t)t->n_rows * (size_t)t->n_alloc * 4);
+  if (t->n_alloc) memcpy(t->pos, p, (size_t)t->n_rows * (size_t)t->n_alloc * 4);
   p += (size_t)t->n_rows * (size_t)t->n_alloc * 4;
   void *arr[6];
   size_t alen[6];
   storage_arrays(t, arr, alen);
-  for (int i = 0; i < 6; i++) memcpy(arr[i], p, alen[i]), p += alen[i];
+  for (int i = 0; i < 6; p += alen[i], i++)
+    if (alen[i]) memcpy(arr[i], p, alen[i]); /* dense kinds have no scales */
   t->dense_pending = f[13] != 0;
   rlm_kv old = *kv; /* swap so the caller's handle stays valid */
   *kv = *t;

@@ -1,0 +1,41 @@
+/* bench.h -- helpers shared by the micro-benchmarks: a monotonic clock,
+ * medians (the machines are shared and noisy, so every figure is a median
+ * of repetitions) and allocation that faults its pages in up front. */
+#ifndef RLM_BENCH_H
+#define RLM_BENCH_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static inline double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static inline int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static inline double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* A benchmark has nothing to recover: out of memory ends it. Pages are
+ * written (not with 0: malloc+memset(0) may become calloc) so the timed
+ * loops do not pay first-touch faults. */
+static inline void *xmalloc(size_t n) {
+  void *p = malloc(n);
+  if (!p) {
+    fprintf(stderr, "bench: out of memory (%zu bytes)\n", n);
+    exit(1);
+  }
+  memset(p, 0x5a, n);
+  return p;
+}
+
+#endif
