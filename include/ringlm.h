@@ -382,6 +382,50 @@ RLM_API rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slot
 RLM_API int64_t rlm_kv_slots_allocated(const rlm_kv *kv);
 RLM_API int64_t rlm_kv_capacity(const rlm_kv *kv);
 
+/* ------------------------------------------------------------------------
+ * Tokenizer: a Hugging Face tokenizer.json (byte-level BPE as Llama 3 and
+ * Qwen use it; SentencePiece-style BPE with byte fallback and U+2581 as
+ * Gemma uses it), its added/special tokens, and tokenizer_config.json.
+ * Immutable after load: one tokenizer may be used from many threads.
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_tokenizer rlm_tokenizer;
+
+/* path: a folder holding tokenizer.json (and tokenizer_config.json), or
+ * the tokenizer.json file itself. */
+RLM_API rlm_status rlm_tokenizer_load(rlm_tokenizer **out, const char *path,
+                                      rlm_error *err);
+RLM_API void rlm_tokenizer_free(rlm_tokenizer *t);
+RLM_API int32_t rlm_tokenizer_vocab_size(const rlm_tokenizer *t);
+/* -1 when the tokenizer defines none. */
+RLM_API int32_t rlm_tokenizer_bos(const rlm_tokenizer *t);
+RLM_API int32_t rlm_tokenizer_eos(const rlm_tokenizer *t);
+
+/* Encodes UTF-8 text as the tokenizer does by default: with add_special,
+ * the special tokens its post-processor adds (e.g. BOS). Writes at most
+ * max_ids ids; *n_ids is the number the text needs (RLM_ERR_INVALID when
+ * it exceeds max_ids, nothing else changed). */
+RLM_API rlm_status rlm_tokenize(const rlm_tokenizer *t, const char *text, size_t len,
+                                bool add_special, int32_t *ids, size_t max_ids,
+                                size_t *n_ids, rlm_error *err);
+
+/* Decodes ids to UTF-8 text (skip_special drops special tokens). Writes at
+ * most cap bytes plus a NUL; *len is the length the text needs. */
+RLM_API rlm_status rlm_detokenize(const rlm_tokenizer *t, const int32_t *ids, size_t n,
+                                  bool skip_special, char *buf, size_t cap,
+                                  size_t *len, rlm_error *err);
+
+/* Streaming decode: feed one id at a time, receive only complete UTF-8
+ * characters (a character split across tokens is held back until its last
+ * byte arrives), so generated text can be printed as it comes. */
+typedef struct rlm_detok_stream rlm_detok_stream;
+RLM_API rlm_status rlm_detok_stream_create(rlm_detok_stream **out, const rlm_tokenizer *t,
+                                           bool skip_special, rlm_error *err);
+RLM_API void rlm_detok_stream_free(rlm_detok_stream *s);
+/* Appends the text that id completes to buf (NUL-terminated, at most cap
+ * bytes including the NUL); *len is its length. */
+RLM_API rlm_status rlm_detok_stream_push(rlm_detok_stream *s, int32_t id, char *buf,
+                                         size_t cap, size_t *len, rlm_error *err);
+
 #ifdef __cplusplus
 }
 #endif
