@@ -426,6 +426,44 @@ RLM_API void rlm_detok_stream_free(rlm_detok_stream *s);
 RLM_API rlm_status rlm_detok_stream_push(rlm_detok_stream *s, int32_t id, char *buf,
                                          size_t cap, size_t *len, rlm_error *err);
 
+/* ------------------------------------------------------------------------
+ * Models and sessions. A model is the immutable weights (mmap'd) and
+ * configuration of a Hugging Face folder; a session is one inference
+ * timeline over it: the KV caches of every layer, scratch, a position.
+ * A model may be shared by sessions on different threads; a session has
+ * one owner. Architectures: llama, qwen3, mistral (gemma3_text and
+ * gemma4_text are recognised and refused as unsupported until they land).
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_model rlm_model;
+typedef struct rlm_session rlm_session;
+
+RLM_API rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err);
+RLM_API void rlm_model_free(rlm_model *m);
+RLM_API int32_t rlm_model_vocab_size(const rlm_model *m);
+/* config.json's model_type, e.g. "llama". */
+RLM_API const char *rlm_model_arch(const rlm_model *m);
+
+typedef struct rlm_session_params {
+  int n_threads;      /* <= 0: all cores                                     */
+  int prefill_chunk;  /* tokens per prefill step (default 512)               */
+  int k_bits, v_bits; /* 0: dense KV in the model's dtype; else 2..8 each    */
+  int kv_group_size;  /* default 64                                          */
+  int64_t max_kv;     /* > 0: full-attention layers become rings this wide   */
+} rlm_session_params;
+
+RLM_API rlm_session_params rlm_session_params_default(void);
+RLM_API rlm_status rlm_session_create(rlm_session **out, rlm_model *m,
+                                      const rlm_session_params *p, rlm_error *err);
+RLM_API void rlm_session_free(rlm_session *s);
+/* Feeds n ids at the session's position (prefill in chunks, one decode
+ * step when n == 1). logits: [n][vocab] when all_logits, else the last
+ * position's [vocab]; NULL for none. All or nothing on bad input. */
+RLM_API rlm_status rlm_session_eval(rlm_session *s, const int32_t *ids, int n,
+                                    float *logits, bool all_logits, rlm_error *err);
+RLM_API int64_t rlm_session_position(const rlm_session *s);
+/* KV bytes held by all layers' caches. */
+RLM_API size_t rlm_session_kv_bytes(const rlm_session *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,8 +38,9 @@ from make_mlx_affine_fixture import quantize as mlx_quantize  # noqa: E402
 
 VOCAB, N_PROMPT, N_GEN, WINDOW = 256, 96, 32, 16
 
+# head_dim 32: the smallest MLX group size, so KV caches can be quantized.
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-5,
               attn_implementation="eager", torch_dtype="float32")
 
 ARCHS = {
@@ -48,16 +49,16 @@ ARCHS = {
         rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                       "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
     "qwen3": ("Qwen3Config", dict(
-        num_hidden_layers=3, head_dim=16, tie_word_embeddings=True, rope_theta=1000000.0)),
+        num_hidden_layers=3, tie_word_embeddings=True, rope_theta=1000000.0)),
     "mistral": ("MistralConfig", dict(
         num_hidden_layers=3, sliding_window=WINDOW, tie_word_embeddings=False, rope_theta=10000.0)),
     "gemma3_text": ("Gemma3TextConfig", dict(
-        num_hidden_layers=4, head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=16,
+        num_hidden_layers=4, sliding_window=WINDOW, query_pre_attn_scalar=32,
         layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
         rope_theta=1000000.0, rope_local_base_freq=10000.0,
         rope_scaling={"rope_type": "linear", "factor": 8.0}, rms_norm_eps=1e-6)),
     "gemma4_text": ("Gemma4TextConfig", dict(
-        num_hidden_layers=6, head_dim=16, global_head_dim=32, sliding_window=WINDOW,
+        num_hidden_layers=6, global_head_dim=64, sliding_window=WINDOW,
         layer_types=["sliding_attention", "sliding_attention", "full_attention",
                      "sliding_attention", "sliding_attention", "full_attention"],
         num_kv_shared_layers=2, hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
@@ -65,7 +66,7 @@ ARCHS = {
 }
 
 
-def make_model(arch):
+def make_model(arch, seed=1234):
     cls_name, extra = ARCHS[arch]
     kw = dict(COMMON)
     kw.update(extra)
@@ -73,7 +74,7 @@ def make_model(arch):
     kw.pop("torch_dtype")
     cfg = getattr(transformers, cls_name)(**kw)
     cfg._attn_implementation = attn
-    torch.manual_seed(1234)
+    torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     model.eval()
     with torch.no_grad():
@@ -129,8 +130,9 @@ def dequantized_copy(model, bits, gs=64):
     q = copy.deepcopy(model)
     n = 0
     with torch.no_grad():
-        state = dict(q.state_dict())
-        for name, p in state.items():
+        # named_parameters lists a tied lm_head once, as the embedding (which
+        # ringlm quantize leaves dense); state_dict would list it twice.
+        for name, p in q.named_parameters():
             if not ringlm_quantizes(name, p, gs):
                 continue
             codes, scale, bias = mlx_quantize(p.float(), bits, gs)
@@ -148,15 +150,24 @@ def main():
     prompt = [int(x) for x in rng.integers(3, VOCAB, N_PROMPT)]
     for arch in ARCHS:
         try:
-            model = make_model(arch)
-            one_plus = sharpen(model, prompt)
-            print(f"   logits std {float(forward_logits(model, prompt).std()):.2f} (norm 1+w: {one_plus})")
+            # A fixture must be well conditioned: among a few weight seeds,
+            # keep the model whose greedy continuation has the widest
+            # top-1/top-2 margin, so that 8-bit KV rounding (about 0.4% of a
+            # group's range) cannot flip an argmax of the reference itself.
+            best = None
+            for seed in range(1234, 1234 + 12):
+                cand = make_model(arch, seed)
+                sharpen(cand, prompt)
+                cont, margin = greedy(cand, prompt)
+                if best is None or margin > best[2]:
+                    best = (cand, cont, margin, seed)
+            model, cont, margin, seed = best
+            print(f"   seed {seed}, logits std {float(forward_logits(model, prompt).std()):.2f}")
             d = os.path.join(out, arch)
             os.makedirs(d, exist_ok=True)
             model.save_pretrained(d, safe_serialization=True)
             np.save(os.path.join(d, "logits.npy"), forward_logits(model, prompt).numpy())
-            cont, margin = greedy(model, prompt)
-            quant = {}
+            quant = {"weight_seed": seed}
             for bits in (8, 4):
                 qm, n = dequantized_copy(model, bits)
                 np.save(os.path.join(d, f"logits_q{bits}.npy"), forward_logits(qm, prompt).numpy())

@@ -80,6 +80,61 @@ TEST(quantize_and_inspect_round_trip) {
   CHECK_STR_CONTAINS(out, "model.embed_tokens.weight                                    BF16  [300, 128]");
 }
 
+/* run and logits on the llama fixture: the greedy ids transformers made,
+ * an .npy of the right size, one-line errors for bad ids and models. */
+TEST(run_and_logits_on_fixture) {
+  const char *src = getenv("RINGLM_SOURCE_DIR");
+  CHECK(src != NULL);
+  if (!src) return;
+  char path[512], ids[1024] = "", want[512] = "", out[8192];
+  snprintf(path, sizeof path, "%s/tests/fixtures/models/llama/fixture.json", src);
+  FILE *f = fopen(path, "r");
+  CHECK(f != NULL);
+  if (!f) return;
+  static char js[16384];
+  size_t n = fread(js, 1, sizeof js - 1, f);
+  fclose(f);
+  js[n] = 0;
+  /* "prompt_ids": [a, b, ...] and "greedy_ids": [...] as plain lists. */
+  char *p = strstr(js, "\"prompt_ids\"");
+  char *g = strstr(js, "\"greedy_ids\"");
+  CHECK(p && g);
+  if (!p || !g) return;
+  for (char *c = strchr(p, '[') + 1, *d = ids; *c != ']'; c++)
+    if (*c != ' ' && *c != '\n') *d++ = *c;
+  for (char *c = strchr(g, '[') + 1, *d = want; *c != ']'; c++)
+    if (*c != '\n') *d++ = *c == ',' ? ' ' : *c;
+  char squeezed[512], *w = squeezed; /* "a, b" -> "a b" */
+  for (char *c = want; *c; c++)
+    if (!(*c == ' ' && (w == squeezed || w[-1] == ' '))) *w++ = *c;
+  while (w > squeezed && w[-1] == ' ') w--;
+  *w = 0;
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 32 --temp 0 --print-ids --prefill-chunk 7",
+               g_bin, src, ids), 0);
+  /* stdout: the ids on one line; stderr (merged here): the stats line. */
+  char line[600];
+  snprintf(line, sizeof line, "\n%s\n", squeezed);
+  memmove(out + 1, out, strlen(out) + 1);
+  out[0] = '\n';
+  CHECK_STR_CONTAINS(out, line);
+  CHECK_STR_CONTAINS(out, "generated 32 tokens");
+  CHECK_EQ(run(out, sizeof out, "%s logits -m %s/tests/fixtures/models/llama --ids 1,2,3 -o %s/l.npy", g_bin, src, g_dir), 0);
+  snprintf(path, sizeof path, "%s/l.npy", g_dir);
+  f = fopen(path, "rb");
+  CHECK(f != NULL);
+  if (f) {
+    fseek(f, 0, SEEK_END);
+    CHECK_EQ(ftell(f), 128 + 3 * 256 * 4); /* 128-byte header, [3, 256] f32 */
+    fclose(f);
+  }
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 1,999", g_bin, src), 1);
+  CHECK_STR_CONTAINS(out, "999");
+  CHECK_EQ(count_lines(out), 1);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/nowhere --ids 1", g_bin, g_dir), 1);
+  CHECK_STR_CONTAINS(out, "nowhere");
+  CHECK_EQ(run(out, sizeof out, "%s run -m x --ids 1,a", g_bin), 2);
+}
+
 int main(void) {
   g_bin = getenv("RINGLM_BIN");
   g_make = getenv("RINGLM_MAKE_MODEL");
@@ -91,6 +146,7 @@ int main(void) {
   RUN(usage_errors);
   RUN(bad_files_one_line_errors);
   RUN(quantize_and_inspect_round_trip);
+  RUN(run_and_logits_on_fixture);
   int rc = test_summary();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -21,5 +21,7 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 
 int cmd_quantize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+int cmd_logits(int argc, char **argv);
 
 #endif

@@ -14,6 +14,10 @@ static const char usage[] =
     "  quantize IN OUT [--bits B] [--group-size G] [--quantize-embeddings] [-t N]\n"
     "                  MLX affine-quantize a safetensors file or a Hugging Face folder\n"
     "  inspect PATH    list the tensors of a safetensors file or model folder\n"
+    "  run -m DIR --ids 1,2,3 [-n N] [--print-ids] [--kv-bits B] ...\n"
+    "                  generate greedily from token ids\n"
+    "  logits -m DIR --ids 1,2,3 -o FILE.npy [--kv-bits B] ...\n"
+    "                  logits of every position, as a NumPy file\n"
     "  version         print the library version\n"
     "\n"
     "Run 'ringlm <command> --help' for a command's options.\n";
@@ -55,6 +59,8 @@ int main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "quantize")) return cmd_quantize(argc - 1, argv + 1);
   if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+  if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
+  if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
     printf("ringlm %s\n", rlm_version());
     return CLI_OK;

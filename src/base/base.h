@@ -11,6 +11,7 @@
 #include "ringlm.h"
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,0 +1,130 @@
+/* config.c -- config.json to rlm_model_config. Reads both the transformers
+ * 5 spelling ("rope_parameters") and the older one ("rope_theta" +
+ * "rope_scaling"), the text_config of a multimodal config, and mlx-lm's
+ * "quantization" entry. An unknown model_type or a missing dimension is an
+ * error that names config.json and the key. */
+#include "model/model.h"
+
+#include <jansson.h>
+
+static const struct {
+  const char *name;
+  rlm_arch arch;
+} archs[] = {{"llama", RLM_ARCH_LLAMA}, {"qwen3", RLM_ARCH_QWEN3}, {"mistral", RLM_ARCH_MISTRAL}};
+
+static rlm_status get_int(const json_t *o, const char *key, int *out, bool required,
+                          const char *path, rlm_error *err) {
+  const json_t *v = json_object_get(o, key);
+  if (!v || json_is_null(v)) {
+    if (required) return rlm__err(err, RLM_ERR_FORMAT, "%s: missing \"%s\"", path, key);
+    return RLM_OK;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 30))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: \"%s\" is not a valid integer", path, key);
+  *out = (int)json_integer_value(v);
+  return RLM_OK;
+}
+
+static double get_num(const json_t *o, const char *key, double dflt) {
+  const json_t *v = json_object_get(o, key);
+  return json_is_number(v) ? json_number_value(v) : dflt;
+}
+
+static rlm_status parse_arch(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  const char *t = json_string_value(json_object_get(o, "model_type"));
+  if (!t) return rlm__err(err, RLM_ERR_FORMAT, "%s: missing \"model_type\"", path);
+  snprintf(c->model_type, sizeof c->model_type, "%s", t);
+  for (size_t i = 0; i < sizeof archs / sizeof *archs; i++)
+    if (!strcmp(t, archs[i].name)) {
+      c->arch = archs[i].arch;
+      return RLM_OK;
+    }
+  return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: unknown or unsupported model_type \"%s\"", path, t);
+}
+
+/* RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling. */
+static rlm_status parse_rope(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  const json_t *rp = json_object_get(o, "rope_parameters");
+  if (!json_is_object(rp)) rp = json_object_get(o, "rope_scaling");
+  c->rope.theta = get_num(json_is_object(rp) ? rp : o, "rope_theta", get_num(o, "rope_theta", 10000.0));
+  if (!json_is_object(rp)) return RLM_OK;
+  const char *type = json_string_value(json_object_get(rp, "rope_type"));
+  if (!type) type = json_string_value(json_object_get(rp, "type"));
+  if (!type || !strcmp(type, "default")) return RLM_OK;
+  c->rope.factor = get_num(rp, "factor", 1.0);
+  if (!strcmp(type, "linear")) {
+    c->rope.kind = RLM_ROPE_LINEAR;
+  } else if (!strcmp(type, "llama3")) {
+    c->rope.kind = RLM_ROPE_LLAMA3;
+    c->rope.low_freq_factor = get_num(rp, "low_freq_factor", 1.0);
+    c->rope.high_freq_factor = get_num(rp, "high_freq_factor", 4.0);
+    c->rope.original_max_pos = get_num(rp, "original_max_position_embeddings", 8192);
+  } else {
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: unsupported rope_type \"%s\"", path, type);
+  }
+  return RLM_OK;
+}
+
+static rlm_status parse_dims(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  rlm_status rc;
+  if ((rc = get_int(o, "vocab_size", &c->vocab, true, path, err)) ||
+      (rc = get_int(o, "hidden_size", &c->hidden, true, path, err)) ||
+      (rc = get_int(o, "intermediate_size", &c->inter, true, path, err)) ||
+      (rc = get_int(o, "num_hidden_layers", &c->n_layers, true, path, err)) ||
+      (rc = get_int(o, "num_attention_heads", &c->n_heads, true, path, err)))
+    return rc;
+  c->n_kv_heads = c->n_heads;
+  c->head_dim = c->n_heads ? c->hidden / c->n_heads : 0;
+  if ((rc = get_int(o, "num_key_value_heads", &c->n_kv_heads, false, path, err)) ||
+      (rc = get_int(o, "head_dim", &c->head_dim, false, path, err)) ||
+      (rc = get_int(o, "sliding_window", &c->sliding_window, false, path, err)))
+    return rc;
+  if (c->arch != RLM_ARCH_MISTRAL) c->sliding_window = 0; /* qwen3's use_sliding_window: off */
+  if (!c->vocab || !c->hidden || !c->n_layers || !c->n_heads || !c->n_kv_heads || !c->head_dim ||
+      c->n_heads % c->n_kv_heads || c->head_dim % 2)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: inconsistent dimensions (heads %d, kv heads %d, head_dim %d)",
+                    path, c->n_heads, c->n_kv_heads, c->head_dim);
+  return RLM_OK;
+}
+
+static void parse_misc(rlm_model_config *c, const json_t *o) {
+  c->rms_eps = get_num(o, "rms_norm_eps", 1e-6);
+  const json_t *tie = json_object_get(o, "tie_word_embeddings");
+  c->tie_embeddings = json_is_boolean(tie) ? json_is_true(tie) : false;
+  const char *dt = json_string_value(json_object_get(o, "dtype"));
+  if (!dt) dt = json_string_value(json_object_get(o, "torch_dtype"));
+  c->dtype = dt && !strcmp(dt, "float32") ? RLM_DTYPE_F32 : dt && !strcmp(dt, "float16") ? RLM_DTYPE_F16
+                                                                                         : RLM_DTYPE_BF16;
+}
+
+/* mlx-lm's "quantization": {"group_size", "bits"}; 0 when absent. */
+static void parse_quant(rlm_model_config *c, const json_t *o) {
+  const json_t *q = json_object_get(o, "quantization");
+  c->q_bits = (int)json_integer_value(json_object_get(q, "bits"));
+  c->q_group = (int)json_integer_value(json_object_get(q, "group_size"));
+}
+
+rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err) {
+  memset(c, 0, sizeof *c);
+  char *path = rlm__path_join(dir, "config.json");
+  if (!path) return rlm__err_nomem(err, "path", 0);
+  json_t *root = NULL;
+  rlm_status rc = rlm__json_load_file(path, &root, err);
+  if (rc) goto out_free_path;
+  const json_t *o = json_object_get(root, "text_config");
+  if (!json_is_object(o)) o = root;
+  if (!json_is_object(o)) {
+    rc = rlm__err(err, RLM_ERR_FORMAT, "%s: not a JSON object", path);
+    goto out_free_json;
+  }
+  if ((rc = parse_arch(c, o, path, err)) || (rc = parse_dims(c, o, path, err)) ||
+      (rc = parse_rope(c, o, path, err)))
+    goto out_free_json;
+  parse_misc(c, o);
+  parse_quant(c, json_object_get(o, "quantization") ? o : root); /* mlx-lm: top level */
+out_free_json:
+  json_decref(root);
+out_free_path:
+  rlm__free(path);
+  return rc;
+}

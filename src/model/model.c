@@ -1,0 +1,282 @@
+/* model.c -- loading a model folder and binding its tensors, sessions and
+ * their caches, and the public model/session entry points.
+ *
+ * Binding checks every tensor the architecture needs: present, float (or
+ * an MLX triple whose shapes agree with the config), the right shape.
+ * A missing tensor or a wrong shape is RLM_ERR_FORMAT naming the tensor.
+ */
+#include "model/model.h"
+
+#include <math.h>
+
+/* ---- binding ------------------------------------------------------------ */
+
+static rlm_status need(const rlm_model *m, const char *name, const rlm_st_tensor **t,
+                       rlm_error *err) {
+  *t = rlm__st_find(m->st, name);
+  if (!*t)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: missing tensor '%s'", rlm__st_file_path(m->st, 0), name);
+  return RLM_OK;
+}
+
+static rlm_status bad_shape(const rlm_model *m, const rlm_st_tensor *t, int64_t a, int64_t b,
+                            rlm_error *err) {
+  return rlm__err(err, RLM_ERR_FORMAT, "%s: tensor '%s' has shape [%lld, %lld] (%s), expected [%lld, %lld]",
+                  rlm__st_file_path(m->st, t->file_index), t->name, (long long)t->shape[0],
+                  (long long)(t->ndim > 1 ? t->shape[1] : 0), rlm_dtype_name(t->dtype), (long long)a,
+                  (long long)b);
+}
+
+/* Tensor data aligned for typed loads: the mapping, or an arena copy. */
+static const void *aligned_data(rlm_model *m, const rlm_st_tensor *t) {
+  size_t es = rlm_dtype_size(t->dtype);
+  if ((uintptr_t)t->data % es == 0) return t->data;
+  void *p = rlm__arena_alloc(&m->arena, t->nbytes);
+  if (p) memcpy(p, t->data, t->nbytes);
+  return p;
+}
+
+static rlm_status bind_quant(rlm_model *m, const char *prefix, const rlm_st_tensor *w,
+                             int64_t out, int64_t in, rlm_linear *l, rlm_error *err) {
+  char name[256];
+  const rlm_st_tensor *s, *b;
+  rlm_status rc;
+  snprintf(name, sizeof name, "%s.scales", prefix);
+  if ((rc = need(m, name, &s, err))) return rc;
+  snprintf(name, sizeof name, "%s.biases", prefix);
+  if ((rc = need(m, name, &b, err))) return rc;
+  int64_t groups = s->ndim == 2 ? s->shape[1] : 0;
+  int gs = groups ? (int)(in / groups) : 0, bits = in ? (int)(w->shape[1] * 32 / in) : 0;
+  if (w->dtype != RLM_DTYPE_U32 || w->ndim != 2 || w->shape[0] != out || !rlm__quant_bits_ok(bits) ||
+      !rlm__quant_group_ok(gs) || w->shape[1] * 32 != in * bits)
+    return bad_shape(m, w, out, in * (bits ? bits : 4) / 32, err);
+  if (!rlm__dtype_is_float(s->dtype) || s->shape[0] != out || groups * gs != in ||
+      b->dtype != s->dtype || b->ndim != 2 || b->shape[0] != out || b->shape[1] != groups)
+    return bad_shape(m, s, out, in / (gs ? gs : 64), err);
+  l->quant = true;
+  l->q = (rlm_qmat){aligned_data(m, w), aligned_data(m, s), aligned_data(m, b), s->dtype, out, in,
+                    bits, gs};
+  return l->q.wq && l->q.scales && l->q.biases ? RLM_OK : rlm__err_nomem(err, prefix, 0);
+}
+
+/* prefix.weight [out][in] dense, or the MLX triple under prefix. */
+static rlm_status bind_linear(rlm_model *m, const char *prefix, int64_t out, int64_t in,
+                              rlm_linear *l, rlm_error *err) {
+  char name[256];
+  const rlm_st_tensor *w;
+  snprintf(name, sizeof name, "%s.weight", prefix);
+  rlm_status rc = need(m, name, &w, err);
+  if (rc) return rc;
+  memset(l, 0, sizeof *l);
+  l->out = out, l->in = in;
+  snprintf(name, sizeof name, "%s.scales", prefix);
+  if (rlm__st_find(m->st, name)) return bind_quant(m, prefix, w, out, in, l, err);
+  if (!rlm__dtype_is_float(w->dtype) || w->ndim != 2 || w->shape[0] != out || w->shape[1] != in)
+    return bad_shape(m, w, out, in, err);
+  l->dtype = w->dtype;
+  l->w = aligned_data(m, w);
+  return l->w ? RLM_OK : rlm__err_nomem(err, prefix, 0);
+}
+
+/* A norm vector [n] as f32 in the arena. */
+static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const float **out,
+                            rlm_error *err) {
+  const rlm_st_tensor *t;
+  rlm_status rc = need(m, name, &t, err);
+  if (rc) return rc;
+  if (!rlm__dtype_is_float(t->dtype) || t->ndim != 1 || t->shape[0] != n)
+    return bad_shape(m, t, n, 0, err);
+  float *f = rlm__arena_alloc(&m->arena, (size_t)n * sizeof *f);
+  if (!f) return rlm__err_nomem(err, name, (size_t)n * sizeof *f);
+  for (int64_t i = 0; i < n; i++) {
+    uint8_t raw[4];
+    memcpy(raw, (const uint8_t *)t->data + i * (int64_t)rlm_dtype_size(t->dtype), rlm_dtype_size(t->dtype));
+    f[i] = rlm__load_f(raw, t->dtype, 0);
+  }
+  *out = f;
+  return RLM_OK;
+}
+
+static rlm_status bind_layer(rlm_model *m, int i, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  rlm_layer *L = &m->layers[i];
+  const int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim;
+  char p[200], n[256];
+  rlm_status rc;
+#define LIN(field, sub, o, in)                                                  \
+  snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);                          \
+  if ((rc = bind_linear(m, p, o, in, &L->field, err))) return rc;
+  LIN(wq, "self_attn.q_proj", qd, H);
+  LIN(wk, "self_attn.k_proj", kd, H);
+  LIN(wv, "self_attn.v_proj", kd, H);
+  LIN(wo, "self_attn.o_proj", H, qd);
+  LIN(gate, "mlp.gate_proj", c->inter, H);
+  LIN(up, "mlp.up_proj", c->inter, H);
+  LIN(down, "mlp.down_proj", H, c->inter);
+#undef LIN
+  snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", i);
+  if ((rc = bind_norm(m, n, H, &L->attn_norm, err))) return rc;
+  snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", i);
+  if ((rc = bind_norm(m, n, H, &L->mlp_norm, err))) return rc;
+  if (c->arch != RLM_ARCH_QWEN3) return RLM_OK;
+  snprintf(n, sizeof n, "model.layers.%d.self_attn.q_norm.weight", i);
+  if ((rc = bind_norm(m, n, c->head_dim, &L->q_norm, err))) return rc;
+  snprintf(n, sizeof n, "model.layers.%d.self_attn.k_norm.weight", i);
+  return bind_norm(m, n, c->head_dim, &L->k_norm, err);
+}
+
+/* inv_freq[i] = theta^(-2i/d), reshaped by the rope type (HF's rules). */
+static void rope_freqs(const rlm_model_config *c, float *inv) {
+  const rlm_rope *r = &c->rope;
+  for (int i = 0; i < c->head_dim / 2; i++) {
+    double f = 1.0 / pow(r->theta, 2.0 * i / c->head_dim);
+    if (r->kind == RLM_ROPE_LINEAR) f /= r->factor;
+    if (r->kind == RLM_ROPE_LLAMA3) {
+      double lo = r->original_max_pos / r->low_freq_factor, hi = r->original_max_pos / r->high_freq_factor;
+      double wl = 2 * M_PI / f;
+      if (wl > lo) f /= r->factor;
+      else if (wl >= hi) {
+        double s = (r->original_max_pos / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
+        f = (1 - s) * f / r->factor + s * f;
+      }
+    }
+    inv[i] = (float)f;
+  }
+}
+
+static rlm_status bind_all(rlm_model *m, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  rlm_status rc = bind_linear(m, "model.embed_tokens", c->vocab, c->hidden, &m->embed, err);
+  if (!rc) rc = bind_norm(m, "model.norm.weight", c->hidden, &m->final_norm, err);
+  if (rc) return rc;
+  if (c->tie_embeddings || !rlm__st_find(m->st, "lm_head.weight")) m->lm_head = m->embed;
+  else if ((rc = bind_linear(m, "lm_head", c->vocab, c->hidden, &m->lm_head, err))) return rc;
+  m->layers = rlm__arena_alloc(&m->arena, (size_t)c->n_layers * sizeof *m->layers);
+  m->inv_freq = rlm__arena_alloc(&m->arena, (size_t)c->head_dim / 2 * sizeof(float));
+  if (!m->layers || !m->inv_freq) return rlm__err_nomem(err, "model", 0);
+  rope_freqs(c, m->inv_freq);
+  for (int i = 0; i < c->n_layers && !rc; i++) rc = bind_layer(m, i, err);
+  return rc;
+}
+
+rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
+  if (!out || !dir) return rlm__err(err, RLM_ERR_INVALID, "rlm_model_load: NULL argument");
+  *out = NULL;
+  rlm_model *m = rlm__calloc(1, sizeof *m);
+  if (!m) return rlm__err_nomem(err, "model", sizeof *m);
+  rlm__arena_init(&m->arena, 1 << 16);
+  rlm_status rc = rlm__config_load(&m->cfg, dir, err);
+  if (!rc) rc = rlm__st_open(&m->st, dir, err);
+  if (!rc) rc = bind_all(m, err);
+  if (rc) {
+    rlm_model_free(m);
+    return rc;
+  }
+  *out = m;
+  return RLM_OK;
+}
+
+void rlm_model_free(rlm_model *m) {
+  if (!m) return;
+  rlm__st_free(m->st);
+  rlm__arena_free(&m->arena);
+  rlm__free(m);
+}
+
+int32_t rlm_model_vocab_size(const rlm_model *m) { return m ? m->cfg.vocab : 0; }
+const char *rlm_model_arch(const rlm_model *m) { return m ? m->cfg.model_type : ""; }
+
+/* ---- sessions ----------------------------------------------------------- */
+
+rlm_session_params rlm_session_params_default(void) {
+  return (rlm_session_params){.n_threads = 0, .prefill_chunk = 512, .kv_group_size = 64};
+}
+
+/* The cache of one layer: a ring for sliding layers (and for every layer
+ * under max_kv), plain otherwise; quantized when asked. */
+static rlm_status make_cache(rlm_session *s, int i, rlm_error *err) {
+  const rlm_model_config *c = &s->m->cfg;
+  const rlm_session_params *p = &s->p;
+  int window = c->sliding_window ? c->sliding_window : (int)p->max_kv;
+  bool quant = p->k_bits || p->v_bits, ring = window > 0;
+  rlm_kv_config k = rlm_kv_config_default(ring ? (quant ? RLM_KV_ROTATING_QUANT : RLM_KV_ROTATING)
+                                               : (quant ? RLM_KV_QUANT : RLM_KV_PLAIN));
+  k.n_kv_heads = c->n_kv_heads, k.head_dim_k = k.head_dim_v = c->head_dim;
+  k.dtype = c->dtype;
+  k.k_bits = p->k_bits ? p->k_bits : p->v_bits, k.v_bits = p->v_bits ? p->v_bits : p->k_bits;
+  k.group_size = p->kv_group_size;
+  k.window = ring ? window : 1, k.max_chunk = p->prefill_chunk;
+  k.q_per_kv = c->n_heads / c->n_kv_heads;
+  return rlm_kv_create(&s->kv[i], &k, err);
+}
+
+static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
+  const rlm_model_config *c = &s->m->cfg;
+  size_t n = (size_t)s->p.prefill_chunk, qd = (size_t)c->n_heads * c->head_dim;
+  size_t kd = (size_t)c->n_kv_heads * c->head_dim, wide = RLM_MAX((size_t)c->inter, qd);
+  float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp};
+  size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
+                    n * RLM_MAX((size_t)c->inter, (size_t)c->hidden), (size_t)c->vocab};
+  for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+    if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
+  return RLM_OK;
+}
+
+rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session_params *p,
+                              rlm_error *err) {
+  if (!out || !m) return rlm__err(err, RLM_ERR_INVALID, "rlm_session_create: NULL argument");
+  *out = NULL;
+  rlm_session *s = rlm__calloc(1, sizeof *s);
+  if (!s) return rlm__err_nomem(err, "session", sizeof *s);
+  s->m = m;
+  s->p = p ? *p : rlm_session_params_default();
+  if (s->p.prefill_chunk < 1 || s->p.prefill_chunk > 65536 || s->p.max_kv < 0) {
+    rlm_session_free(s);
+    return rlm__err(err, RLM_ERR_INVALID, "session: prefill chunk %d or max_kv out of range", p->prefill_chunk);
+  }
+  s->kv = rlm__calloc((size_t)m->cfg.n_layers, sizeof *s->kv);
+  rlm_status rc = s->kv ? RLM_OK : rlm__err_nomem(err, "session caches", 0);
+  for (int i = 0; !rc && i < m->cfg.n_layers; i++) rc = make_cache(s, i, err);
+  if (!rc) rc = alloc_scratch(s, err);
+  if (!rc) rc = rlm__pool_create(&s->pool, s->p.n_threads, err);
+  if (rc) {
+    rlm_session_free(s);
+    return rc;
+  }
+  *out = s;
+  return RLM_OK;
+}
+
+void rlm_session_free(rlm_session *s) {
+  if (!s) return;
+  for (int i = 0; s->kv && i < s->m->cfg.n_layers; i++) rlm_kv_free(s->kv[i]);
+  rlm__free(s->kv);
+  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) rlm__free(bufs[i]);
+  rlm__pool_free(s->pool);
+  rlm__free(s);
+}
+
+int64_t rlm_session_position(const rlm_session *s) { return s ? s->pos : 0; }
+
+size_t rlm_session_kv_bytes(const rlm_session *s) {
+  return s ? rlm_kv_nbytes_total(s->kv, s->m->cfg.n_layers) : 0;
+}
+
+rlm_status rlm_session_eval(rlm_session *s, const int32_t *ids, int n, float *logits, bool all,
+                            rlm_error *err) {
+  if (!s || !ids || n < 1) return rlm__err(err, RLM_ERR_INVALID, "rlm_session_eval: bad arguments");
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= s->m->cfg.vocab)
+      return rlm__err(err, RLM_ERR_INVALID, "token id %d at index %d is outside the vocabulary [0, %d)",
+                      ids[i], i, s->m->cfg.vocab);
+  const int64_t V = s->m->cfg.vocab;
+  for (int j0 = 0; j0 < n; j0 += s->p.prefill_chunk) {
+    int j1 = RLM_MIN(n, j0 + s->p.prefill_chunk);
+    bool last = j1 == n;
+    float *dst = !logits ? NULL : all ? logits + (size_t)j0 * (size_t)V : last ? logits : NULL;
+    rlm_status rc = rlm__forward(s, ids + j0, j1 - j0, dst, all, err);
+    if (rc) return rc;
+  }
+  return RLM_OK;
+}

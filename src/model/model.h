@@ -1,0 +1,97 @@
+/* model.h -- a loaded model (configuration + weights bound to mmap'd
+ * safetensors) and a session (KV caches + scratch + position).
+ *
+ * Weights stay in the mapping: a linear layer is a view of a dense
+ * [out][in] matrix (f32, f16, bf16) or of an MLX affine triple; only norm
+ * vectors are copied (to f32). The forward pass (forward.c) works in f32
+ * activations and reads the weights where they lie.
+ *
+ * Read next: config.c (config.json), model.c (loading and binding),
+ * forward.c (the layers), ops.c (CPU kernels).
+ */
+#ifndef RLM_MODEL_H
+#define RLM_MODEL_H
+
+#include "kv/kv.h"
+#include "model/safetensors.h"
+
+typedef enum rlm_arch { RLM_ARCH_LLAMA, RLM_ARCH_QWEN3, RLM_ARCH_MISTRAL } rlm_arch;
+
+typedef enum rlm_rope_kind { RLM_ROPE_DEFAULT, RLM_ROPE_LLAMA3, RLM_ROPE_LINEAR } rlm_rope_kind;
+
+typedef struct rlm_rope {
+  rlm_rope_kind kind;
+  double theta;
+  double factor;              /* llama3 / linear                         */
+  double low_freq_factor;     /* llama3                                  */
+  double high_freq_factor;    /* llama3                                  */
+  double original_max_pos;    /* llama3                                  */
+} rlm_rope;
+
+typedef struct rlm_model_config {
+  char model_type[32];
+  rlm_arch arch;
+  int vocab, hidden, inter, n_layers, n_heads, n_kv_heads, head_dim;
+  double rms_eps;
+  rlm_rope rope;
+  int sliding_window;         /* 0: none (mistral: every layer slides)   */
+  bool tie_embeddings;
+  rlm_dtype dtype;            /* the checkpoint's compute dtype          */
+  int q_bits, q_group;        /* MLX quantization of the weights, or 0   */
+} rlm_model_config;
+
+/* y = x W^T: dense view or MLX triple. */
+typedef struct rlm_linear {
+  int64_t out, in;
+  bool quant;
+  rlm_dtype dtype;            /* dense element dtype                     */
+  const void *w;              /* dense [out][in]                         */
+  rlm_qmat q;                 /* quantized                               */
+} rlm_linear;
+
+typedef struct rlm_layer {
+  rlm_linear wq, wk, wv, wo, gate, up, down;
+  const float *attn_norm, *mlp_norm; /* [hidden] f32                     */
+  const float *q_norm, *k_norm;      /* [head_dim] f32, or NULL          */
+} rlm_layer;
+
+struct rlm_model {
+  rlm_model_config cfg;
+  rlm_safetensors *st;
+  rlm_linear embed;           /* [vocab][hidden], rows looked up         */
+  rlm_linear lm_head;         /* the embedding when tied                 */
+  const float *final_norm;
+  rlm_layer *layers;          /* [n_layers]                              */
+  float *inv_freq;            /* [head_dim / 2]                          */
+  rlm_arena arena;            /* f32 copies of norms, inv_freq, layers   */
+};
+
+struct rlm_session {
+  rlm_model *m;
+  rlm_session_params p;
+  rlm_kv **kv;                /* [n_layers]                              */
+  rlm_pool *pool;
+  int64_t pos;                /* next position                           */
+  /* scratch for one chunk of up to p.prefill_chunk tokens */
+  float *x, *h, *q, *k, *v, *att, *g, *u, *xsum, *logits_tmp;
+};
+
+/* ---- config.c ---------------------------------------------------------- */
+rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err);
+
+/* ---- ops.c: f32 kernels -------------------------------------------------- */
+void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps);
+void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64_t pos);
+/* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
+void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
+                 float *xsum);
+/* One row of an embedding (dense or quantized) into f32. */
+void rlm__embed_row(const rlm_linear *e, int64_t row, float *out);
+
+/* ---- forward.c ---------------------------------------------------------- */
+/* Runs n <= prefill_chunk tokens through every layer; writes logits of
+ * every token (all) or the last into `logits` (NULL: none). */
+rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits, bool all,
+                        rlm_error *err);
+
+#endif /* RLM_MODEL_H */

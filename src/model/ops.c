@@ -1,0 +1,82 @@
+/* ops.c -- the CPU kernels of the forward pass, in f32: RMSNorm, RoPE,
+ * linear layers over dense or MLX-quantized weights (threaded over output
+ * rows), embedding rows. These are the plain versions; the fast paths of
+ * the dense products are the CPU-speed issue's work. */
+#include "model/model.h"
+
+#include <math.h>
+
+void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps) {
+  double ss = 0;
+  for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+  float r = (float)(1.0 / sqrt(ss / n + eps));
+  for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+}
+
+/* Rotate-half RoPE (transformers' default layout): dims i and i + d/2
+ * form a pair. The angle is pos * inv_freq in f32, as transformers
+ * computes it, so both round the same way. */
+void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64_t pos) {
+  const int half = head_dim / 2;
+  for (int i = 0; i < half; i++) {
+    float ang = (float)pos * inv_freq[i];
+    float c = (float)cos((double)ang), s = (float)sin((double)ang);
+    for (int h = 0; h < n_heads; h++) {
+      float *p = x + (size_t)h * head_dim;
+      float a = p[i], b = p[i + half];
+      p[i] = a * c - b * s;
+      p[i + half] = b * c + a * s;
+    }
+  }
+}
+
+struct dense_job {
+  const rlm_linear *l;
+  const float *x;
+  int64_t m;
+  float *y;
+};
+
+static void dense_rows(void *ctx, int64_t o0, int64_t o1, int ith, int nth) {
+  const struct dense_job *j = ctx;
+  const rlm_linear *l = j->l;
+  const size_t es = rlm_dtype_size(l->dtype);
+  for (int64_t o = o0; o < o1; o++) {
+    const void *w = (const char *)l->w + (size_t)o * (size_t)l->in * es;
+    for (int64_t i = 0; i < j->m; i++) {
+      const float *x = j->x + i * l->in;
+      float acc = 0.0f;
+      if (l->dtype == RLM_DTYPE_F32)
+        for (int64_t c = 0; c < l->in; c++) acc += x[c] * ((const float *)w)[c];
+      else
+        for (int64_t c = 0; c < l->in; c++) acc += x[c] * rlm__load_f(w, l->dtype, c);
+      j->y[i * l->out + o] = acc;
+    }
+  }
+}
+
+void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
+                 float *xsum) {
+  if (l->quant) {
+    rlm__qmatmul(pool, &l->q, x, m, xsum, y);
+    return;
+  }
+  struct dense_job j = {l, x, m, y};
+  rlm__pool_for(pool, l->out, 16, dense_rows, &j);
+}
+
+void rlm__embed_row(const rlm_linear *e, int64_t row, float *out) {
+  if (!e->quant) {
+    const char *w = (const char *)e->w + (size_t)row * (size_t)e->in * rlm_dtype_size(e->dtype);
+    rlm__convert(w, e->dtype, out, RLM_DTYPE_F32, e->in);
+    return;
+  }
+  const rlm_qmat *q = &e->q;
+  const uint32_t *wr = q->wq + row * rlm__quant_row_words(q->cols, q->bits);
+  const int64_t ng = q->cols / q->group_size;
+  for (int64_t c = 0; c < q->cols; c++) {
+    int64_t g = row * ng + c / q->group_size;
+    out[c] = (float)rlm__quant_get(wr, c, q->bits) * rlm__load_f(q->scales, q->sdtype, g) +
+             rlm__load_f(q->biases, q->sdtype, g);
+  }
+}
