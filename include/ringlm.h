@@ -390,11 +390,16 @@ RLM_API int64_t rlm_kv_capacity(const rlm_kv *kv);
  * ---------------------------------------------------------------------- */
 typedef struct rlm_tokenizer rlm_tokenizer;
 
-/* path: a folder holding tokenizer.json (and tokenizer_config.json), or
- * the tokenizer.json file itself. */
+/* path: a folder holding tokenizer.json (and optionally
+ * tokenizer_config.json, whose bos_token/eos_token then set bos/eos), or
+ * the tokenizer.json file itself (bos/eos from its post-processor).
+ * RLM_ERR_FORMAT for malformed JSON or a missing model, RLM_ERR_UNSUPPORTED
+ * for a component ringlm does not implement; the message names the file
+ * and the component. */
 RLM_API rlm_status rlm_tokenizer_load(rlm_tokenizer **out, const char *path,
                                       rlm_error *err);
 RLM_API void rlm_tokenizer_free(rlm_tokenizer *t);
+/* Largest id + 1, added tokens included. */
 RLM_API int32_t rlm_tokenizer_vocab_size(const rlm_tokenizer *t);
 /* -1 when the tokenizer defines none. */
 RLM_API int32_t rlm_tokenizer_bos(const rlm_tokenizer *t);
@@ -403,13 +408,17 @@ RLM_API int32_t rlm_tokenizer_eos(const rlm_tokenizer *t);
 /* Encodes UTF-8 text as the tokenizer does by default: with add_special,
  * the special tokens its post-processor adds (e.g. BOS). Writes at most
  * max_ids ids; *n_ids is the number the text needs (RLM_ERR_INVALID when
- * it exceeds max_ids, nothing else changed). */
+ * it exceeds max_ids, nothing else changed). Text that is not valid UTF-8
+ * is RLM_ERR_INVALID. */
 RLM_API rlm_status rlm_tokenize(const rlm_tokenizer *t, const char *text, size_t len,
                                 bool add_special, int32_t *ids, size_t max_ids,
                                 size_t *n_ids, rlm_error *err);
 
-/* Decodes ids to UTF-8 text (skip_special drops special tokens). Writes at
- * most cap bytes plus a NUL; *len is the length the text needs. */
+/* Decodes ids to UTF-8 text (skip_special drops special tokens); bytes
+ * that do not form UTF-8 become U+FFFD as in Hugging Face tokenizers.
+ * cap is the size of buf, NUL included; *len is the length the text needs
+ * (without the NUL): RLM_ERR_INVALID when len + 1 > cap, buf untouched, so
+ * cap 0 asks for the size. An id with no token is RLM_ERR_INVALID. */
 RLM_API rlm_status rlm_detokenize(const rlm_tokenizer *t, const int32_t *ids, size_t n,
                                   bool skip_special, char *buf, size_t cap,
                                   size_t *len, rlm_error *err);
@@ -421,8 +430,10 @@ typedef struct rlm_detok_stream rlm_detok_stream;
 RLM_API rlm_status rlm_detok_stream_create(rlm_detok_stream **out, const rlm_tokenizer *t,
                                            bool skip_special, rlm_error *err);
 RLM_API void rlm_detok_stream_free(rlm_detok_stream *s);
-/* Appends the text that id completes to buf (NUL-terminated, at most cap
- * bytes including the NUL); *len is its length. */
+/* Writes the text that id completes to buf (NUL-terminated, at most cap
+ * bytes including the NUL); *len is its length, possibly 0. When it does
+ * not fit: RLM_ERR_INVALID with *len set, and the stream is unchanged (push
+ * the same id again). Does not allocate. */
 RLM_API rlm_status rlm_detok_stream_push(rlm_detok_stream *s, int32_t id, char *buf,
                                          size_t cap, size_t *len, rlm_error *err);
 

@@ -16,4 +16,6 @@ if [ "${1:-}" = "--sanitize" ]; then
 fi
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "$dir"
+# Real tokenizer files for test_tokenizer; offline, it skips those cases.
+bash scripts/fetch_tokenizers.sh || echo "test: fetch_tokenizers failed; real-tokenizer cases will be skipped"
 ctest --test-dir "$dir" --output-on-failure -j2

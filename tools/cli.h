@@ -23,5 +23,6 @@ int cmd_quantize(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_logits(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #endif

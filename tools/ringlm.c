@@ -18,6 +18,8 @@ static const char usage[] =
     "                  generate greedily from token ids\n"
     "  logits -m DIR --ids 1,2,3 -o FILE.npy [--kv-bits B] ...\n"
     "                  logits of every position, as a NumPy file\n"
+    "  tokenize -m DIR (--prompt TEXT | -f FILE) | --decode --ids 1,2,3\n"
+    "                  text to token ids and back with DIR's tokenizer.json\n"
     "  version         print the library version\n"
     "\n"
     "Run 'ringlm <command> --help' for a command's options.\n";
@@ -61,6 +63,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "inspect")) return cmd_inspect(argc - 1, argv + 1);
   if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
+  if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
     printf("ringlm %s\n", rlm_version());
     return CLI_OK;
