@@ -442,8 +442,8 @@ RLM_API rlm_status rlm_detok_stream_push(rlm_detok_stream *s, int32_t id, char *
  * configuration of a Hugging Face folder; a session is one inference
  * timeline over it: the KV caches of every layer, scratch, a position.
  * A model may be shared by sessions on different threads; a session has
- * one owner. Architectures: llama, qwen3, mistral (gemma3_text and
- * gemma4_text are recognised and refused as unsupported until they land).
+ * one owner. Architectures: llama, qwen3, mistral, gemma3_text (gemma4_text
+ * is refused as unsupported until it lands).
  * ---------------------------------------------------------------------- */
 typedef struct rlm_model rlm_model;
 typedef struct rlm_session rlm_session;

@@ -140,6 +140,7 @@ static void check_arch(const char *arch) {
 TEST(llama_matches_transformers) { check_arch("llama"); }
 TEST(qwen3_matches_transformers) { check_arch("qwen3"); }
 TEST(mistral_matches_transformers) { check_arch("mistral"); }
+TEST(gemma3_matches_transformers) { check_arch("gemma3_text"); }
 
 /* ringlm quantize --bits B on the fixture, then logits against
  * transformers on the MLX-dequantized weights. */
@@ -165,8 +166,8 @@ static void check_quantized(const char *arch, int bits) {
 }
 
 TEST(quantized_weights_match_dequantized_transformers) {
-  static const char *archs[] = {"llama", "qwen3", "mistral"};
-  for (int a = 0; a < 3; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
+  static const char *archs[] = {"llama", "qwen3", "mistral", "gemma3_text"};
+  for (int a = 0; a < 4; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
 }
 
 /* Copies a fixture folder, then lets `edit` break it. */
@@ -209,10 +210,10 @@ TEST(bad_inputs) {
   CHECK_EQ(rlm_session_position(s), 0);
   rlm_session_free(s);
   rlm_model_free(m);
-  /* Gemma 3/4 are recognised but not implemented yet: a clear refusal. */
-  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma3_text", g_src);
+  /* Gemma 4 is not implemented yet: a clear refusal, not a wrong answer. */
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma4_text", g_src);
   CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "gemma3_text");
+  CHECK_STR_CONTAINS(err.msg, "gemma4_text");
 }
 
 int main(void) {
@@ -225,6 +226,7 @@ int main(void) {
   RUN(llama_matches_transformers);
   RUN(qwen3_matches_transformers);
   RUN(mistral_matches_transformers);
+  RUN(gemma3_matches_transformers);
   RUN(quantized_weights_match_dequantized_transformers);
   RUN(bad_inputs);
   int rc = test_summary();

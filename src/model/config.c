@@ -6,11 +6,16 @@
 #include "model/model.h"
 
 #include <jansson.h>
+#include <math.h>
 
 static const struct {
   const char *name;
   rlm_arch arch;
-} archs[] = {{"llama", RLM_ARCH_LLAMA}, {"qwen3", RLM_ARCH_QWEN3}, {"mistral", RLM_ARCH_MISTRAL}};
+} archs[] = {{"llama", RLM_ARCH_LLAMA},
+              {"qwen3", RLM_ARCH_QWEN3},
+              {"mistral", RLM_ARCH_MISTRAL},
+              {"gemma3_text", RLM_ARCH_GEMMA3},
+              {"gemma3", RLM_ARCH_GEMMA3}};
 
 static rlm_status get_int(const json_t *o, const char *key, int *out, bool required,
                           const char *path, rlm_error *err) {
@@ -42,26 +47,62 @@ static rlm_status parse_arch(rlm_model_config *c, const json_t *o, const char *p
   return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: unknown or unsupported model_type \"%s\"", path, t);
 }
 
-/* RoPE: rope_parameters (transformers 5) or rope_theta + rope_scaling. */
-static rlm_status parse_rope(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
-  const json_t *rp = json_object_get(o, "rope_parameters");
-  if (!json_is_object(rp)) rp = json_object_get(o, "rope_scaling");
-  c->rope.theta = get_num(json_is_object(rp) ? rp : o, "rope_theta", get_num(o, "rope_theta", 10000.0));
-  if (!json_is_object(rp)) return RLM_OK;
+/* One RoPE description: {"rope_type", "rope_theta", "factor", ...}. */
+static rlm_status parse_rope_obj(rlm_rope *r, const json_t *rp, double theta, const char *path,
+                                 rlm_error *err) {
+  memset(r, 0, sizeof *r);
+  r->theta = get_num(rp, "rope_theta", theta);
   const char *type = json_string_value(json_object_get(rp, "rope_type"));
   if (!type) type = json_string_value(json_object_get(rp, "type"));
   if (!type || !strcmp(type, "default")) return RLM_OK;
-  c->rope.factor = get_num(rp, "factor", 1.0);
+  r->factor = get_num(rp, "factor", 1.0);
   if (!strcmp(type, "linear")) {
-    c->rope.kind = RLM_ROPE_LINEAR;
+    r->kind = RLM_ROPE_LINEAR;
   } else if (!strcmp(type, "llama3")) {
-    c->rope.kind = RLM_ROPE_LLAMA3;
-    c->rope.low_freq_factor = get_num(rp, "low_freq_factor", 1.0);
-    c->rope.high_freq_factor = get_num(rp, "high_freq_factor", 4.0);
-    c->rope.original_max_pos = get_num(rp, "original_max_position_embeddings", 8192);
+    r->kind = RLM_ROPE_LLAMA3;
+    r->low_freq_factor = get_num(rp, "low_freq_factor", 1.0);
+    r->high_freq_factor = get_num(rp, "high_freq_factor", 4.0);
+    r->original_max_pos = get_num(rp, "original_max_position_embeddings", 8192);
   } else {
     return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: unsupported rope_type \"%s\"", path, type);
   }
+  return RLM_OK;
+}
+
+/* RoPE: rope_parameters (transformers 5; per layer type for Gemma) or the
+ * older rope_theta + rope_scaling (+ rope_local_base_freq). */
+static rlm_status parse_rope(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  const json_t *rp = json_object_get(o, "rope_parameters");
+  if (!json_is_object(rp)) rp = json_object_get(o, "rope_scaling");
+  double theta = get_num(o, "rope_theta", 10000.0);
+  const json_t *full = json_object_get(rp, "full_attention"), *local = json_object_get(rp, "sliding_attention");
+  rlm_status rc = parse_rope_obj(&c->rope, json_is_object(full) ? full : rp, theta, path, err);
+  if (rc) return rc;
+  if (json_is_object(local)) return parse_rope_obj(&c->rope_local, local, theta, path, err);
+  c->rope_local = c->rope;
+  if (c->arch == RLM_ARCH_GEMMA3) { /* older configs: a plain local base */
+    memset(&c->rope_local, 0, sizeof c->rope_local);
+    c->rope_local.theta = get_num(o, "rope_local_base_freq", 10000.0);
+  }
+  return RLM_OK;
+}
+
+/* Which layers slide: "layer_types" when given, else Gemma 3's 5 local :
+ * 1 global, mistral's all, none for the others. */
+static rlm_status parse_layer_types(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  if (c->n_layers > RLM_MAX_LAYERS)
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: %d layers (at most %d)", path, c->n_layers, RLM_MAX_LAYERS);
+  const json_t *lt = json_object_get(o, "layer_types");
+  for (int i = 0; i < c->n_layers; i++) {
+    const char *t = json_string_value(json_array_get(lt, (size_t)i));
+    if (t) c->sliding[i] = !strcmp(t, "sliding_attention");
+    else c->sliding[i] = c->arch == RLM_ARCH_MISTRAL || (c->arch == RLM_ARCH_GEMMA3 && i % 6 != 5);
+  }
+  if (json_is_array(lt) && json_array_size(lt) != (size_t)c->n_layers)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: \"layer_types\" has %zu entries for %d layers", path,
+                    json_array_size(lt), c->n_layers);
+  if (!c->sliding_window)
+    for (int i = 0; i < c->n_layers; i++) c->sliding[i] = false;
   return RLM_OK;
 }
 
@@ -79,7 +120,7 @@ static rlm_status parse_dims(rlm_model_config *c, const json_t *o, const char *p
       (rc = get_int(o, "head_dim", &c->head_dim, false, path, err)) ||
       (rc = get_int(o, "sliding_window", &c->sliding_window, false, path, err)))
     return rc;
-  if (c->arch != RLM_ARCH_MISTRAL) c->sliding_window = 0; /* qwen3's use_sliding_window: off */
+  if (c->arch == RLM_ARCH_QWEN3 || c->arch == RLM_ARCH_LLAMA) c->sliding_window = 0; /* qwen3: off */
   if (!c->vocab || !c->hidden || !c->n_layers || !c->n_heads || !c->n_kv_heads || !c->head_dim ||
       c->n_heads % c->n_kv_heads || c->head_dim % 2)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: inconsistent dimensions (heads %d, kv heads %d, head_dim %d)",
@@ -89,8 +130,10 @@ static rlm_status parse_dims(rlm_model_config *c, const json_t *o, const char *p
 
 static void parse_misc(rlm_model_config *c, const json_t *o) {
   c->rms_eps = get_num(o, "rms_norm_eps", 1e-6);
+  c->gemma = c->arch == RLM_ARCH_GEMMA3;
+  c->attn_scale = 1.0 / sqrt(c->gemma ? get_num(o, "query_pre_attn_scalar", c->head_dim) : c->head_dim);
   const json_t *tie = json_object_get(o, "tie_word_embeddings");
-  c->tie_embeddings = json_is_boolean(tie) ? json_is_true(tie) : false;
+  c->tie_embeddings = json_is_boolean(tie) ? json_is_true(tie) : c->gemma;
   const char *dt = json_string_value(json_object_get(o, "dtype"));
   if (!dt) dt = json_string_value(json_object_get(o, "torch_dtype"));
   c->dtype = dt && !strcmp(dt, "float32") ? RLM_DTYPE_F32 : dt && !strcmp(dt, "float16") ? RLM_DTYPE_F16
@@ -118,7 +161,7 @@ rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err
     goto out_free_json;
   }
   if ((rc = parse_arch(c, o, path, err)) || (rc = parse_dims(c, o, path, err)) ||
-      (rc = parse_rope(c, o, path, err)))
+      (rc = parse_rope(c, o, path, err)) || (rc = parse_layer_types(c, o, path, err)))
     goto out_free_json;
   parse_misc(c, o);
   parse_quant(c, json_object_get(o, "quantization") ? o : root); /* mlx-lm: top level */

@@ -92,6 +92,7 @@ static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const flo
     uint8_t raw[4];
     memcpy(raw, (const uint8_t *)t->data + i * (int64_t)rlm_dtype_size(t->dtype), rlm_dtype_size(t->dtype));
     f[i] = rlm__load_f(raw, t->dtype, 0);
+    if (m->cfg.gemma) f[i] += 1.0f; /* Gemma scales by (1 + w), in f32 */
   }
   *out = f;
   return RLM_OK;
@@ -114,11 +115,15 @@ static rlm_status bind_layer(rlm_model *m, int i, rlm_error *err) {
   LIN(up, "mlp.up_proj", c->inter, H);
   LIN(down, "mlp.down_proj", H, c->inter);
 #undef LIN
-  snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", i);
-  if ((rc = bind_norm(m, n, H, &L->attn_norm, err))) return rc;
-  snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", i);
-  if ((rc = bind_norm(m, n, H, &L->mlp_norm, err))) return rc;
-  if (c->arch != RLM_ARCH_QWEN3) return RLM_OK;
+  static const char *names[2][4] = {
+      {"input_layernorm", "post_attention_layernorm", NULL, NULL},
+      {"input_layernorm", "pre_feedforward_layernorm", "post_attention_layernorm", "post_feedforward_layernorm"}};
+  const float **dst[4] = {&L->attn_norm, &L->mlp_norm, &L->post_attn_norm, &L->post_mlp_norm};
+  for (int k = 0; k < 4 && names[c->gemma][k]; k++) {
+    snprintf(n, sizeof n, "model.layers.%d.%s.weight", i, names[c->gemma][k]);
+    if ((rc = bind_norm(m, n, H, dst[k], err))) return rc;
+  }
+  if (c->arch != RLM_ARCH_QWEN3 && !c->gemma) return RLM_OK;
   snprintf(n, sizeof n, "model.layers.%d.self_attn.q_norm.weight", i);
   if ((rc = bind_norm(m, n, c->head_dim, &L->q_norm, err))) return rc;
   snprintf(n, sizeof n, "model.layers.%d.self_attn.k_norm.weight", i);
@@ -126,8 +131,7 @@ static rlm_status bind_layer(rlm_model *m, int i, rlm_error *err) {
 }
 
 /* inv_freq[i] = theta^(-2i/d), reshaped by the rope type (HF's rules). */
-static void rope_freqs(const rlm_model_config *c, float *inv) {
-  const rlm_rope *r = &c->rope;
+static void rope_freqs(const rlm_model_config *c, const rlm_rope *r, float *inv) {
   for (int i = 0; i < c->head_dim / 2; i++) {
     double f = 1.0 / pow(r->theta, 2.0 * i / c->head_dim);
     if (r->kind == RLM_ROPE_LINEAR) f /= r->factor;
@@ -153,8 +157,14 @@ static rlm_status bind_all(rlm_model *m, rlm_error *err) {
   else if ((rc = bind_linear(m, "lm_head", c->vocab, c->hidden, &m->lm_head, err))) return rc;
   m->layers = rlm__arena_alloc(&m->arena, (size_t)c->n_layers * sizeof *m->layers);
   m->inv_freq = rlm__arena_alloc(&m->arena, (size_t)c->head_dim / 2 * sizeof(float));
-  if (!m->layers || !m->inv_freq) return rlm__err_nomem(err, "model", 0);
-  rope_freqs(c, m->inv_freq);
+  m->inv_freq_local = rlm__arena_alloc(&m->arena, (size_t)c->head_dim / 2 * sizeof(float));
+  if (!m->layers || !m->inv_freq || !m->inv_freq_local) return rlm__err_nomem(err, "model", 0);
+  rope_freqs(c, &c->rope, m->inv_freq);
+  rope_freqs(c, &c->rope_local, m->inv_freq_local);
+  /* Gemma multiplies embeddings by sqrt(hidden) cast to the weights' dtype
+   * (transformers; mlx-lm rounds it to bf16 whatever the dtype). */
+  m->embed_scale = c->gemma ? rlm__round_to(m->embed.quant ? m->embed.q.sdtype : m->embed.dtype,
+                                            (float)sqrt((double)c->hidden)) : 1.0f;
   for (int i = 0; i < c->n_layers && !rc; i++) rc = bind_layer(m, i, err);
   return rc;
 }
@@ -197,7 +207,7 @@ rlm_session_params rlm_session_params_default(void) {
 static rlm_status make_cache(rlm_session *s, int i, rlm_error *err) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_session_params *p = &s->p;
-  int window = c->sliding_window ? c->sliding_window : (int)p->max_kv;
+  int window = c->sliding[i] ? c->sliding_window : (int)p->max_kv;
   bool quant = p->k_bits || p->v_bits, ring = window > 0;
   rlm_kv_config k = rlm_kv_config_default(ring ? (quant ? RLM_KV_ROTATING_QUANT : RLM_KV_ROTATING)
                                                : (quant ? RLM_KV_QUANT : RLM_KV_PLAIN));

@@ -15,7 +15,9 @@
 #include "kv/kv.h"
 #include "model/safetensors.h"
 
-typedef enum rlm_arch { RLM_ARCH_LLAMA, RLM_ARCH_QWEN3, RLM_ARCH_MISTRAL } rlm_arch;
+typedef enum rlm_arch { RLM_ARCH_LLAMA, RLM_ARCH_QWEN3, RLM_ARCH_MISTRAL, RLM_ARCH_GEMMA3 } rlm_arch;
+
+enum { RLM_MAX_LAYERS = 512 };
 
 typedef enum rlm_rope_kind { RLM_ROPE_DEFAULT, RLM_ROPE_LLAMA3, RLM_ROPE_LINEAR } rlm_rope_kind;
 
@@ -33,8 +35,14 @@ typedef struct rlm_model_config {
   rlm_arch arch;
   int vocab, hidden, inter, n_layers, n_heads, n_kv_heads, head_dim;
   double rms_eps;
-  rlm_rope rope;
-  int sliding_window;         /* 0: none (mistral: every layer slides)   */
+  rlm_rope rope;              /* full-attention layers                   */
+  rlm_rope rope_local;        /* sliding layers (gemma); else = rope     */
+  int sliding_window;         /* 0: none                                 */
+  bool sliding[RLM_MAX_LAYERS]; /* layer i slides (mistral: all)         */
+  bool gemma;                 /* (1+w) norms, 4 norms per layer, GELU,
+                                 embeddings x sqrt(hidden), q/k norms    */
+  double attn_scale;          /* softmax scale (head_dim^-0.5 or
+                                 query_pre_attn_scalar^-0.5)             */
   bool tie_embeddings;
   rlm_dtype dtype;            /* the checkpoint's compute dtype          */
   int q_bits, q_group;        /* MLX quantization of the weights, or 0   */
@@ -51,7 +59,8 @@ typedef struct rlm_linear {
 
 typedef struct rlm_layer {
   rlm_linear wq, wk, wv, wo, gate, up, down;
-  const float *attn_norm, *mlp_norm; /* [hidden] f32                     */
+  const float *attn_norm, *mlp_norm; /* [hidden] f32 (gemma: pre-norms)  */
+  const float *post_attn_norm, *post_mlp_norm; /* gemma only, else NULL  */
   const float *q_norm, *k_norm;      /* [head_dim] f32, or NULL          */
 } rlm_layer;
 
@@ -62,7 +71,9 @@ struct rlm_model {
   rlm_linear lm_head;         /* the embedding when tied                 */
   const float *final_norm;
   rlm_layer *layers;          /* [n_layers]                              */
-  float *inv_freq;            /* [head_dim / 2]                          */
+  float *inv_freq;            /* [head_dim / 2] full-attention layers    */
+  float *inv_freq_local;      /* [head_dim / 2] sliding layers           */
+  float embed_scale;          /* 1, or sqrt(hidden) in the weights' dtype */
   rlm_arena arena;            /* f32 copies of norms, inv_freq, layers   */
 };
 
