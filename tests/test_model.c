@@ -142,6 +142,30 @@ TEST(qwen3_matches_transformers) { check_arch("qwen3"); }
 TEST(mistral_matches_transformers) { check_arch("mistral"); }
 TEST(gemma3_matches_transformers) { check_arch("gemma3_text"); }
 
+/* Decode steps allocate nothing (buffers are sized at session creation;
+ * the caches grow only at 256-slot boundaries, not crossed here). */
+TEST(decode_does_not_allocate) {
+  fixture f;
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma3_text", g_src);
+  CHECK(load_fixture("gemma3_text", &f));
+  rlm_model *m;
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
+  if (!m) return;
+  for (int bits = 0; bits <= 8; bits += 4) {
+    rlm_session *s = open_session(m, 512, bits);
+    float lg[256];
+    CHECK_EQ(rlm_session_eval(s, f.prompt, f.n_prompt, lg, false, &err), RLM_OK);
+    uint64_t before = rlm__alloc_count();
+    for (int k = 0; k < 20; k++) CHECK_EQ(rlm_session_eval(s, &f.greedy[k], 1, lg, false, &err), RLM_OK);
+    test_note("kv bits %d", bits);
+    CHECK_EQ(rlm__alloc_count() - before, 0);
+    rlm_session_free(s);
+  }
+  rlm_model_free(m);
+}
+
 /* ringlm quantize --bits B on the fixture, then logits against
  * transformers on the MLX-dequantized weights. */
 static void check_quantized(const char *arch, int bits) {
@@ -227,6 +251,7 @@ int main(void) {
   RUN(qwen3_matches_transformers);
   RUN(mistral_matches_transformers);
   RUN(gemma3_matches_transformers);
+  RUN(decode_does_not_allocate);
   RUN(quantized_weights_match_dequantized_transformers);
   RUN(bad_inputs);
   int rc = test_summary();
