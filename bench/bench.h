@@ -4,6 +4,7 @@
 #ifndef RLM_BENCH_H
 #define RLM_BENCH_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,17 @@ static inline void *xmalloc(size_t n) {
   }
   memset(p, 0x5a, n);
   return p;
+}
+
+static inline uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static inline float rng_float(uint64_t *s) { /* uniform in [-1, 1) */
+  return (float)((rng_next(s) >> 40) * 0x1p-23) - 1.0f;
 }
 
 #endif

@@ -57,16 +57,6 @@ typedef struct cache {
 } cache;
 
 
-static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
-  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static float rng_float(uint64_t *s) { /* uniform in [-1, 1) */
-  return (float)((rng_next(s) >> 40) * 0x1p-23) - 1.0f;
-}
 
 /* ---- the cache ------------------------------------------------------------- */
 

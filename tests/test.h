@@ -13,6 +13,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <math.h>
 #include <stdint.h>
@@ -126,6 +127,24 @@ static inline void t_tmpdir(char *out, size_t n, const char *tag) {
     perror("mkdtemp");
     exit(2);
   }
+}
+
+/* Runs a shell command, captures its stdout and stderr (merged) into out,
+ * returns its exit status (-1 if it did not exit). */
+static inline int t_run_cmd(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline int t_run_cmd(char *out, size_t n, const char *fmt, ...) {
+  char cmd[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(cmd, sizeof cmd, fmt, ap);
+  va_end(ap);
+  strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
+  FILE *p = popen(cmd, "r");
+  if (!p) return -1;
+  size_t len = fread(out, 1, n - 1, p);
+  out[len] = 0;
+  int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 #endif /* RLM_TEST_H */

@@ -477,21 +477,7 @@ TEST(out_of_memory_paths) {
 /* ------------------------------------------------------------------------
  * The CLI.
  * ---------------------------------------------------------------------- */
-static int run_cli(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int run_cli(char *out, size_t n, const char *fmt, ...) {
-  char cmd[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(cmd, sizeof cmd, fmt, ap);
-  va_end(ap);
-  strncat(cmd, " 2>&1", sizeof cmd - strlen(cmd) - 1);
-  FILE *p = popen(cmd, "r");
-  if (!p) return -1;
-  size_t len = fread(out, 1, n - 1, p);
-  out[len] = 0;
-  int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+#define run_cli t_run_cmd
 
 TEST(cli_tokenize) {
   char out[4096], dir[400];
