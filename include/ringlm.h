@@ -475,6 +475,36 @@ RLM_API int64_t rlm_session_position(const rlm_session *s);
 /* KV bytes held by all layers' caches. */
 RLM_API size_t rlm_session_kv_bytes(const rlm_session *s);
 
+/* ------------------------------------------------------------------------
+ * Sampling. Applied in this order (llama.cpp's and transformers' order):
+ * repetition penalty over the last repeat_last_n accepted tokens (a
+ * positive logit is divided by the penalty, a negative one multiplied),
+ * then temp == 0: argmax (greedy); else logits / temp, top-k, softmax,
+ * top-p (the smallest set whose probability reaches top_p), min-p (drop
+ * tokens below min_p x the top probability), and a draw from what is
+ * left with the sampler's own seeded generator. No allocation per call.
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_sampler rlm_sampler;
+
+typedef struct rlm_sampler_params {
+  float temp;            /* 0: greedy                                  */
+  int top_k;             /* 0: off                                     */
+  float top_p;           /* 1: off                                     */
+  float min_p;           /* 0: off                                     */
+  float repeat_penalty;  /* 1: off                                     */
+  int repeat_last_n;     /* tokens of history the penalty looks at     */
+  uint64_t seed;
+} rlm_sampler_params;
+
+RLM_API rlm_sampler_params rlm_sampler_params_default(void);
+RLM_API rlm_status rlm_sampler_create(rlm_sampler **out, const rlm_sampler_params *p,
+                                      int32_t vocab, rlm_error *err);
+RLM_API void rlm_sampler_free(rlm_sampler *s);
+/* Picks the next token from logits [vocab] (modified in place). */
+RLM_API int32_t rlm_sampler_sample(rlm_sampler *s, float *logits);
+/* Records a token in the penalty history (prompt and generated ones). */
+RLM_API void rlm_sampler_accept(rlm_sampler *s, int32_t id);
+
 #ifdef __cplusplus
 }
 #endif

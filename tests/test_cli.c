@@ -112,6 +112,16 @@ TEST(run_and_logits_on_fixture) {
     CHECK_EQ(ftell(f), 128 + 3 * 256 * 4); /* 128-byte header, [3, 256] f32 */
     fclose(f);
   }
+  /* Sampling: a seed reproduces the run; a bad value is refused. */
+  char again[8192];
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 16 --temp 1 --top-p 0.9 --seed 9 --print-ids 2>/dev/null | cat",
+               g_bin, src, ids), 0);
+  CHECK_EQ(run(again, sizeof again, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 16 --temp 1 --top-p 0.9 --seed 9 --print-ids 2>/dev/null | cat",
+               g_bin, src, ids), 0);
+  out[strcspn(out, "\n")] = 0, again[strcspn(again, "\n")] = 0;
+  CHECK(strlen(out) > 16 && strstr(again, out) != NULL);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 1 --temp -1", g_bin, src), 1);
+  CHECK_STR_CONTAINS(out, "temp -1");
   CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 1,999", g_bin, src), 1);
   CHECK_STR_CONTAINS(out, "999");
   CHECK_EQ(count_lines(out), 1);

@@ -1,7 +1,7 @@
 /* cmd_model.c -- the commands that run a model: `ringlm logits` (every
  * position's logits of one forward pass, as a NumPy .npy file) and
- * `ringlm run` (greedy generation from token ids; text prompts and
- * sampling arrive with the tokenizer and sampler). Shared: the session
+ * `ringlm run` (generation from token ids: greedy or sampled; text
+ * prompts arrive next). Shared: the session
  * options (--kv-bits, --prefill-chunk, ...) and --ids parsing. */
 #include "cli.h"
 
@@ -14,7 +14,7 @@ typedef struct model_opts {
   const char *ids_arg;
   const char *out;     /* logits: the .npy path                */
   long n_gen;          /* run: tokens to generate               */
-  double temp;
+  rlm_sampler_params smp;
   bool print_ids;
   rlm_session_params sp;
 } model_opts;
@@ -100,6 +100,26 @@ static bool write_npy(const char *path, const float *data, long rows, long cols)
   return fclose(f) == 0 && ok;
 }
 
+/* --temp T --top-k K --top-p P --min-p P --repeat-penalty R --seed S.
+ * Values are checked by rlm_sampler_create. */
+static bool sampler_opt(int argc, char **argv, int *i, rlm_sampler_params *p) {
+  const char *a = argv[*i];
+  if (*i + 1 >= argc) return false;
+  char *end;
+  const char *v = argv[*i + 1];
+  double x = strtod(v, &end);
+  if (end == v || *end) return false;
+  if (!strcmp(a, "--temp")) p->temp = (float)x;
+  else if (!strcmp(a, "--top-k")) p->top_k = (int)x;
+  else if (!strcmp(a, "--top-p")) p->top_p = (float)x;
+  else if (!strcmp(a, "--min-p")) p->min_p = (float)x;
+  else if (!strcmp(a, "--repeat-penalty")) p->repeat_penalty = (float)x;
+  else if (!strcmp(a, "--seed")) p->seed = (uint64_t)x;
+  else return false;
+  (*i)++;
+  return true;
+}
+
 static int parse_common(int argc, char **argv, model_opts *o, const char *cmd, const char *help) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -112,8 +132,8 @@ static int parse_common(int argc, char **argv, model_opts *o, const char *cmd, c
       return -1;
     } else if (!strcmp(a, "-n") && cli_parse_int(a, i + 1 < argc ? argv[++i] : NULL, 0, 1 << 24, &x)) {
       o->n_gen = x;
-    } else if (!strcmp(a, "--temp") && i + 1 < argc) {
-      o->temp = atof(argv[++i]);
+    } else if (sampler_opt(argc, argv, &i, &o->smp)) {
+      continue;
     } else if (!strcmp(a, "--print-ids")) {
       o->print_ids = true;
     } else {
@@ -140,7 +160,7 @@ static const char logits_help[] =
     "through the KV caches) as float32 [n_ids, vocab] in NumPy .npy format.\n";
 
 int cmd_logits(int argc, char **argv) {
-  model_opts o = {.sp = rlm_session_params_default()};
+  model_opts o = {.sp = rlm_session_params_default(), .smp = rlm_sampler_params_default()};
   int rc = parse_common(argc, argv, &o, "logits", logits_help);
   if (rc) return rc < 0 ? CLI_OK : rc;
   if (!o.out) return cli_usage_error("logits", "needs -o FILE.npy");
@@ -168,33 +188,35 @@ out_free_ids:
 }
 
 static const char run_help[] =
-    "usage: ringlm run -m DIR --ids 1,2,3 [-n N] [--temp 0] [--print-ids] [--kv-bits B]\n"
-    "                  [--k-bits B] [--v-bits B] [--kv-group-size G] [--max-kv N]\n"
-    "                  [--prefill-chunk N] [-t N]\n"
-    "Generates N tokens greedily after the given ids; --print-ids prints them on\n"
-    "one line. Ends with a stats line on stderr.\n";
-
-static int32_t argmax(const float *x, long n) {
-  long best = 0;
-  for (long i = 1; i < n; i++)
-    if (x[i] > x[best]) best = i;
-  return (int32_t)best;
-}
+    "usage: ringlm run -m DIR --ids 1,2,3 [-n N] [--print-ids] [--temp T] [--top-k K]\n"
+    "                  [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S]\n"
+    "                  [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
+    "                  [--max-kv N] [--prefill-chunk N] [-t N]\n"
+    "Generates N tokens after the given ids (greedy with --temp 0, the default);\n"
+    "--print-ids prints them on one line. Ends with a stats line on stderr.\n";
 
 static int generate(rlm_session *s, const int32_t *ids, int n, const model_opts *o, long V) {
   rlm_error err = {0};
+  rlm_sampler *smp;
+  if (rlm_sampler_create(&smp, &o->smp, (int32_t)V, &err)) return cli_fail(&err);
+  for (int i = 0; i < n; i++) rlm_sampler_accept(smp, ids[i]);
   float *logits = malloc((size_t)V * sizeof *logits);
-  if (!logits) return cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory for the logits"});
+  if (!logits) {
+    rlm_sampler_free(smp);
+    return cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory for the logits"});
+  }
   double t0 = now_s();
   if (rlm_session_eval(s, ids, n, logits, false, &err)) {
     free(logits);
+    rlm_sampler_free(smp);
     return cli_fail(&err);
   }
   int rc = CLI_OK;
   double t1 = now_s();
   long k = 0;
   for (; !rc && k < o->n_gen; k++) {
-    int32_t next = argmax(logits, V);
+    int32_t next = rlm_sampler_sample(smp, logits);
+    rlm_sampler_accept(smp, next);
     if (o->print_ids) printf(k ? " %d" : "%d", next);
     if (k + 1 < o->n_gen && rlm_session_eval(s, &next, 1, logits, false, &err)) rc = cli_fail(&err);
   }
@@ -203,14 +225,14 @@ static int generate(rlm_session *s, const int32_t *ids, int n, const model_opts 
   fprintf(stderr, "prompt %d tokens, prefill %.1f tok/s, generated %ld tokens, decode %.1f tok/s, KV %zu bytes\n",
           n, n / (t1 - t0 + 1e-12), k, k > 1 ? (k - 1) / (t2 - t1 + 1e-12) : 0.0, rlm_session_kv_bytes(s));
   free(logits);
+  rlm_sampler_free(smp);
   return rc;
 }
 
 int cmd_run(int argc, char **argv) {
-  model_opts o = {.sp = rlm_session_params_default(), .n_gen = 32};
+  model_opts o = {.sp = rlm_session_params_default(), .n_gen = 32, .smp = rlm_sampler_params_default()};
   int rc = parse_common(argc, argv, &o, "run", run_help);
   if (rc) return rc < 0 ? CLI_OK : rc;
-  if (o.temp != 0.0) return cli_usage_error("run", "only --temp 0 (greedy) is implemented so far");
   int32_t *ids;
   int n;
   if (!parse_ids(o.ids_arg, &ids, &n)) return CLI_USAGE;
