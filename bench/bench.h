@@ -50,4 +50,23 @@ static inline float rng_float(uint64_t *s) { /* uniform in [-1, 1) */
   return (float)((rng_next(s) >> 40) * 0x1p-23) - 1.0f;
 }
 
+/* Streaming-read bandwidth of n bytes (GB/s, median of reps <= 64): the
+ * baseline the benchmarks' ratios are taken against. */
+static volatile uint64_t bench_sink; /* keeps the read loop alive */
+
+static inline double bench_read(size_t n, int reps) {
+  uint64_t *a = xmalloc(n);
+  double t[64];
+  for (int r = 0; r < reps; r++) {
+    double t0 = now_s();
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = 0; i < n / 8; i += 4)
+      s0 += a[i], s1 += a[i + 1], s2 += a[i + 2], s3 += a[i + 3];
+    bench_sink += s0 + s1 + s2 + s3;
+    t[r] = now_s() - t0;
+  }
+  free(a);
+  return (double)n / median(t, reps) / 1e9;
+}
+
 #endif

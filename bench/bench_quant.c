@@ -55,22 +55,6 @@ static double bench_memcpy(size_t n, int reps) {
   return (double)n / median(t, reps) / 1e9;
 }
 
-static volatile uint64_t bench_sink; /* keeps the read loop alive */
-
-static double bench_read(size_t n, int reps) {
-  uint64_t *a = xmalloc(n);
-  double t[64];
-  for (int r = 0; r < reps; r++) {
-    double t0 = now_s();
-    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    for (size_t i = 0; i < n / 8; i += 4)
-      s0 += a[i], s1 += a[i + 1], s2 += a[i + 2], s3 += a[i + 3];
-    bench_sink += s0 + s1 + s2 + s3;
-    t[r] = now_s() - t0;
-  }
-  free(a);
-  return (double)n / median(t, reps) / 1e9;
-}
 
 /* ---- qmatvec ------------------------------------------------------------------ */
 
