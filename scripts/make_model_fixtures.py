@@ -22,7 +22,7 @@ Greedy decoding is argmax over a full forward pass at every step (no cache
 on the transformers side), the plain definition.
 
 Run on a machine with torch and transformers (e.g. the H200 with torch 2.11
-and transformers 5.17):  python3 scripts/make_model_fixtures.py [OUT_DIR]
+and transformers 5.17):  python3 scripts/make_model_fixtures.py [OUT_DIR [ARCH...]]
 """
 import json
 import os
@@ -83,6 +83,13 @@ def make_model(arch, seed=1234):
                 p.normal_(0.0, 0.08)
             else:  # norms and scalars: not all ones/zeros, so each is exercised
                 p.add_(0.1 * torch.randn_like(p))
+            if arch == "gemma4_text" and (name.endswith("q_norm.weight") or name.endswith("k_norm.weight")):
+                # Gemma 4 attends with scale 1 and leaves the softmax
+                # temperature to the trained q/k norm weights; weights near 1
+                # make a random model's attention (and its greedy margins)
+                # hypersensitive to any rounding. d^-1/4 on each gives the
+                # usual 1/sqrt(d) temperature, as a trained model would.
+                p.mul_(p.shape[0] ** -0.25)
     return model
 
 
@@ -148,7 +155,10 @@ def main():
     print("transformers", transformers.__version__, "torch", torch.__version__)
     rng = np.random.default_rng(96)
     prompt = [int(x) for x in rng.integers(3, VOCAB, N_PROMPT)]
+    only = sys.argv[2:]  # optional: the architectures to (re)make
     for arch in ARCHS:
+        if only and arch not in only:
+            continue
         try:
             # A fixture must be well conditioned: among a few weight seeds,
             # keep the model whose greedy continuation has the widest

@@ -7,7 +7,9 @@
  * tokens exactly, with prefill chunks of 1, 7 and 512; greedy still exact
  * with 8-bit KV; MLX-quantized weights (8 and 4 bits, made by ringlm
  * quantize) against transformers on the same weights dequantized. Bad
- * inputs give the right status and a message naming the problem.
+ * inputs give the right status and a message naming the problem. Gemma 4
+ * covers KV-shared layers (attending a donor's ring), per-layer inputs,
+ * proportional RoPE and per-layer head dims.
  */
 #include "model/model.h"
 #include "test.h"
@@ -141,14 +143,13 @@ TEST(llama_matches_transformers) { check_arch("llama"); }
 TEST(qwen3_matches_transformers) { check_arch("qwen3"); }
 TEST(mistral_matches_transformers) { check_arch("mistral"); }
 TEST(gemma3_matches_transformers) { check_arch("gemma3_text"); }
+TEST(gemma4_matches_transformers) { check_arch("gemma4_text"); }
 
-/* Decode steps allocate nothing (buffers are sized at session creation;
- * the caches grow only at 256-slot boundaries, not crossed here). */
-TEST(decode_does_not_allocate) {
+static void check_no_alloc(const char *arch) {
   fixture f;
   char dir[512];
-  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma3_text", g_src);
-  CHECK(load_fixture("gemma3_text", &f));
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", g_src, arch);
+  CHECK(load_fixture(arch, &f));
   rlm_model *m;
   rlm_error err;
   CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
@@ -159,11 +160,20 @@ TEST(decode_does_not_allocate) {
     CHECK_EQ(rlm_session_eval(s, f.prompt, f.n_prompt, lg, false, &err), RLM_OK);
     uint64_t before = rlm__alloc_count();
     for (int k = 0; k < 20; k++) CHECK_EQ(rlm_session_eval(s, &f.greedy[k], 1, lg, false, &err), RLM_OK);
-    test_note("kv bits %d", bits);
+    test_note("%s kv bits %d", arch, bits);
     CHECK_EQ(rlm__alloc_count() - before, 0);
     rlm_session_free(s);
   }
   rlm_model_free(m);
+}
+
+/* Decode steps allocate nothing (buffers are sized at session creation;
+ * the caches grow only at 256-slot boundaries, not crossed here). Gemma 3
+ * (rings and a plain cache) and Gemma 4 (KV-shared layers, per-layer
+ * inputs). */
+TEST(decode_does_not_allocate) {
+  check_no_alloc("gemma3_text");
+  check_no_alloc("gemma4_text");
 }
 
 /* ringlm quantize --bits B on the fixture, then logits against
@@ -190,8 +200,8 @@ static void check_quantized(const char *arch, int bits) {
 }
 
 TEST(quantized_weights_match_dequantized_transformers) {
-  static const char *archs[] = {"llama", "qwen3", "mistral", "gemma3_text"};
-  for (int a = 0; a < 4; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
+  static const char *archs[] = {"llama", "qwen3", "mistral", "gemma3_text", "gemma4_text"};
+  for (int a = 0; a < 5; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
 }
 
 /* Copies a fixture folder, then lets `edit` break it. */
@@ -234,10 +244,18 @@ TEST(bad_inputs) {
   CHECK_EQ(rlm_session_position(s), 0);
   rlm_session_free(s);
   rlm_model_free(m);
-  /* Gemma 4 is not implemented yet: a clear refusal, not a wrong answer. */
-  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma4_text", g_src);
+  /* Gemma 4's MoE block is not implemented: a clear refusal. */
+  broken_copy("gemma4_text", "moe", dir, sizeof dir);
+  snprintf(cmd, sizeof cmd, "sed -i 's/\"enable_moe_block\": false/\"enable_moe_block\": true/' '%s/config.json'", dir);
+  CHECK(system(cmd) == 0);
   CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "gemma4_text");
+  CHECK_STR_CONTAINS(err.msg, "enable_moe_block");
+  /* A KV-shared layer needs an earlier layer of its type to attend. */
+  broken_copy("gemma4_text", "no-donor", dir, sizeof dir);
+  snprintf(cmd, sizeof cmd, "sed -i 's/\"num_kv_shared_layers\": 2/\"num_kv_shared_layers\": 5/' '%s/config.json'", dir);
+  CHECK(system(cmd) == 0);
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_ERR_FORMAT);
+  CHECK_STR_CONTAINS(err.msg, "no earlier layer of its type");
 }
 
 int main(void) {
@@ -251,6 +269,7 @@ int main(void) {
   RUN(qwen3_matches_transformers);
   RUN(mistral_matches_transformers);
   RUN(gemma3_matches_transformers);
+  RUN(gemma4_matches_transformers);
   RUN(decode_does_not_allocate);
   RUN(quantized_weights_match_dequantized_transformers);
   RUN(bad_inputs);

@@ -15,7 +15,9 @@ static const struct {
               {"qwen3", RLM_ARCH_QWEN3},
               {"mistral", RLM_ARCH_MISTRAL},
               {"gemma3_text", RLM_ARCH_GEMMA3},
-              {"gemma3", RLM_ARCH_GEMMA3}};
+              {"gemma3", RLM_ARCH_GEMMA3},
+              {"gemma4_text", RLM_ARCH_GEMMA4},
+              {"gemma4", RLM_ARCH_GEMMA4}};
 
 static rlm_status get_int(const json_t *o, const char *key, int *out, bool required,
                           const char *path, rlm_error *err) {
@@ -58,6 +60,11 @@ static rlm_status parse_rope_obj(rlm_rope *r, const json_t *rp, double theta, co
   r->factor = get_num(rp, "factor", 1.0);
   if (!strcmp(type, "linear")) {
     r->kind = RLM_ROPE_LINEAR;
+  } else if (!strcmp(type, "proportional")) {
+    r->kind = RLM_ROPE_PROPORTIONAL;
+    r->partial = get_num(rp, "partial_rotary_factor", 1.0);
+    if (!(r->partial > 0 && r->partial <= 1))
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: partial_rotary_factor %g outside (0, 1]", path, r->partial);
   } else if (!strcmp(type, "llama3")) {
     r->kind = RLM_ROPE_LLAMA3;
     r->low_freq_factor = get_num(rp, "low_freq_factor", 1.0);
@@ -96,8 +103,9 @@ static rlm_status parse_layer_types(rlm_model_config *c, const json_t *o, const 
   for (int i = 0; i < c->n_layers; i++) {
     const char *t = json_string_value(json_array_get(lt, (size_t)i));
     if (t) c->sliding[i] = !strcmp(t, "sliding_attention");
-    else c->sliding[i] = c->arch == RLM_ARCH_MISTRAL || (c->arch == RLM_ARCH_GEMMA3 && i % 6 != 5);
+    else c->sliding[i] = c->arch == RLM_ARCH_MISTRAL || (c->gemma && i % 6 != 5);
   }
+  if (c->arch == RLM_ARCH_GEMMA4) c->sliding[c->n_layers - 1] = false; /* transformers forces it */
   if (json_is_array(lt) && json_array_size(lt) != (size_t)c->n_layers)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: \"layer_types\" has %zu entries for %d layers", path,
                     json_array_size(lt), c->n_layers);
@@ -121,6 +129,8 @@ static rlm_status parse_dims(rlm_model_config *c, const json_t *o, const char *p
       (rc = get_int(o, "sliding_window", &c->sliding_window, false, path, err)))
     return rc;
   if (c->arch == RLM_ARCH_QWEN3 || c->arch == RLM_ARCH_LLAMA) c->sliding_window = 0; /* qwen3: off */
+  c->gemma = c->arch == RLM_ARCH_GEMMA3 || c->arch == RLM_ARCH_GEMMA4;
+  c->norm_plus_one = c->arch == RLM_ARCH_GEMMA3;
   if (!c->vocab || !c->hidden || !c->n_layers || !c->n_heads || !c->n_kv_heads || !c->head_dim ||
       c->n_heads % c->n_kv_heads || c->head_dim % 2)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: inconsistent dimensions (heads %d, kv heads %d, head_dim %d)",
@@ -130,14 +140,85 @@ static rlm_status parse_dims(rlm_model_config *c, const json_t *o, const char *p
 
 static void parse_misc(rlm_model_config *c, const json_t *o) {
   c->rms_eps = get_num(o, "rms_norm_eps", 1e-6);
-  c->gemma = c->arch == RLM_ARCH_GEMMA3;
-  c->attn_scale = 1.0 / sqrt(c->gemma ? get_num(o, "query_pre_attn_scalar", c->head_dim) : c->head_dim);
+  c->attn_scale = c->arch == RLM_ARCH_GEMMA4 ? 1.0
+                  : 1.0 / sqrt(c->gemma ? get_num(o, "query_pre_attn_scalar", c->head_dim) : c->head_dim);
+  c->final_softcap = get_num(o, "final_logit_softcapping", 0.0);
   const json_t *tie = json_object_get(o, "tie_word_embeddings");
   c->tie_embeddings = json_is_boolean(tie) ? json_is_true(tie) : c->gemma;
   const char *dt = json_string_value(json_object_get(o, "dtype"));
   if (!dt) dt = json_string_value(json_object_get(o, "torch_dtype"));
   c->dtype = dt && !strcmp(dt, "float32") ? RLM_DTYPE_F32 : dt && !strcmp(dt, "float16") ? RLM_DTYPE_F16
                                                                                          : RLM_DTYPE_BF16;
+}
+
+/* Per-layer head dims, KV heads and MLP widths. Gemma 4's full layers
+ * take theirs from "per_layer_config" {"<layer>": {"head_dim", ...}}
+ * (transformers 5) or from "global_head_dim" / "num_global_key_value_heads"
+ * (older configs; transformers' default global head dim is 512). */
+static rlm_status parse_layer_shapes(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  const json_t *plc = json_object_get(o, "per_layer_config");
+  int g_hd = 512, g_kv = 0;
+  rlm_status rc;
+  if ((rc = get_int(o, "global_head_dim", &g_hd, false, path, err)) ||
+      (rc = get_int(o, "num_global_key_value_heads", &g_kv, false, path, err)))
+    return rc;
+  for (int i = 0; i < c->n_layers; i++) {
+    c->layer_head_dim[i] = c->head_dim, c->layer_kv_heads[i] = c->n_kv_heads;
+    if (c->arch != RLM_ARCH_GEMMA4 || c->sliding[i]) continue;
+    if (json_is_object(plc)) {
+      char key[16];
+      snprintf(key, sizeof key, "%d", i);
+      const json_t *l = json_object_get(plc, key);
+      if ((rc = get_int(l, "head_dim", &c->layer_head_dim[i], false, path, err)) ||
+          (rc = get_int(l, "num_key_value_heads", &c->layer_kv_heads[i], false, path, err)))
+        return rc;
+    } else {
+      c->layer_head_dim[i] = g_hd;
+      if (c->k_eq_v && g_kv) c->layer_kv_heads[i] = g_kv;
+    }
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    int hd = c->layer_head_dim[i], kvh = c->layer_kv_heads[i];
+    if (!hd || hd % 2 || !kvh || c->n_heads % kvh)
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: layer %d has head_dim %d and %d kv heads for %d heads", path, i,
+                      hd, kvh, c->n_heads);
+    c->max_head_dim = RLM_MAX(c->max_head_dim, hd), c->max_kv_heads = RLM_MAX(c->max_kv_heads, kvh);
+  }
+  return RLM_OK;
+}
+
+/* Gemma 4: KV sharing (the last num_kv_shared_layers layers attend the
+ * cache of the last earlier layer of their type, and may have a double-wide
+ * MLP), per-layer inputs, k_eq_v. Refuses what is not implemented. */
+static rlm_status parse_gemma4(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  for (int i = 0; i < c->n_layers; i++) c->kv_donor[i] = -1, c->layer_inter[i] = c->inter;
+  if (c->arch != RLM_ARCH_GEMMA4) return RLM_OK;
+  const json_t *moe = json_object_get(o, "enable_moe_block"), *bidi = json_object_get(o, "use_bidirectional_attention");
+  if (json_is_true(moe))
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: Gemma 4 MoE blocks (enable_moe_block) are not supported yet", path);
+  if (json_is_string(bidi) && !strcmp(json_string_value(bidi), "all"))
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: bidirectional attention is not supported", path);
+  c->v_norm = true;
+  c->k_eq_v = json_is_true(json_object_get(o, "attention_k_eq_v"));
+  int shared = 0;
+  rlm_status rc;
+  if ((rc = get_int(o, "num_kv_shared_layers", &shared, false, path, err)) ||
+      (rc = get_int(o, "hidden_size_per_layer_input", &c->ple_dim, false, path, err)))
+    return rc;
+  c->ple_vocab = c->vocab;
+  if ((rc = get_int(o, "vocab_size_per_layer_input", &c->ple_vocab, false, path, err))) return rc;
+  const int first = c->n_layers - shared;
+  if (shared < 0 || first < 0)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: num_kv_shared_layers %d for %d layers", path, shared, c->n_layers);
+  bool wide = json_is_true(json_object_get(o, "use_double_wide_mlp"));
+  for (int i = first; i < c->n_layers; i++) {
+    for (int j = first - 1; j >= 0 && c->kv_donor[i] < 0; j--)
+      if (c->sliding[j] == c->sliding[i]) c->kv_donor[i] = j;
+    if (c->kv_donor[i] < 0)
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: KV-shared layer %d has no earlier layer of its type", path, i);
+    if (wide && first > 0) c->layer_inter[i] = 2 * c->inter;
+  }
+  return RLM_OK;
 }
 
 /* mlx-lm's "quantization": {"group_size", "bits"}; 0 when absent. */
@@ -164,6 +245,8 @@ rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err
       (rc = parse_rope(c, o, path, err)) || (rc = parse_layer_types(c, o, path, err)))
     goto out_free_json;
   parse_misc(c, o);
+  if ((rc = parse_gemma4(c, o, path, err)) || (rc = parse_layer_shapes(c, o, path, err))) goto out_free_json;
+  for (int i = 0; i < c->n_layers; i++) c->max_inter = RLM_MAX(c->max_inter, c->layer_inter[i]);
   parse_quant(c, json_object_get(o, "quantization") ? o : root); /* mlx-lm: top level */
 out_free_json:
   json_decref(root);

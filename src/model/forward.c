@@ -1,15 +1,18 @@
-/* forward.c -- the forward pass of the llama family (llama with llama3
- * RoPE scaling, qwen3 with q/k norms, mistral with a sliding window) and
- * Gemma 3 (its (1+w) norms folded in at load, post-norms, GELU, scaled
- * embeddings, per-layer-type RoPE) over one chunk of tokens, attention
- * through the KV-state layer:
+/* forward.c -- the forward pass over one chunk of tokens, attention through
+ * the KV-state layer, for the llama family (llama with llama3 RoPE scaling,
+ * qwen3 with q/k norms, mistral with a sliding window), Gemma 3 ((1+w)
+ * norms folded in at load, post-norms, GELU, scaled embeddings, per-type
+ * RoPE) and Gemma 4 (per-layer head dims, V norm, KV sharing, per-layer
+ * inputs, layer scalars, logit softcapping):
  *
- *   x = embed(ids)
- *   per layer:  h = rmsnorm(x); q,k,v = proj(h); [qwen3: q,k = rmsnorm per
- *               head]; rope(q, k); att = kv.append(k, v) + attend(q);
- *               x += o_proj(att); x += down(silu(gate(h')) * up(h')) with
- *               h' = rmsnorm(x)
- *   logits = lm_head(rmsnorm(x))
+ *   x = embed(ids)                 [gemma4: ple = per-layer inputs(ids, x)]
+ *   per layer:  h = rmsnorm(x); q,k,v = proj(h); [q,k (,v) norms per head];
+ *               rope(q, k); att = kv.append(k, v) + attend(q)
+ *                            [KV-shared layer: attend the donor's cache];
+ *               x += [post_norm](o_proj(att));
+ *               x += [post_norm](down(act(gate(h')) * up(h'))), h' = norm(x)
+ *               [gemma4: x += norm(proj(gelu(gate(x)) * ple[layer])); x *= s]
+ *   logits = lm_head(rmsnorm(x))   [gemma4: tanh(logits / c) * c]
  */
 #include "model/model.h"
 
@@ -22,34 +25,48 @@ static void add_residual(rlm_session *s, const float *post_norm, int n, int H, d
   for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->h[i];
 }
 
-/* transformers' gelu_pytorch_tanh, in f32. */
-static float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+/* RMSNorm of each head of each token, in place; w NULL: unweighted. */
+static void norm_heads(float *x, int n_vec, int hd, const float *w, double eps) {
+  for (int i = 0; i < n_vec; i++) rlm__rmsnorm(x + (size_t)i * hd, x + (size_t)i * hd, w, hd, eps);
 }
 
-static void attention_block(rlm_session *s, int li, int n, rlm_error *err, rlm_status *rc) {
+/* q, k, v of the chunk for layer li: projections, norms, RoPE. A KV-shared
+ * layer computes only q. */
+static void project_qkv(rlm_session *s, int li, int n) {
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
   const rlm_layer *L = &m->layers[li];
-  const int H = c->hidden, hd = c->head_dim;
-  for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->attn_norm, H, c->rms_eps);
+  const int hd = c->layer_head_dim[li], nkv = c->layer_kv_heads[li];
+  const bool own = c->kv_donor[li] < 0;
   rlm__linear(s->pool, &L->wq, s->h, n, s->q, s->xsum);
-  rlm__linear(s->pool, &L->wk, s->h, n, s->k, s->xsum);
-  rlm__linear(s->pool, &L->wv, s->h, n, s->v, s->xsum);
+  if (own) rlm__linear(s->pool, &L->wk, s->h, n, s->k, s->xsum);
+  if (own && L->wv.out) rlm__linear(s->pool, &L->wv, s->h, n, s->v, s->xsum);
+  else if (own) memcpy(s->v, s->k, (size_t)n * nkv * hd * sizeof *s->v); /* k_eq_v: V = raw K */
+  if (L->q_norm) norm_heads(s->q, n * c->n_heads, hd, L->q_norm, c->rms_eps);
+  if (own && L->k_norm) norm_heads(s->k, n * nkv, hd, L->k_norm, c->rms_eps);
+  if (own && c->v_norm) norm_heads(s->v, n * nkv, hd, NULL, c->rms_eps);
+  const float *inv = c->sliding[li] ? m->inv_freq_local : m->inv_freq;
   for (int j = 0; j < n; j++) {
-    float *q = s->q + (size_t)j * c->n_heads * hd, *k = s->k + (size_t)j * c->n_kv_heads * hd;
-    for (int h = 0; L->q_norm && h < c->n_heads; h++) rlm__rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, c->rms_eps);
-    for (int h = 0; L->k_norm && h < c->n_kv_heads; h++) rlm__rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, c->rms_eps);
-    const float *inv = c->sliding[li] ? m->inv_freq_local : m->inv_freq;
-    rlm__rope(q, c->n_heads, hd, inv, s->pos + j);
-    rlm__rope(k, c->n_kv_heads, hd, inv, s->pos + j);
+    rlm__rope(s->q + (size_t)j * c->n_heads * hd, c->n_heads, hd, inv, s->pos + j);
+    if (own) rlm__rope(s->k + (size_t)j * nkv * hd, nkv, hd, inv, s->pos + j);
   }
+}
+
+static rlm_status attention_block(rlm_session *s, int li, int n, rlm_error *err) {
+  const rlm_model *m = s->m;
+  const rlm_model_config *c = &m->cfg;
+  const rlm_layer *L = &m->layers[li];
+  const int H = c->hidden, donor = c->kv_donor[li];
+  for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->attn_norm, H, c->rms_eps);
+  project_qkv(s, li, n);
   rlm_kv_batch b = {n, s->k, s->v, s->q, c->n_heads, (float)c->attn_scale, NULL, s->att};
-  *rc = n == 1 ? rlm_kv_append_decode(s->kv[li], &b, err) : rlm_kv_append_window(s->kv[li], &b, err);
-  if (*rc) return;
+  rlm_status rc = donor >= 0 ? rlm_kv_attend_last(s->kv[donor], &b, err)
+                  : n == 1   ? rlm_kv_append_decode(s->kv[li], &b, err)
+                             : rlm_kv_append_window(s->kv[li], &b, err);
+  if (rc) return rc;
   rlm__linear(s->pool, &L->wo, s->att, n, s->h, s->xsum);
   add_residual(s, L->post_attn_norm, n, H, c->rms_eps);
+  return RLM_OK;
 }
 
 static void mlp_block(rlm_session *s, int li, int n) {
@@ -59,12 +76,59 @@ static void mlp_block(rlm_session *s, int li, int n) {
   for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->mlp_norm, H, c->rms_eps);
   rlm__linear(s->pool, &L->gate, s->h, n, s->g, s->xsum);
   rlm__linear(s->pool, &L->up, s->h, n, s->u, s->xsum);
-  for (size_t i = 0; i < (size_t)n * c->inter; i++) {
+  for (size_t i = 0; i < (size_t)n * c->layer_inter[li]; i++) {
     float g = s->g[i];
-    s->g[i] = (c->gemma ? gelu_tanh(g) : g / (1.0f + expf(-g))) * s->u[i];
+    s->g[i] = (c->gemma ? rlm__gelu_tanh(g) : g / (1.0f + expf(-g))) * s->u[i];
   }
   rlm__linear(s->pool, &L->down, s->g, n, s->h, s->xsum);
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
+}
+
+/* Gemma 4: x += norm(proj(gelu(gate(x)) * ple[j][li])); then x *= scalar. */
+static void ple_block(rlm_session *s, int li, int n) {
+  const rlm_model_config *c = &s->m->cfg;
+  const rlm_layer *L = &s->m->layers[li];
+  const int H = c->hidden, P = c->ple_dim;
+  if (P) {
+    rlm__linear(s->pool, &L->ple_gate, s->x, n, s->g, s->xsum);
+    for (int j = 0; j < n; j++) {
+      const float *in = s->ple + ((size_t)j * c->n_layers + li) * P;
+      for (int i = 0; i < P; i++) s->g[(size_t)j * P + i] = rlm__gelu_tanh(s->g[(size_t)j * P + i]) * in[i];
+    }
+    rlm__linear(s->pool, &L->ple_proj, s->g, n, s->h, s->xsum);
+    add_residual(s, L->ple_norm, n, H, c->rms_eps);
+  }
+  for (size_t i = 0; L->scalar != 1.0f && i < (size_t)n * H; i++) s->x[i] *= L->scalar;
+}
+
+/* Gemma 4's per-layer inputs of the chunk, from the token ids and the
+ * scaled embeddings x: (norm(x P^T / sqrt(H)) + E_ple[id] sqrt(P)) / sqrt(2),
+ * into s->ple [n][n_layers][P]. */
+static void per_layer_inputs(rlm_session *s, const int32_t *ids, int n) {
+  const rlm_model *m = s->m;
+  const rlm_model_config *c = &m->cfg;
+  const int P = c->ple_dim, NL = c->n_layers;
+  const float proj_scale = (float)(1.0 / sqrt((double)c->hidden)), mix = (float)(1.0 / sqrt(2.0));
+  rlm__linear(s->pool, &m->ple_model_proj, s->x, n, s->ple_tmp, s->xsum);
+  for (int j = 0; j < n; j++) {
+    float *out = s->ple + (size_t)j * NL * P, *proj = s->ple_tmp + (size_t)j * NL * P;
+    rlm__embed_row(&m->ple_embed, ids[j], out);
+    for (int l = 0; l < NL; l++) {
+      float *p = proj + (size_t)l * P, *o = out + (size_t)l * P;
+      for (int i = 0; i < P; i++) p[i] *= proj_scale;
+      rlm__rmsnorm(p, p, m->ple_proj_norm, P, c->rms_eps);
+      for (int i = 0; i < P; i++) o[i] = (p[i] + o[i] * m->ple_embed_scale) * mix;
+    }
+  }
+}
+
+static void output_logits(rlm_session *s, int n, float *logits, bool all) {
+  const rlm_model *m = s->m;
+  const int H = m->cfg.hidden, j0 = all ? 0 : n - 1;
+  for (int j = j0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, m->final_norm, H, m->cfg.rms_eps);
+  rlm__linear(s->pool, &m->lm_head, s->h + (size_t)j0 * H, n - j0, logits, s->xsum);
+  const float cap = (float)m->cfg.final_softcap;
+  for (size_t i = 0; cap > 0 && i < (size_t)(n - j0) * m->cfg.vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
 }
 
 rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits, bool all,
@@ -75,16 +139,14 @@ rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits
     rlm__embed_row(&m->embed, ids[j], s->x + (size_t)j * H);
     for (int i = 0; m->embed_scale != 1.0f && i < H; i++) s->x[(size_t)j * H + i] *= m->embed_scale;
   }
-  rlm_status rc = RLM_OK;
+  if (m->cfg.ple_dim) per_layer_inputs(s, ids, n);
   for (int li = 0; li < m->cfg.n_layers; li++) {
-    attention_block(s, li, n, err, &rc);
+    rlm_status rc = attention_block(s, li, n, err);
     if (rc) return rc;
     mlp_block(s, li, n);
+    if (m->cfg.arch == RLM_ARCH_GEMMA4) ple_block(s, li, n);
   }
   s->pos += n;
-  if (!logits) return RLM_OK;
-  int j0 = all ? 0 : n - 1;
-  for (int j = j0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, m->final_norm, H, m->cfg.rms_eps);
-  rlm__linear(s->pool, &m->lm_head, s->h + (size_t)j0 * H, n - j0, logits, s->xsum);
+  if (logits) output_logits(s, n, logits, all);
   return RLM_OK;
 }

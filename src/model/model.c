@@ -92,28 +92,67 @@ static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const flo
     uint8_t raw[4];
     memcpy(raw, (const uint8_t *)t->data + i * (int64_t)rlm_dtype_size(t->dtype), rlm_dtype_size(t->dtype));
     f[i] = rlm__load_f(raw, t->dtype, 0);
-    if (m->cfg.gemma) f[i] += 1.0f; /* Gemma scales by (1 + w), in f32 */
+    if (m->cfg.norm_plus_one) f[i] += 1.0f; /* Gemma 3 scales by (1 + w), in f32 */
   }
   *out = f;
   return RLM_OK;
 }
 
+/* Gemma 4's extras: the per-layer input block and layer_scalar (a
+ * buffer some exports omit: 1 then, as transformers initialises it). */
+static rlm_status bind_gemma4_layer(rlm_model *m, int i, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  rlm_layer *L = &m->layers[i];
+  char p[200];
+  rlm_status rc;
+  L->scalar = 1.0f;
+  snprintf(p, sizeof p, "model.layers.%d.layer_scalar", i);
+  const float *sc;
+  if (rlm__st_find(m->st, p)) {
+    if ((rc = bind_norm(m, p, 1, &sc, err))) return rc;
+    L->scalar = *sc;
+  }
+  if (!c->ple_dim) return RLM_OK;
+  snprintf(p, sizeof p, "model.layers.%d.per_layer_input_gate", i);
+  if ((rc = bind_linear(m, p, c->ple_dim, c->hidden, &L->ple_gate, err))) return rc;
+  snprintf(p, sizeof p, "model.layers.%d.per_layer_projection", i);
+  if ((rc = bind_linear(m, p, c->hidden, c->ple_dim, &L->ple_proj, err))) return rc;
+  snprintf(p, sizeof p, "model.layers.%d.post_per_layer_input_norm.weight", i);
+  return bind_norm(m, p, c->hidden, &L->ple_norm, err);
+}
+
+/* q/k norms: Qwen 3 and Gemma; a KV-shared layer has no k norm. */
+static rlm_status bind_qk_norms(rlm_model *m, int i, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  rlm_layer *L = &m->layers[i];
+  char n[256];
+  rlm_status rc;
+  if (c->arch != RLM_ARCH_QWEN3 && !c->gemma) return RLM_OK;
+  snprintf(n, sizeof n, "model.layers.%d.self_attn.q_norm.weight", i);
+  if ((rc = bind_norm(m, n, c->layer_head_dim[i], &L->q_norm, err))) return rc;
+  if (c->kv_donor[i] >= 0) return RLM_OK;
+  snprintf(n, sizeof n, "model.layers.%d.self_attn.k_norm.weight", i);
+  return bind_norm(m, n, c->layer_head_dim[i], &L->k_norm, err);
+}
+
 static rlm_status bind_layer(rlm_model *m, int i, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
   rlm_layer *L = &m->layers[i];
-  const int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim, kd = (int64_t)c->n_kv_heads * c->head_dim;
+  const int64_t H = c->hidden, hd = c->layer_head_dim[i], F = c->layer_inter[i];
+  const int64_t qd = c->n_heads * hd, kd = c->layer_kv_heads[i] * hd;
+  const bool own_kv = c->kv_donor[i] < 0, own_v = own_kv && !(c->k_eq_v && !c->sliding[i]);
   char p[200], n[256];
   rlm_status rc;
 #define LIN(field, sub, o, in)                                                  \
   snprintf(p, sizeof p, "model.layers.%d.%s", i, sub);                          \
   if ((rc = bind_linear(m, p, o, in, &L->field, err))) return rc;
   LIN(wq, "self_attn.q_proj", qd, H);
-  LIN(wk, "self_attn.k_proj", kd, H);
-  LIN(wv, "self_attn.v_proj", kd, H);
+  if (own_kv) { LIN(wk, "self_attn.k_proj", kd, H); }
+  if (own_v) { LIN(wv, "self_attn.v_proj", kd, H); }
   LIN(wo, "self_attn.o_proj", H, qd);
-  LIN(gate, "mlp.gate_proj", c->inter, H);
-  LIN(up, "mlp.up_proj", c->inter, H);
-  LIN(down, "mlp.down_proj", H, c->inter);
+  LIN(gate, "mlp.gate_proj", F, H);
+  LIN(up, "mlp.up_proj", F, H);
+  LIN(down, "mlp.down_proj", H, F);
 #undef LIN
   static const char *names[2][4] = {
       {"input_layernorm", "post_attention_layernorm", NULL, NULL},
@@ -123,17 +162,18 @@ static rlm_status bind_layer(rlm_model *m, int i, rlm_error *err) {
     snprintf(n, sizeof n, "model.layers.%d.%s.weight", i, names[c->gemma][k]);
     if ((rc = bind_norm(m, n, H, dst[k], err))) return rc;
   }
-  if (c->arch != RLM_ARCH_QWEN3 && !c->gemma) return RLM_OK;
-  snprintf(n, sizeof n, "model.layers.%d.self_attn.q_norm.weight", i);
-  if ((rc = bind_norm(m, n, c->head_dim, &L->q_norm, err))) return rc;
-  snprintf(n, sizeof n, "model.layers.%d.self_attn.k_norm.weight", i);
-  return bind_norm(m, n, c->head_dim, &L->k_norm, err);
+  L->scalar = 1.0f;
+  if ((rc = bind_qk_norms(m, i, err))) return rc;
+  return c->arch == RLM_ARCH_GEMMA4 ? bind_gemma4_layer(m, i, err) : RLM_OK;
 }
 
 /* inv_freq[i] = theta^(-2i/d), reshaped by the rope type (HF's rules). */
-static void rope_freqs(const rlm_model_config *c, const rlm_rope *r, float *inv) {
-  for (int i = 0; i < c->head_dim / 2; i++) {
-    double f = 1.0 / pow(r->theta, 2.0 * i / c->head_dim);
+static void rope_freqs(const rlm_rope *r, int head_dim, float *inv) {
+  /* proportional: int(partial * d // 2) pairs rotate, exponents over d */
+  const int rotated = r->kind == RLM_ROPE_PROPORTIONAL ? (int)floor(r->partial * head_dim / 2) : head_dim / 2;
+  for (int i = 0; i < head_dim / 2; i++) {
+    double f = i < rotated ? 1.0 / pow(r->theta, 2.0 * i / head_dim) : 0.0;
+    if (r->kind == RLM_ROPE_PROPORTIONAL) f /= r->factor ? r->factor : 1.0;
     if (r->kind == RLM_ROPE_LINEAR) f /= r->factor;
     if (r->kind == RLM_ROPE_LLAMA3) {
       double lo = r->original_max_pos / r->low_freq_factor, hi = r->original_max_pos / r->high_freq_factor;
@@ -148,6 +188,38 @@ static void rope_freqs(const rlm_model_config *c, const rlm_rope *r, float *inv)
   }
 }
 
+/* One frequency table per layer type, for that type's head dim (Gemma 4's
+ * full layers have their own); every layer of a type must share it. */
+static rlm_status bind_rope(rlm_model *m, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  int hd[2] = {0, 0}; /* [sliding] */
+  for (int i = 0; i < c->n_layers; i++) {
+    int *h = &hd[c->sliding[i]];
+    if (*h && *h != c->layer_head_dim[i])
+      return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: layers of one type with head dims %d and %d",
+                      rlm__st_file_path(m->st, 0), *h, c->layer_head_dim[i]);
+    *h = c->layer_head_dim[i];
+  }
+  if (hd[0]) rope_freqs(&c->rope, hd[0], m->inv_freq);
+  if (hd[1]) rope_freqs(&c->rope_local, hd[1], m->inv_freq_local);
+  return RLM_OK;
+}
+
+static float embed_scale(const rlm_linear *e, int dim) {
+  return rlm__round_to(e->quant ? e->q.sdtype : e->dtype, (float)sqrt((double)dim));
+}
+
+/* Gemma 4's per-layer input embeddings and their context projection. */
+static rlm_status bind_ple(rlm_model *m, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  const int64_t total = (int64_t)c->n_layers * c->ple_dim;
+  rlm_status rc = bind_linear(m, "model.embed_tokens_per_layer", c->ple_vocab, total, &m->ple_embed, err);
+  if (!rc) rc = bind_linear(m, "model.per_layer_model_projection", total, c->hidden, &m->ple_model_proj, err);
+  if (!rc) rc = bind_norm(m, "model.per_layer_projection_norm.weight", c->ple_dim, &m->ple_proj_norm, err);
+  m->ple_embed_scale = embed_scale(&m->ple_embed, c->ple_dim);
+  return rc;
+}
+
 static rlm_status bind_all(rlm_model *m, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
   rlm_status rc = bind_linear(m, "model.embed_tokens", c->vocab, c->hidden, &m->embed, err);
@@ -156,16 +228,15 @@ static rlm_status bind_all(rlm_model *m, rlm_error *err) {
   if (c->tie_embeddings || !rlm__st_find(m->st, "lm_head.weight")) m->lm_head = m->embed;
   else if ((rc = bind_linear(m, "lm_head", c->vocab, c->hidden, &m->lm_head, err))) return rc;
   m->layers = rlm__arena_alloc(&m->arena, (size_t)c->n_layers * sizeof *m->layers);
-  m->inv_freq = rlm__arena_alloc(&m->arena, (size_t)c->head_dim / 2 * sizeof(float));
-  m->inv_freq_local = rlm__arena_alloc(&m->arena, (size_t)c->head_dim / 2 * sizeof(float));
+  m->inv_freq = rlm__arena_alloc(&m->arena, (size_t)c->max_head_dim / 2 * sizeof(float));
+  m->inv_freq_local = rlm__arena_alloc(&m->arena, (size_t)c->max_head_dim / 2 * sizeof(float));
   if (!m->layers || !m->inv_freq || !m->inv_freq_local) return rlm__err_nomem(err, "model", 0);
-  rope_freqs(c, &c->rope, m->inv_freq);
-  rope_freqs(c, &c->rope_local, m->inv_freq_local);
+  if ((rc = bind_rope(m, err))) return rc;
   /* Gemma multiplies embeddings by sqrt(hidden) cast to the weights' dtype
    * (transformers; mlx-lm rounds it to bf16 whatever the dtype). */
-  m->embed_scale = c->gemma ? rlm__round_to(m->embed.quant ? m->embed.q.sdtype : m->embed.dtype,
-                                            (float)sqrt((double)c->hidden)) : 1.0f;
+  m->embed_scale = c->gemma ? embed_scale(&m->embed, c->hidden) : 1.0f;
   for (int i = 0; i < c->n_layers && !rc; i++) rc = bind_layer(m, i, err);
+  if (!rc && c->ple_dim) rc = bind_ple(m, err);
   return rc;
 }
 
@@ -207,26 +278,30 @@ rlm_session_params rlm_session_params_default(void) {
 static rlm_status make_cache(rlm_session *s, int i, rlm_error *err) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_session_params *p = &s->p;
+  if (c->kv_donor[i] >= 0) return RLM_OK; /* attends its donor's cache */
   int window = c->sliding[i] ? c->sliding_window : (int)p->max_kv;
   bool quant = p->k_bits || p->v_bits, ring = window > 0;
   rlm_kv_config k = rlm_kv_config_default(ring ? (quant ? RLM_KV_ROTATING_QUANT : RLM_KV_ROTATING)
                                                : (quant ? RLM_KV_QUANT : RLM_KV_PLAIN));
-  k.n_kv_heads = c->n_kv_heads, k.head_dim_k = k.head_dim_v = c->head_dim;
+  k.n_kv_heads = c->layer_kv_heads[i], k.head_dim_k = k.head_dim_v = c->layer_head_dim[i];
   k.dtype = c->dtype;
   k.k_bits = p->k_bits ? p->k_bits : p->v_bits, k.v_bits = p->v_bits ? p->v_bits : p->k_bits;
   k.group_size = p->kv_group_size;
   k.window = ring ? window : 1, k.max_chunk = p->prefill_chunk;
-  k.q_per_kv = c->n_heads / c->n_kv_heads;
+  k.q_per_kv = c->n_heads / c->layer_kv_heads[i];
   return rlm_kv_create(&s->kv[i], &k, err);
 }
 
 static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   const rlm_model_config *c = &s->m->cfg;
-  size_t n = (size_t)s->p.prefill_chunk, qd = (size_t)c->n_heads * c->head_dim;
-  size_t kd = (size_t)c->n_kv_heads * c->head_dim, wide = RLM_MAX((size_t)c->inter, qd);
-  float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp};
+  size_t n = (size_t)s->p.prefill_chunk, qd = (size_t)c->n_heads * c->max_head_dim;
+  size_t kd = (size_t)c->max_kv_heads * c->max_head_dim, ple = (size_t)c->n_layers * c->ple_dim;
+  size_t wide = RLM_MAX(RLM_MAX((size_t)c->max_inter, qd), (size_t)c->ple_dim);
+  size_t in_max = RLM_MAX(RLM_MAX((size_t)c->max_inter, (size_t)c->hidden), qd);
+  float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp,
+                    &s->ple, &s->ple_tmp};
   size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
-                    n * RLM_MAX((size_t)c->inter, (size_t)c->hidden), (size_t)c->vocab};
+                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1)};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
     if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
   return RLM_OK;
@@ -261,7 +336,7 @@ void rlm_session_free(rlm_session *s) {
   if (!s) return;
   for (int i = 0; s->kv && i < s->m->cfg.n_layers; i++) rlm_kv_free(s->kv[i]);
   rlm__free(s->kv);
-  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp};
+  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp, s->ple, s->ple_tmp};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) rlm__free(bufs[i]);
   rlm__pool_free(s->pool);
   rlm__free(s);

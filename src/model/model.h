@@ -15,11 +15,16 @@
 #include "kv/kv.h"
 #include "model/safetensors.h"
 
-typedef enum rlm_arch { RLM_ARCH_LLAMA, RLM_ARCH_QWEN3, RLM_ARCH_MISTRAL, RLM_ARCH_GEMMA3 } rlm_arch;
+typedef enum rlm_arch {
+  RLM_ARCH_LLAMA, RLM_ARCH_QWEN3, RLM_ARCH_MISTRAL, RLM_ARCH_GEMMA3, RLM_ARCH_GEMMA4
+} rlm_arch;
 
 enum { RLM_MAX_LAYERS = 512 };
 
-typedef enum rlm_rope_kind { RLM_ROPE_DEFAULT, RLM_ROPE_LLAMA3, RLM_ROPE_LINEAR } rlm_rope_kind;
+typedef enum rlm_rope_kind {
+  RLM_ROPE_DEFAULT, RLM_ROPE_LLAMA3, RLM_ROPE_LINEAR,
+  RLM_ROPE_PROPORTIONAL       /* Gemma 4: the first partial*d/2 pairs rotate */
+} rlm_rope_kind;
 
 typedef struct rlm_rope {
   rlm_rope_kind kind;
@@ -28,19 +33,32 @@ typedef struct rlm_rope {
   double low_freq_factor;     /* llama3                                  */
   double high_freq_factor;    /* llama3                                  */
   double original_max_pos;    /* llama3                                  */
+  double partial;             /* proportional: share of pairs rotated    */
 } rlm_rope;
 
 typedef struct rlm_model_config {
   char model_type[32];
   rlm_arch arch;
   int vocab, hidden, inter, n_layers, n_heads, n_kv_heads, head_dim;
+  int max_head_dim, max_kv_heads, max_inter; /* over the layers          */
   double rms_eps;
   rlm_rope rope;              /* full-attention layers                   */
   rlm_rope rope_local;        /* sliding layers (gemma); else = rope     */
   int sliding_window;         /* 0: none                                 */
   bool sliding[RLM_MAX_LAYERS]; /* layer i slides (mistral: all)         */
-  bool gemma;                 /* (1+w) norms, 4 norms per layer, GELU,
-                                 embeddings x sqrt(hidden), q/k norms    */
+  int layer_head_dim[RLM_MAX_LAYERS]; /* Gemma 4: full layers differ     */
+  int layer_kv_heads[RLM_MAX_LAYERS];
+  int layer_inter[RLM_MAX_LAYERS];    /* Gemma 4: double-wide when shared */
+  int kv_donor[RLM_MAX_LAYERS]; /* -1: own cache; else the earlier layer
+                                   whose cache this one attends (Gemma 4) */
+  bool gemma;                 /* 4 norms per layer, GELU, embeddings x
+                                 sqrt(hidden), q/k norms (Gemma 3 and 4) */
+  bool norm_plus_one;         /* Gemma 3 scales by (1 + w)               */
+  bool v_norm;                /* Gemma 4: V is RMS-normalized, no weight */
+  bool k_eq_v;                /* Gemma 4 attention_k_eq_v: full layers'
+                                 V is their raw K projection             */
+  int ple_dim, ple_vocab;     /* Gemma 4 per-layer inputs, or 0          */
+  double final_softcap;       /* tanh(x/c)*c on the logits, or 0         */
   double attn_scale;          /* softmax scale (head_dim^-0.5 or
                                  query_pre_attn_scalar^-0.5)             */
   bool tie_embeddings;
@@ -62,6 +80,10 @@ typedef struct rlm_layer {
   const float *attn_norm, *mlp_norm; /* [hidden] f32 (gemma: pre-norms)  */
   const float *post_attn_norm, *post_mlp_norm; /* gemma only, else NULL  */
   const float *q_norm, *k_norm;      /* [head_dim] f32, or NULL          */
+  /* Gemma 4 per-layer input: x += norm(proj(gelu(gate(x)) * ple_i)) */
+  rlm_linear ple_gate, ple_proj;
+  const float *ple_norm;
+  float scalar;                      /* layer_scalar (1 elsewhere)       */
 } rlm_layer;
 
 struct rlm_model {
@@ -71,8 +93,13 @@ struct rlm_model {
   rlm_linear lm_head;         /* the embedding when tied                 */
   const float *final_norm;
   rlm_layer *layers;          /* [n_layers]                              */
-  float *inv_freq;            /* [head_dim / 2] full-attention layers    */
-  float *inv_freq_local;      /* [head_dim / 2] sliding layers           */
+  /* Gemma 4 per-layer inputs: token part and context part */
+  rlm_linear ple_embed;       /* [ple_vocab][n_layers * ple_dim]         */
+  rlm_linear ple_model_proj;  /* [n_layers * ple_dim][hidden]            */
+  const float *ple_proj_norm; /* [ple_dim]                               */
+  float ple_embed_scale;      /* sqrt(ple_dim) in the weights' dtype     */
+  float *inv_freq;            /* [max_head_dim / 2] full-attention layers */
+  float *inv_freq_local;      /* [max_head_dim / 2] sliding layers       */
   float embed_scale;          /* 1, or sqrt(hidden) in the weights' dtype */
   rlm_arena arena;            /* f32 copies of norms, inv_freq, layers   */
 };
@@ -85,13 +112,16 @@ struct rlm_session {
   int64_t pos;                /* next position                           */
   /* scratch for one chunk of up to p.prefill_chunk tokens */
   float *x, *h, *q, *k, *v, *att, *g, *u, *xsum, *logits_tmp;
+  float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
 };
 
 /* ---- config.c ---------------------------------------------------------- */
 rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err);
 
 /* ---- ops.c: f32 kernels -------------------------------------------------- */
+/* w NULL: no weight (Gemma 4's V norm). */
 void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps);
+float rlm__gelu_tanh(float x);
 void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64_t pos);
 /* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,

@@ -10,7 +10,13 @@ void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps) {
   double ss = 0;
   for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
   float r = (float)(1.0 / sqrt(ss / n + eps));
-  for (int i = 0; i < n; i++) y[i] = w[i] * (x[i] * r);
+  for (int i = 0; i < n; i++) y[i] = w ? w[i] * (x[i] * r) : x[i] * r;
+}
+
+/* transformers' gelu_pytorch_tanh, in f32. */
+float rlm__gelu_tanh(float x) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
 /* Rotate-half RoPE (transformers' default layout): dims i and i + d/2
