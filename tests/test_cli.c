@@ -1,8 +1,13 @@
 /* test_cli.c -- the ringlm command line as a user meets it: exit codes
  * (0 ok, 1 failed, 2 usage), one-line errors that name the file, and a
- * quantize + inspect round trip on a generated model. */
+ * quantize + inspect round trip on a generated model; run, logits and
+ * perplexity on the transformers fixtures (every architecture's greedy
+ * continuation) and on a fixture given a byte-level tokenizer (text
+ * prompts, streaming, stop strings, EOS). */
 #include "test.h"
 
+#include <jansson.h>
+#include <stdbool.h>
 #include <sys/wait.h>
 
 static char g_dir[256];
@@ -65,69 +70,212 @@ TEST(quantize_and_inspect_round_trip) {
   CHECK_STR_CONTAINS(out, "model.embed_tokens.weight                                    BF16  [300, 128]");
 }
 
-/* run and logits on the llama fixture: the greedy ids transformers made,
- * an .npy of the right size, one-line errors for bad ids and models. */
-TEST(run_and_logits_on_fixture) {
+/* The fixture's prompt as "a,b,c" and its greedy ids as "x y z". */
+static bool fixture_ids(const char *arch, char *ids, size_t ni, char *greedy, size_t ng) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/tests/fixtures/models/%s/fixture.json", getenv("RINGLM_SOURCE_DIR"), arch);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je);
+  if (!j) return false;
+  json_t *p = json_object_get(j, "prompt_ids"), *g = json_object_get(j, "greedy_ids");
+  size_t ui = 0, ug = 0;
+  for (size_t i = 0; i < json_array_size(p) && ui + 12 < ni; i++)
+    ui += (size_t)snprintf(ids + ui, ni - ui, i ? ",%lld" : "%lld", json_integer_value(json_array_get(p, i)));
+  for (size_t i = 0; i < json_array_size(g) && ug + 12 < ng; i++)
+    ug += (size_t)snprintf(greedy + ug, ng - ug, i ? " %lld" : "%lld", json_integer_value(json_array_get(g, i)));
+  bool ok = json_array_size(p) > 0 && json_array_size(g) > 0;
+  json_decref(j);
+  return ok;
+}
+
+/* The first line of s (copied). */
+static void first_line(const char *s, char *out, size_t n) {
+  snprintf(out, n, "%.*s", (int)strcspn(s, "\n"), s);
+}
+
+/* ringlm run prints exactly transformers' greedy continuation for every
+ * fixture, with prefill chunks 1, 7 and 512 and with 8-bit KV; the stats
+ * line goes to stderr. */
+TEST(run_greedy_every_fixture) {
+  static const char *archs[] = {"llama", "qwen3", "mistral", "gemma3_text", "gemma4_text"};
+  static const char *opts[] = {"--prefill-chunk 1", "--prefill-chunk 7", "--prefill-chunk 512",
+                               "--kv-bits 8 --kv-group-size 32"};
   const char *src = getenv("RINGLM_SOURCE_DIR");
-  CHECK(src != NULL);
-  if (!src) return;
-  char path[512], ids[1024] = "", want[512] = "", out[8192];
-  snprintf(path, sizeof path, "%s/tests/fixtures/models/llama/fixture.json", src);
-  FILE *f = fopen(path, "r");
-  CHECK(f != NULL);
-  if (!f) return;
-  static char js[16384];
-  size_t n = fread(js, 1, sizeof js - 1, f);
-  fclose(f);
-  js[n] = 0;
-  /* "prompt_ids": [a, b, ...] and "greedy_ids": [...] as plain lists. */
-  char *p = strstr(js, "\"prompt_ids\"");
-  char *g = strstr(js, "\"greedy_ids\"");
-  CHECK(p && g);
-  if (!p || !g) return;
-  for (char *c = strchr(p, '[') + 1, *d = ids; *c != ']'; c++)
-    if (*c != ' ' && *c != '\n') *d++ = *c;
-  for (char *c = strchr(g, '[') + 1, *d = want; *c != ']'; c++)
-    if (*c != '\n') *d++ = *c == ',' ? ' ' : *c;
-  char squeezed[512], *w = squeezed; /* "a, b" -> "a b" */
-  for (char *c = want; *c; c++)
-    if (!(*c == ' ' && (w == squeezed || w[-1] == ' '))) *w++ = *c;
-  while (w > squeezed && w[-1] == ' ') w--;
-  *w = 0;
-  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 32 --temp 0 --print-ids --prefill-chunk 7",
-               g_bin, src, ids), 0);
-  /* stdout: the ids on one line; stderr (merged here): the stats line. */
-  char line[600];
-  snprintf(line, sizeof line, "\n%s\n", squeezed);
-  memmove(out + 1, out, strlen(out) + 1);
-  out[0] = '\n';
-  CHECK_STR_CONTAINS(out, line);
-  CHECK_STR_CONTAINS(out, "generated 32 tokens");
+  char ids[2048], want[1024], out[8192], line[1024];
+  for (int a = 0; a < 5; a++) {
+    CHECK(fixture_ids(archs[a], ids, sizeof ids, want, sizeof want));
+    for (int k = 0; k < 4; k++) {
+      test_note("%s %s", archs[a], opts[k]);
+      CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/%s --ids %s -n 32 --temp 0 --print-ids "
+                   "--ignore-eos %s 2>/dev/null | cat", g_bin, src, archs[a], ids, opts[k]), 0);
+      first_line(out, line, sizeof line);
+      CHECK_STR_EQ(line, want);
+    }
+  }
+  test_note("stats line");
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 32 --temp 0 --print-ids --ignore-eos"
+               " 2>&1 >/dev/null | cat", g_bin, src, ids), 0);
+  CHECK_STR_CONTAINS(out, "prompt 96 tokens, prefill ");
+  CHECK_STR_CONTAINS(out, "generated 32 tokens, decode ");
+  CHECK_STR_CONTAINS(out, " tok/s, KV ");
+}
+
+/* GPT-2's byte -> printable code point map, as byte-level BPE uses it. */
+static int byte_char(int b) {
+  if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) return b;
+  int n = 0;
+  for (int c = 0; c < b; c++) n += !((c >= '!' && c <= '~') || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF));
+  return 256 + n;
+}
+
+/* A copy of the llama fixture with a byte-level tokenizer over its 256
+ * ids (id = byte), so text prompts, streaming and stop strings can run. */
+static void byte_model(char *dir, size_t n) {
+  snprintf(dir, n, "%s/bytes", g_dir);
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s/tests/fixtures/models/llama' '%s'", dir,
+           getenv("RINGLM_SOURCE_DIR"), dir);
+  CHECK(system(cmd) == 0);
+  json_t *vocab = json_object();
+  for (int b = 0; b < 256; b++) {
+    char key[8];
+    int c = byte_char(b);
+    if (c < 0x80) key[0] = (char)c, key[1] = 0;
+    else if (c < 0x800) key[0] = (char)(0xC0 | c >> 6), key[1] = (char)(0x80 | (c & 63)), key[2] = 0;
+    json_object_set_new(vocab, key, json_integer(b));
+  }
+  json_t *tok = json_pack("{s:s, s:n, s:[], s:n, s:{s:s, s:b, s:b, s:b}, s:n, s:{s:s, s:b, s:b, s:b},"
+                          " s:{s:s, s:o, s:[]}}",
+                          "version", "1.0", "truncation", "added_tokens", "normalizer", "pre_tokenizer", "type",
+                          "ByteLevel", "add_prefix_space", 0, "trim_offsets", 1, "use_regex", 1, "post_processor",
+                          "decoder", "type", "ByteLevel", "add_prefix_space", 1, "trim_offsets", 1, "use_regex", 1,
+                          "model", "type", "BPE", "vocab", vocab, "merges");
+  char path[600];
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  CHECK(tok && json_dump_file(tok, path, 0) == 0);
+  json_decref(tok);
+}
+
+/* --prompt text: the streamed text is the decode of the generated ids;
+ * --stop cuts it before the stop string; an EOS id ends generation. */
+TEST(run_streams_text_and_stops) {
+  char dir[400], out[8192], idl[4096], text[4096], cut[64];
+  byte_model(dir, sizeof dir);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s --prompt 'Once upon a time' -n 24 --print-ids --ignore-eos 2>/dev/null | cat",
+               g_bin, dir), 0);
+  first_line(out, idl, sizeof idl);
+  for (char *c = idl; *c; c++) *c = *c == ' ' ? ',' : *c;
+  CHECK_EQ(run(out, sizeof out, "%s tokenize -m %s --decode --ids %s", g_bin, dir, idl), 0);
+  first_line(out, text, sizeof text);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s --prompt 'Once upon a time' -n 24 --ignore-eos 2>/dev/null | cat", g_bin, dir), 0);
+  CHECK(strlen(text) > 0);
+  CHECK(!strncmp(out, text, strlen(text))); /* streamed == decoded (then a newline) */
+  /* A stop string: the first character (after the first) not seen before
+   * it in the text; output must end right before it. */
+  size_t p = 0, clen = 0;
+  for (size_t q = 1; q < strlen(text) && !clen; q++) {
+    if (((unsigned char)text[q] & 0xC0) == 0x80) continue; /* not a character start */
+    size_t l = 1;
+    while (((unsigned char)text[q + l] & 0xC0) == 0x80) l++;
+    snprintf(cut, sizeof cut, "%.*s", (int)l, text + q);
+    char *seen = strstr(text, cut);
+    if (seen == text + q && !strpbrk(cut, "'\\\n%")) p = q, clen = l;
+  }
+  CHECK(clen > 0);
+  test_note("stop '%s' in '%s'", cut, text);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s --prompt 'Once upon a time' -n 24 --ignore-eos --stop '%s' 2>/dev/null | cat",
+               g_bin, dir, cut), 0);
+  CHECK(!strncmp(out, text, p) && (out[p] == '\n' || out[p] == 0));
+  /* EOS: make the 5th generated id an end-of-sequence id. */
+  int ids[64], n = 0;
+  for (char *c = idl; *c && n < 64; c++) ids[n++] = (int)strtol(c, &c, 10);
+  CHECK(n > 4);
+  int first = 0; /* generation ends at the first occurrence of that id */
+  while (ids[first] != ids[4]) first++;
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "printf '{\"eos_token_id\": [%d]}' > '%s/generation_config.json'", ids[4], dir);
+  CHECK(system(cmd) == 0);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s --prompt 'Once upon a time' -n 24 --print-ids", g_bin, dir), 0);
+  char wantstats[64];
+  snprintf(wantstats, sizeof wantstats, "generated %d tokens", first);
+  CHECK_STR_CONTAINS(out, wantstats);
+}
+
+/* logits writes [n, vocab] float32; bad ids, values and folders fail with
+ * one line naming the problem. */
+TEST(logits_and_bad_runs) {
+  const char *src = getenv("RINGLM_SOURCE_DIR");
+  char out[8192], path[512];
   CHECK_EQ(run(out, sizeof out, "%s logits -m %s/tests/fixtures/models/llama --ids 1,2,3 -o %s/l.npy", g_bin, src, g_dir), 0);
   snprintf(path, sizeof path, "%s/l.npy", g_dir);
-  f = fopen(path, "rb");
+  FILE *f = fopen(path, "rb");
   CHECK(f != NULL);
   if (f) {
     fseek(f, 0, SEEK_END);
     CHECK_EQ(ftell(f), 128 + 3 * 256 * 4); /* 128-byte header, [3, 256] f32 */
     fclose(f);
   }
-  /* Sampling: a seed reproduces the run; a bad value is refused. */
+  /* Sampling: a seed reproduces the run. */
   char again[8192];
-  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 16 --temp 1 --top-p 0.9 --seed 9 --print-ids 2>/dev/null | cat",
-               g_bin, src, ids), 0);
-  CHECK_EQ(run(again, sizeof again, "%s run -m %s/tests/fixtures/models/llama --ids %s -n 16 --temp 1 --top-p 0.9 --seed 9 --print-ids 2>/dev/null | cat",
-               g_bin, src, ids), 0);
-  out[strcspn(out, "\n")] = 0, again[strcspn(again, "\n")] = 0;
-  CHECK(strlen(out) > 16 && strstr(again, out) != NULL);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 5,6,7 -n 16 --temp 1 --top-p 0.9 --seed 9 --print-ids --ignore-eos 2>/dev/null | cat",
+               g_bin, src), 0);
+  CHECK_EQ(run(again, sizeof again, "%s run -m %s/tests/fixtures/models/llama --ids 5,6,7 -n 16 --temp 1 --top-p 0.9 --seed 9 --print-ids --ignore-eos 2>/dev/null | cat",
+               g_bin, src), 0);
+  CHECK(strlen(out) > 16);
+  CHECK_STR_EQ(out, again);
   CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 1 --temp -1", g_bin, src), 1);
   CHECK_STR_CONTAINS(out, "temp -1");
   CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 1,999", g_bin, src), 1);
   CHECK_STR_CONTAINS(out, "999");
   CHECK_EQ(count_lines(out), 1);
+  CHECK_EQ(run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --prompt hi", g_bin, src), 1);
+  CHECK_STR_CONTAINS(out, "no tokenizer.json");
   CHECK_EQ(run(out, sizeof out, "%s run -m %s/nowhere --ids 1", g_bin, g_dir), 1);
   CHECK_STR_CONTAINS(out, "nowhere");
   CHECK_EQ(run(out, sizeof out, "%s run -m x --ids 1,a", g_bin), 2);
+  CHECK_EQ(run(out, sizeof out, "%s run -m x --ids 1 --prompt hi", g_bin), 2);
+}
+
+/* perplexity: the mean NLL it reports is the one computed here from
+ * `ringlm logits` of the same window; a progress bar goes to stderr. */
+TEST(perplexity_matches_logits) {
+  char dir[400], out[8192], path[600];
+  byte_model(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/text.txt", g_dir);
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs("The cat sat on the mat. ", f); /* 24 bytes = 24 tokens */
+  fclose(f);
+  CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s -f %s --ctx 512", g_bin, dir, path), 0);
+  CHECK_STR_CONTAINS(out, "perplexity [");
+  CHECK_STR_CONTAINS(out, "over 24 tokens, 1 windows of 25"); /* BOS (id 1), then 24 scored */
+  const char *p = strstr(out, "mean nll ");
+  double got = p ? strtod(p + 9, NULL) : -1;
+  /* BOS and the same 24 ids through `ringlm logits`, log-softmax here. */
+  CHECK_EQ(run(out, sizeof out, "%s tokenize -m %s -f %s --no-special", g_bin, dir, path), 0);
+  char idl[512] = "1,";
+  first_line(out, idl + 2, sizeof idl - 2);
+  for (char *c = idl; *c; c++) *c = *c == ' ' ? ',' : *c;
+  CHECK_EQ(run(out, sizeof out, "%s logits -m %s --ids %s -o %s/p.npy", g_bin, dir, idl, g_dir), 0);
+  snprintf(path, sizeof path, "%s/p.npy", g_dir);
+  f = fopen(path, "rb");
+  static float lg[25][256];
+  CHECK(f && fseek(f, 128, SEEK_SET) == 0 && fread(lg, sizeof lg, 1, f) == 1);
+  if (f) fclose(f);
+  int ids[25], n = 0;
+  for (char *c = idl; *c && n < 25; c++) ids[n++] = (int)strtol(c, &c, 10);
+  double sum = 0;
+  for (int j = 0; j + 1 < n; j++) {
+    double mx = -1e30, s = 0;
+    for (int v = 0; v < 256; v++) mx = fmax(mx, lg[j][v]);
+    for (int v = 0; v < 256; v++) s += exp(lg[j][v] - mx);
+    sum += log(s) + mx - lg[j][ids[j + 1]];
+  }
+  CHECK_EQ(n, 25);
+  CHECK(fabs(got - sum / 24) < 1e-5);
+  CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s -f %s/missing.txt", g_bin, dir, g_dir), 1);
+  CHECK_STR_CONTAINS(out, "missing.txt");
 }
 
 int main(void) {
@@ -141,7 +289,10 @@ int main(void) {
   RUN(usage_errors);
   RUN(bad_files_one_line_errors);
   RUN(quantize_and_inspect_round_trip);
-  RUN(run_and_logits_on_fixture);
+  RUN(run_greedy_every_fixture);
+  RUN(run_streams_text_and_stops);
+  RUN(logits_and_bad_runs);
+  RUN(perplexity_matches_logits);
   int rc = test_summary();
   char cmd[300];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);

@@ -41,31 +41,10 @@ static int parse_args(int argc, char **argv, tok_args *a) {
   return CLI_OK;
 }
 
-/* "1,2,3" -> ids; false (after a usage message) if malformed. */
-static bool parse_ids(const char *s, int32_t **out, size_t *n) {
-  size_t cap = 1;
-  for (const char *p = s; *p; p++) cap += *p == ',';
-  *out = malloc(cap * sizeof **out);
-  *n = 0;
-  if (!*out) return false;
-  for (const char *p = s;;) {
-    char *end;
-    errno = 0;
-    long v = strtol(p, &end, 10);
-    if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-      cli_usage_error("tokenize", "--ids expects comma-separated ids, got '%s'", s);
-      return false;
-    }
-    (*out)[(*n)++] = (int32_t)v;
-    if (!*end) return true;
-    p = end + 1;
-  }
-}
-
 static int decode_ids(const rlm_tokenizer *t, const tok_args *a) {
   int32_t *ids;
   size_t n, len = (size_t)-1;
-  if (!parse_ids(a->ids, &ids, &n)) return free(ids), CLI_USAGE;
+  if (!cli_parse_ids("tokenize", a->ids, &ids, &n)) return CLI_USAGE;
   rlm_error err = {0};
   char *text = NULL;
   rlm_status rc = rlm_detokenize(t, ids, n, a->skip_special, NULL, 0, &len, &err);
@@ -81,41 +60,15 @@ static int decode_ids(const rlm_tokenizer *t, const tok_args *a) {
   return code;
 }
 
-static char *read_file(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  size_t cap = 1 << 16;
-  char *buf = malloc(cap);
-  *len = 0;
-  for (size_t got; buf && (got = fread(buf + *len, 1, cap - *len, f)) > 0;) {
-    *len += got;
-    if (*len == cap) {
-      char *b = realloc(buf, cap *= 2);
-      if (!b) free(buf);
-      buf = b;
-    }
-  }
-  if (ferror(f)) free(buf), buf = NULL;
-  fclose(f);
-  return buf;
-}
-
 static int encode_text(const rlm_tokenizer *t, const char *text, size_t len, bool add_special) {
-  size_t cap = len + 64, n = 0;
-  int32_t *ids = malloc(cap * sizeof *ids);
+  int32_t *ids;
+  size_t n;
   rlm_error err = {0};
-  rlm_status rc = ids ? rlm_tokenize(t, text, len, add_special, ids, cap, &n, &err) : RLM_ERR_NOMEM;
-  if (rc == RLM_ERR_INVALID && n > cap) { /* more ids than bytes: grow once */
-    free(ids);
-    ids = malloc((cap = n) * sizeof *ids);
-    rc = ids ? rlm_tokenize(t, text, len, add_special, ids, cap, &n, &err) : RLM_ERR_NOMEM;
-  }
-  if (!ids) err = (rlm_error){.code = RLM_ERR_NOMEM, .msg = "out of memory"};
-  int code = rc ? cli_fail(&err) : CLI_OK;
-  for (size_t i = 0; !rc && i < n; i++) printf(i ? " %d" : "%d", (int)ids[i]);
-  if (!rc) putchar('\n');
+  if (cli_encode(t, text, len, add_special, &ids, &n, &err)) return cli_fail(&err);
+  for (size_t i = 0; i < n; i++) printf(i ? " %d" : "%d", (int)ids[i]);
+  putchar('\n');
   free(ids);
-  return code;
+  return CLI_OK;
 }
 
 int cmd_tokenize(int argc, char **argv) {
@@ -132,7 +85,7 @@ int cmd_tokenize(int argc, char **argv) {
     code = encode_text(t, a.prompt, strlen(a.prompt), !a.no_special);
   } else {
     size_t len;
-    char *text = read_file(a.file, &len);
+    char *text = cli_read_file(a.file, &len);
     if (!text) fprintf(stderr, "ringlm: %s: cannot read: %s\n", a.file, strerror(errno));
     code = text ? encode_text(t, text, len, !a.no_special) : CLI_FAIL;
     free(text);

@@ -14,10 +14,13 @@ static const char usage[] =
     "  quantize IN OUT [--bits B] [--group-size G] [--quantize-embeddings] [-t N]\n"
     "                  MLX affine-quantize a safetensors file or a Hugging Face folder\n"
     "  inspect PATH    list the tensors of a safetensors file or model folder\n"
-    "  run -m DIR --ids 1,2,3 [-n N] [--print-ids] [--kv-bits B] ...\n"
-    "                  generate greedily from token ids\n"
+    "  inspect -m DIR  the model: layers, windows, parameters, KV bytes per --kv-bits\n"
+    "  run -m DIR (--prompt TEXT | --ids 1,2,3) [-n N] [--print-ids] [--temp T] ...\n"
+    "                  generate and stream text (greedy by default)\n"
     "  logits -m DIR --ids 1,2,3 -o FILE.npy [--kv-bits B] ...\n"
     "                  logits of every position, as a NumPy file\n"
+    "  perplexity -m DIR -f TEXT_FILE [--ctx N] [--kv-bits B] ...\n"
+    "                  perplexity of a text, in windows of N tokens\n"
     "  tokenize -m DIR (--prompt TEXT | -f FILE) | --decode --ids 1,2,3\n"
     "                  text to token ids and back with DIR's tokenizer.json\n"
     "  version         print the library version\n"
@@ -64,6 +67,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "run")) return cmd_run(argc - 1, argv + 1);
   if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
+  if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
     printf("ringlm %s\n", rlm_version());
     return CLI_OK;
