@@ -193,11 +193,24 @@ RLM_API rlm_status rlm_weights_find(const rlm_weights *w, const char *name,
  * `out` is a folder that receives model.safetensors, config.json with
  * "quantization": {"group_size", "bits"}, and copies of the other files.
  * ---------------------------------------------------------------------- */
+/* A per-layer choice, as mlx-lm's mixed recipes make them: tensors whose
+ * name contains `match` get these bits and group size (bits 0: left
+ * dense). The first matching override applies; config.json then lists
+ * each such layer under "quantization" ({"bits", "group_size"}, or false
+ * for a dense one), the layout mlx-lm writes and reads. */
+typedef struct rlm_quantize_override {
+  const char *match;
+  int bits;                  /* 0: not quantized                       */
+  int group_size;            /* 0: the default group size              */
+} rlm_quantize_override;
+
 typedef struct rlm_quantize_params {
   int bits;                  /* 2, 3, 4, 5, 6, 8 (default 4)          */
   int group_size;            /* 32, 64, 128 (default 64)              */
   bool quantize_embeddings;  /* also embed_tokens etc. (default false) */
   int n_threads;             /* <= 0: all cores                        */
+  const rlm_quantize_override *overrides;
+  int n_overrides;
 } rlm_quantize_params;
 
 RLM_API rlm_quantize_params rlm_quantize_params_default(void);

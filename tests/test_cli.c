@@ -31,6 +31,8 @@ TEST(usage_errors) {
   CHECK_EQ(run(out, sizeof out, "%s quantize a b --bits x", g_bin), 2);
   CHECK_STR_CONTAINS(out, "--bits expects an integer");
   CHECK_EQ(run(out, sizeof out, "%s quantize a b --wat", g_bin), 2);
+  CHECK_EQ(run(out, sizeof out, "%s quantize a b --override mlp", g_bin), 2);
+  CHECK_STR_CONTAINS(out, "MATCH=BITS");
   CHECK_EQ(run(out, sizeof out, "%s quantize --help", g_bin), 0);
   CHECK_EQ(run(out, sizeof out, "%s version", g_bin), 0);
   CHECK_STR_CONTAINS(out, "ringlm 0.");

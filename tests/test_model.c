@@ -204,6 +204,68 @@ TEST(quantized_weights_match_dequantized_transformers) {
   for (int a = 0; a < 5; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
 }
 
+/* Logits of the fixture prompt from the model in dir (malloc'd). */
+static float *prompt_logits(const char *dir, const fixture *f) {
+  rlm_model *m;
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
+  if (!m) return NULL;
+  float *lg = malloc((size_t)f->n_prompt * 256 * sizeof *lg);
+  rlm_session *s = open_session(m, 512, 0);
+  CHECK_EQ(rlm_session_eval(s, f->prompt, f->n_prompt, lg, true, &err), RLM_OK);
+  rlm_session_free(s);
+  rlm_model_free(m);
+  return lg;
+}
+
+/* Per-layer quantization (mlx-lm's mixed recipes): overrides give some
+ * layers other bits and groups or keep them dense; config.json lists them;
+ * the loader binds each as stored. An override of everything to 8 bits is
+ * bit for bit the plain 8-bit model. */
+TEST(per_layer_quantization) {
+  fixture f;
+  char dir[512], mixed[400], all8[400], plain8[400], cfgp[500];
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma4_text", g_src);
+  CHECK(load_fixture("gemma4_text", &f));
+  snprintf(mixed, sizeof mixed, "%s/g4-mixed", g_tmp);
+  const rlm_quantize_override ov[] = {{"mlp.down_proj", 8, 32}, {"per_layer_input_gate", 0, 0}};
+  rlm_quantize_params qp = rlm_quantize_params_default();
+  qp.overrides = ov, qp.n_overrides = 2, qp.n_threads = 2;
+  rlm_error err;
+  CHECK_EQ(rlm_quantize_model(dir, mixed, &qp, NULL, &err), RLM_OK);
+  rlm_model *m;
+  CHECK_EQ(rlm_model_load(&m, mixed, &err), RLM_OK);
+  if (!m) return;
+  const rlm_layer *L = &m->layers[3];
+  CHECK(L->down.quant && L->down.q.bits == 8 && L->down.q.group_size == 32);
+  CHECK(L->gate.quant && L->gate.q.bits == 4 && L->gate.q.group_size == 64);
+  CHECK(!L->ple_gate.quant);
+  rlm_model_free(m);
+  snprintf(cfgp, sizeof cfgp, "%s/config.json", mixed);
+  json_error_t je;
+  json_t *cfg = json_load_file(cfgp, 0, &je), *q = json_object_get(cfg, "quantization");
+  CHECK(json_integer_value(json_object_get(q, "bits")) == 4);
+  CHECK(json_integer_value(json_object_get(json_object_get(q, "model.layers.3.mlp.down_proj"), "bits")) == 8);
+  CHECK(json_is_false(json_object_get(q, "model.layers.3.per_layer_input_gate")));
+  json_decref(cfg);
+  /* Everything overridden to 8 bits == --bits 8. */
+  const rlm_quantize_override every[] = {{".", 8, 0}};
+  snprintf(all8, sizeof all8, "%s/g4-all8", g_tmp);
+  snprintf(plain8, sizeof plain8, "%s/g4-plain8", g_tmp);
+  qp.overrides = every, qp.n_overrides = 1;
+  CHECK_EQ(rlm_quantize_model(dir, all8, &qp, NULL, &err), RLM_OK);
+  qp.bits = 8, qp.n_overrides = 0;
+  CHECK_EQ(rlm_quantize_model(dir, plain8, &qp, NULL, &err), RLM_OK);
+  float *a = prompt_logits(all8, &f), *b = prompt_logits(plain8, &f);
+  CHECK(a && b && !memcmp(a, b, (size_t)f.n_prompt * 256 * sizeof *a));
+  free(a), free(b);
+  /* A bad override is refused before anything is written. */
+  const rlm_quantize_override bad[] = {{"mlp", 7, 0}};
+  qp.overrides = bad, qp.n_overrides = 1;
+  CHECK_EQ(rlm_quantize_model(dir, all8, &qp, NULL, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "override 'mlp'");
+}
+
 /* Copies a fixture folder, then lets `edit` break it. */
 static void broken_copy(const char *arch, const char *name, char *dir, size_t n) {
   snprintf(dir, n, "%s/%s", g_tmp, name);
@@ -272,6 +334,7 @@ int main(void) {
   RUN(gemma4_matches_transformers);
   RUN(decode_does_not_allocate);
   RUN(quantized_weights_match_dequantized_transformers);
+  RUN(per_layer_quantization);
   RUN(bad_inputs);
   int rc = test_summary();
   char cmd[300];

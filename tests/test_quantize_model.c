@@ -87,7 +87,7 @@ static void run_folder_case(rlm_dtype dt, int bits, int gs, bool embed) {
   snprintf(in, sizeof in, "%s/in-%d", g_dir, dt);
   snprintf(out, sizeof out, "%s/out-%d-%d-%d-%d", g_dir, dt, bits, gs, embed);
   if (!rlm__path_exists(in)) make_folder(in, dt);
-  rlm_quantize_params p = {bits, gs, embed, 2};
+  rlm_quantize_params p = {.bits = bits, .group_size = gs, .quantize_embeddings = embed, .n_threads = 2};
   rlm_quantize_stats st;
   rlm_error err = {0};
   CHECK_EQ(rlm_quantize_model(in, out, &p, &st, &err), RLM_OK);
@@ -184,7 +184,7 @@ TEST(matches_mlx_gpu_formula_fixture) {
   for (int w = 0; w < 6; w++)
     for (int g = 0; g < 3; g++) {
       snprintf(out, sizeof out, "%s/fixture-b%dg%d.safetensors", g_dir, widths[w], groups[g]);
-      rlm_quantize_params p = {widths[w], groups[g], false, 1};
+      rlm_quantize_params p = {.bits = widths[w], .group_size = groups[g], .n_threads = 1};
       CHECK_EQ(rlm_quantize_model(in, out, &p, NULL, &err), RLM_OK);
       rlm_safetensors *got;
       CHECK_EQ(rlm__st_open(&got, out, &err), RLM_OK);

@@ -9,7 +9,9 @@
  *   <p>.scales  dtype [out][in / group_size]
  *   <p>.biases  dtype [out][in / group_size]
  * with scales and biases in the input dtype. Everything else is copied
- * unchanged (zero-copy from the input mapping into the writer).
+ * unchanged (zero-copy from the input mapping into the writer). Overrides
+ * give matching tensors other bits / group sizes (or leave them dense);
+ * config.json records each such layer by its prefix, as mlx-lm does.
  *
  * A folder in gives a folder out: one model.safetensors (metadata
  * {"format": "mlx"}), config.json with "quantization" and its mirror
@@ -25,6 +27,7 @@
 
 typedef struct qm_ctx {
   const rlm_quantize_params *p;
+  json_t *per_layer;   /* prefix -> {"bits", "group_size"} or false */
   rlm_st_writer *w;
   rlm_pool *pool;
   rlm_quantize_stats *stats;
@@ -41,12 +44,33 @@ static bool ends_with(const char *s, const char *suffix) {
   return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
-static bool should_quantize(const rlm_st_tensor *t, const rlm_quantize_params *p) {
+/* The first override whose match the name contains, or NULL. */
+static const rlm_quantize_override *override_for(const rlm_quantize_params *p, const char *name) {
+  for (int i = 0; i < p->n_overrides; i++)
+    if (strstr(name, p->overrides[i].match)) return &p->overrides[i];
+  return NULL;
+}
+
+/* Whether t is quantized, and with which bits and group size. */
+static bool should_quantize(const rlm_st_tensor *t, const rlm_quantize_params *p, int *bits, int *gs) {
   if (t->ndim != 2 || !rlm__dtype_is_float(t->dtype) || !ends_with(t->name, ".weight"))
     return false;
   if (strstr(t->name, "norm")) return false;
   if (!p->quantize_embeddings && strstr(t->name, "embed")) return false;
-  return t->shape[1] > 0 && t->shape[1] % p->group_size == 0;
+  const rlm_quantize_override *o = override_for(p, t->name);
+  *bits = o ? o->bits : p->bits;
+  *gs = o && o->group_size ? o->group_size : p->group_size;
+  return *bits && t->shape[1] > 0 && t->shape[1] % *gs == 0;
+}
+
+/* Notes a tensor an override touched under its layer prefix. */
+static rlm_status note_layer(qm_ctx *c, const char *name, int bits, int gs, rlm_error *err) {
+  if (!override_for(c->p, name)) return RLM_OK;
+  char prefix[1024];
+  snprintf(prefix, sizeof prefix, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
+  json_t *v = bits ? json_pack("{s:i, s:i}", "group_size", gs, "bits", bits) : json_false();
+  if (!v || json_object_set_new(c->per_layer, prefix, v)) return rlm__err_nomem(err, "config.json", 0);
+  return RLM_OK;
 }
 
 /* ---- quantizing one tensor over the pool ------------------------------ */
@@ -75,9 +99,8 @@ static void sibling_name(char *buf, size_t n, const char *name, const char *suff
   snprintf(buf, n, "%.*s%s", (int)(strlen(name) - strlen(".weight")), name, suffix);
 }
 
-static rlm_status quantize_tensor(qm_ctx *c, const rlm_st_tensor *t, rlm_error *err) {
+static rlm_status quantize_tensor(qm_ctx *c, const rlm_st_tensor *t, int bits, int gs, rlm_error *err) {
   const int64_t rows = t->shape[0], cols = t->shape[1];
-  const int bits = c->p->bits, gs = c->p->group_size;
   const size_t es = rlm_dtype_size(t->dtype);
   const size_t n_wq = (size_t)(rows * rlm__quant_row_words(cols, bits)) * 4;
   const size_t n_sb = (size_t)(rows * (cols / gs)) * es;
@@ -127,7 +150,12 @@ static rlm_status add_tensor(qm_ctx *c, const rlm_st_tensor *t, rlm_error *err) 
   if (ends_with(t->name, ".scales"))
     return rlm__err(err, RLM_ERR_INVALID, "%s: tensor '%s': the model is already quantized",
                     c->in_path, t->name);
-  if (should_quantize(t, c->p)) return quantize_tensor(c, t, err);
+  int bits = 0, gs = 0;
+  bool q = should_quantize(t, c->p, &bits, &gs);
+  rlm_status rc = ends_with(t->name, ".weight") && t->ndim == 2 ? note_layer(c, t->name, q ? bits : 0, gs, err)
+                                                                 : RLM_OK;
+  if (rc) return rc;
+  if (q) return quantize_tensor(c, t, bits, gs, err);
   c->stats->n_tensors++;
   c->stats->bytes_out += (int64_t)t->nbytes;
   return rlm__st_writer_add(c->w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes,
@@ -156,7 +184,7 @@ out_free_st:
 /* ---- the folder around the weights ------------------------------------ */
 
 static rlm_status write_config(const char *in_dir, const char *out_dir,
-                               const rlm_quantize_params *p, rlm_error *err) {
+                               const rlm_quantize_params *p, json_t *per_layer, rlm_error *err) {
   char *in = rlm__path_join(in_dir, "config.json"), *out = rlm__path_join(out_dir, "config.json");
   json_t *cfg = NULL, *q = NULL;
   rlm_status rc = RLM_OK;
@@ -176,7 +204,7 @@ static rlm_status write_config(const char *in_dir, const char *out_dir,
   }
   q = json_pack("{s:i, s:i, s:s}", "group_size", p->group_size, "bits", p->bits, "mode",
                 "affine");
-  if (!q || json_object_set(cfg, "quantization", q) ||
+  if (!q || json_object_update(q, per_layer) || json_object_set(cfg, "quantization", q) ||
       json_object_set(cfg, "quantization_config", q)) {
     rc = rlm__err_nomem(err, "config.json", 0);
     goto out_free_json;
@@ -218,6 +246,13 @@ static rlm_status check_params(const rlm_quantize_params *p, rlm_error *err) {
   if (!rlm__quant_group_ok(p->group_size))
     return rlm__err(err, RLM_ERR_INVALID, "quantize: --group-size %d (allowed: 32, 64, 128)",
                     p->group_size);
+  for (int i = 0; i < p->n_overrides; i++) {
+    const rlm_quantize_override *o = &p->overrides[i];
+    if (!o->match || !o->match[0] || (o->bits && !rlm__quant_bits_ok(o->bits)) ||
+        (o->group_size && !rlm__quant_group_ok(o->group_size)))
+      return rlm__err(err, RLM_ERR_INVALID, "quantize: override '%s' has bits %d, group size %d",
+                      o->match ? o->match : "", o->bits, o->group_size);
+  }
   return RLM_OK;
 }
 
@@ -227,7 +262,7 @@ static rlm_status quantize_folder(const char *in, const char *out, qm_ctx *c, rl
   char *weights = rlm__path_join(out, "model.safetensors");
   if (!weights) return rlm__err_nomem(err, "path", 0);
   rc = write_weights(in, weights, c, err);
-  if (!rc) rc = write_config(in, out, c->p, err);
+  if (!rc) rc = write_config(in, out, c->p, c->per_layer, err);
   if (!rc) rc = copy_side_files(in, out, err);
   rlm__free(weights);
   return rc;
@@ -244,8 +279,12 @@ rlm_status rlm_quantize_model(const char *in, const char *out,
   rlm_status rc = check_params(&p, err);
   if (rc) return rc;
   if (!rlm__path_exists(in)) return rlm__err(err, RLM_ERR_IO, "%s: no such file or folder", in);
-  qm_ctx c = {&p, NULL, NULL, stats, in};
-  if ((rc = rlm__pool_create(&c.pool, p.n_threads, err))) return rc;
+  qm_ctx c = {&p, json_object(), NULL, NULL, stats, in};
+  if (!c.per_layer) return rlm__err_nomem(err, "quantize", 0);
+  if ((rc = rlm__pool_create(&c.pool, p.n_threads, err))) {
+    json_decref(c.per_layer);
+    return rc;
+  }
   if (rlm__path_is_dir(in)) {
     rc = quantize_folder(in, out, &c, err);
   } else {
@@ -254,5 +293,6 @@ rlm_status rlm_quantize_model(const char *in, const char *out,
     rlm__free(weights);
   }
   rlm__pool_free(c.pool);
+  json_decref(c.per_layer);
   return rc;
 }
