@@ -276,6 +276,17 @@ TEST(perplexity_matches_logits) {
   }
   CHECK_EQ(n, 25);
   CHECK(fabs(got - sum / 24) < 1e-5);
+  /* --kl: a quantized-KV run beside a dense one. Its dense perplexity is
+   * the plain run's; dense against dense is KL 0 and 100% agreement. */
+  snprintf(path, sizeof path, "%s/text.txt", g_dir);
+  CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s -f %s --kl --kv-bits 4 --kv-group-size 32 2>/dev/null | cat",
+               g_bin, dir, path), 0);
+  p = strstr(out, "dense-KV perplexity ");
+  CHECK(p && fabs(log(strtod(p + 20, NULL)) - got) < 1e-5);
+  p = strstr(out, "mean KL ");
+  CHECK(p && strtod(p + 8, NULL) > 0 && strtod(p + 8, NULL) < 1);
+  CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s -f %s --kl 2>/dev/null | cat", g_bin, dir, path), 0);
+  CHECK_STR_CONTAINS(out, "mean KL 0.000000, top-1 agreement 100.0000%");
   CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s -f %s/missing.txt", g_bin, dir, g_dir), 1);
   CHECK_STR_CONTAINS(out, "missing.txt");
 }

@@ -91,39 +91,91 @@ out_close:
 /* ---- perplexity ----------------------------------------------------------- */
 
 static const char ppl_help[] =
-    "usage: ringlm perplexity -m DIR -f TEXT_FILE [--ctx N] [--kv-bits B] [--k-bits B]\n"
-    "                         [--v-bits B] [--kv-group-size G] [--max-kv N]\n"
-    "                         [--prefill-chunk N] [-t N]\n"
+    "usage: ringlm perplexity -m DIR -f TEXT_FILE [--ctx N] [--max-windows W] [--kl]\n"
+    "                         [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
+    "                         [--max-kv N] [--prefill-chunk N] [-t N]\n"
     "Perplexity of the text: its tokens (no special tokens) in windows of --ctx\n"
     "tokens (default 512), each window a fresh session that starts with BOS when\n"
-    "the model has one; every token after the first position is scored.\n";
+    "the model has one; every token after the first position is scored (the first\n"
+    "W windows only, with --max-windows). --kl also runs a dense-KV session over\n"
+    "the same windows and reports the mean KL divergence of the KV configuration's\n"
+    "next-token distribution from the dense one, and how often their top-1 agree.\n";
 
-/* -log p(target) from a logits row, in double. */
-static double nll(const float *l, long V, int32_t target) {
+/* Sums over scored positions. */
+typedef struct ppl_acc {
+  double nll, base_nll, kl;
+  long n, agree;
+} ppl_acc;
+
+/* log-softmax of a logits row into lp (double). */
+static void log_softmax(const float *l, long V, double *lp) {
   double mx = l[0], s = 0;
   for (long i = 1; i < V; i++) mx = fmax(mx, l[i]);
   for (long i = 0; i < V; i++) s += exp((double)l[i] - mx);
-  return log(s) + mx - l[target];
+  double lse = log(s) + mx;
+  for (long i = 0; i < V; i++) lp[i] = (double)l[i] - lse;
 }
 
-static void progress(long done, long total, double sum, long scored) {
+static long argmax(const double *v, long n) {
+  long b = 0;
+  for (long i = 1; i < n; i++) b = v[i] > v[b] ? i : b;
+  return b;
+}
+
+/* One position: NLL of the target; with a baseline row, KL and top-1. */
+static void score_row(const float *l, const float *base, long V, int32_t target, double *lp, double *lb,
+                      ppl_acc *a) {
+  log_softmax(l, V, lp);
+  a->nll -= lp[target], a->n++;
+  if (!base) return;
+  log_softmax(base, V, lb);
+  a->base_nll -= lb[target];
+  double kl = 0;
+  for (long i = 0; i < V; i++) kl += exp(lb[i]) * (lb[i] - lp[i]);
+  a->kl += kl;
+  a->agree += argmax(lp, V) == argmax(lb, V);
+}
+
+static void progress(long done, long total, const ppl_acc *a) {
   int w = 30, k = total ? (int)(w * done / total) : w;
   fprintf(stderr, "\rperplexity [%.*s%*s] %ld/%ld windows, ppl %.4f", k, "##############################", w - k, "",
-          done, total, scored ? exp(sum / (double)scored) : 0.0);
+          done, total, a->n ? exp(a->nll / (double)a->n) : 0.0);
   if (done == total) fputc('\n', stderr);
 }
 
-/* Scores one window w[0:n) (w[0] is context only) on a fresh session. */
-static rlm_status score_window(model_ctx *c, const model_opts *o, const int32_t *w, long n, float *lg, long piece,
-                               double *sum, rlm_error *err) {
+typedef struct ppl_run {
+  model_ctx *c;
+  const model_opts *o;
+  rlm_session *base;          /* --kl: the dense-KV session, else NULL */
+  float *lg, *lgb;            /* [piece][vocab]                         */
+  double *lp, *lb;            /* [vocab]                                */
+  long piece;
+} ppl_run;
+
+/* Scores one window w[0:n) (w[0] is context only) on fresh sessions. */
+static rlm_status score_window(ppl_run *r, const int32_t *w, long n, ppl_acc *a, rlm_error *err) {
+  model_ctx *c = r->c;
+  rlm_session_params bp = r->o->sp;
+  bp.k_bits = bp.v_bits = 0;
   rlm_session_free(c->s), c->s = NULL;
-  rlm_status rc = rlm_session_create(&c->s, c->m, &o->sp, err);
-  for (long j = 0; !rc && j < n - 1; j += piece) {
-    long m = j + piece < n - 1 ? piece : n - 1 - j; /* positions j..j+m-1 predict j+1..j+m */
-    rc = rlm_session_eval(c->s, w + j, (int)m, lg, true, err);
-    for (long k = 0; !rc && k < m; k++) *sum += nll(lg + k * c->vocab, c->vocab, w[j + k + 1]);
+  rlm_status rc = rlm_session_create(&c->s, c->m, &r->o->sp, err);
+  if (!rc && r->base) rlm_session_free(r->base), r->base = NULL, rc = rlm_session_create(&r->base, c->m, &bp, err);
+  for (long j = 0; !rc && j < n - 1; j += r->piece) {
+    long m = j + r->piece < n - 1 ? r->piece : n - 1 - j; /* positions j..j+m-1 predict j+1..j+m */
+    rc = rlm_session_eval(c->s, w + j, (int)m, r->lg, true, err);
+    if (!rc && r->base) rc = rlm_session_eval(r->base, w + j, (int)m, r->lgb, true, err);
+    for (long k = 0; !rc && k < m; k++)
+      score_row(r->lg + k * c->vocab, r->base ? r->lgb + k * c->vocab : NULL, c->vocab, w[j + k + 1], r->lp, r->lb, a);
   }
   return rc;
+}
+
+static void report(const ppl_acc *a, long n_win, long win_len, bool kl) {
+  printf("perplexity %.4f (mean nll %.6f over %ld tokens, %ld windows of %ld)\n", exp(a->nll / (double)a->n),
+         a->nll / (double)a->n, a->n, n_win, win_len);
+  if (kl)
+    printf("vs dense KV: mean KL %.6f, top-1 agreement %.4f%%, dense-KV perplexity %.4f\n", a->kl / (double)a->n,
+           100.0 * (double)a->agree / (double)a->n, exp(a->base_nll / (double)a->n));
 }
 
 static int perplexity(model_ctx *c, const model_opts *o, const int32_t *toks, size_t n_toks) {
@@ -131,28 +183,30 @@ static int perplexity(model_ctx *c, const model_opts *o, const int32_t *toks, si
   rlm_model_get_info(c->m, &mi);
   int32_t bos = rlm_tokenizer_bos(c->tok) >= 0 ? rlm_tokenizer_bos(c->tok) : mi.bos;
   long body = bos >= 0 ? o->ctx - 1 : o->ctx; /* text tokens per window */
-  long n_win = (long)n_toks / body, piece = o->sp.prefill_chunk < 64 ? o->sp.prefill_chunk : 64;
+  long n_win = (long)n_toks / body, V = c->vocab;
   if (n_win == 0) n_win = 1, body = (long)n_toks;
+  if (o->max_windows && n_win > o->max_windows) n_win = o->max_windows;
+  ppl_run r = {c, o, NULL, NULL, NULL, NULL, NULL, o->sp.prefill_chunk < 64 ? o->sp.prefill_chunk : 64};
   int32_t *w = malloc((size_t)(body + 1) * sizeof *w);
-  float *lg = malloc((size_t)piece * (size_t)c->vocab * sizeof *lg);
+  r.lg = malloc((size_t)r.piece * (size_t)V * sizeof *r.lg);
+  r.lgb = o->kl ? malloc((size_t)r.piece * (size_t)V * sizeof *r.lgb) : NULL;
+  r.lp = malloc((size_t)V * sizeof *r.lp), r.lb = malloc((size_t)V * sizeof *r.lb);
   rlm_error err = {0};
-  rlm_status rc = w && lg ? RLM_OK : RLM_ERR_NOMEM;
-  double sum = 0;
-  long scored = 0;
+  rlm_status rc = w && r.lg && r.lp && r.lb && (r.lgb || !o->kl) ? RLM_OK : RLM_ERR_NOMEM;
+  if (!rc && o->kl) rc = rlm_session_create(&r.base, c->m, &o->sp, &err); /* replaced per window */
+  ppl_acc a = {0};
   for (long i = 0; !rc && i < n_win; i++) {
     long n = 0;
     if (bos >= 0) w[n++] = bos;
     memcpy(w + n, toks + i * body, (size_t)body * sizeof *w), n += body;
-    rc = score_window(c, o, w, n, lg, piece, &sum, &err);
-    scored += n - 1;
-    progress(i + 1, n_win, sum, scored);
+    rc = score_window(&r, w, n, &a, &err);
+    progress(i + 1, n_win, &a);
   }
-  free(w), free(lg);
+  if (!rc) report(&a, n_win, bos >= 0 ? body + 1 : body, o->kl);
+  rlm_session_free(r.base);
+  free(w), free(r.lg), free(r.lgb), free(r.lp), free(r.lb);
   if (rc == RLM_ERR_NOMEM && !err.msg[0]) snprintf(err.msg, sizeof err.msg, "out of memory");
-  if (rc) return cli_fail(&err);
-  printf("perplexity %.4f (mean nll %.6f over %ld tokens, %ld windows of %ld)\n", exp(sum / (double)scored),
-         sum / (double)scored, scored, n_win, bos >= 0 ? body + 1 : body);
-  return CLI_OK;
+  return rc ? cli_fail(&err) : CLI_OK;
 }
 
 int cmd_perplexity(int argc, char **argv) {

@@ -31,6 +31,7 @@ static int int_opt(int argc, char **argv, int *i, model_opts *o) {
   else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) ip = &o->sp.n_threads, hi = 1024;
   else if (!strcmp(a, "-n")) lp = &o->n_gen, lo = 0;
   else if (!strcmp(a, "--ctx")) lp = &o->ctx, lo = 2;
+  else if (!strcmp(a, "--max-windows")) lp = &o->max_windows;
   else if (!strcmp(a, "--max-kv")) lp = (long *)&o->sp.max_kv;
   else return 0;
   if (!cli_parse_int(a, v, lo, hi, &x)) return -1;
@@ -91,6 +92,7 @@ int mcli_parse(int argc, char **argv, model_opts *o, const char *cmd, const char
     if (r) continue;
     if (!strcmp(a, "--print-ids")) o->print_ids = true;
     else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
+    else if (!strcmp(a, "--kl")) o->kl = true;
     else return cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
   }
   if (!o->dir) return cli_usage_error(cmd, "needs -m DIR");

@@ -14,6 +14,8 @@ typedef struct model_opts {
   const char *ids_arg, *prompt, *file, *out; /* inputs; logits: .npy path */
   long n_gen;                                /* tokens to generate        */
   long ctx;                                  /* perplexity window         */
+  long max_windows;                          /* perplexity: 0 = all       */
+  bool kl;                                   /* perplexity vs dense KV    */
   rlm_sampler_params smp;
   bool print_ids, ignore_eos;
   const char *stops[MCLI_MAX_STOPS];

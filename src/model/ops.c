@@ -43,20 +43,40 @@ struct dense_job {
   float *y;
 };
 
+/* 8 independent partial sums: the compiler can keep them in one vector
+ * register (the order is fixed, so results do not depend on the ISA). */
+static float dot8(const float *x, const float *w, int64_t n) {
+  float a[8] = {0};
+  int64_t c = 0;
+  for (; c + 8 <= n; c += 8)
+    for (int k = 0; k < 8; k++) a[k] += x[c + k] * w[c + k];
+  float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+  for (; c < n; c++) s += x[c] * w[c];
+  return s;
+}
+
+enum { DENSE_COLS = 512, DENSE_ROWS = 16 };
+
+/* Output rows [o0, o1) of y = x W^T for a dense W. Each piece of a weight
+ * row is widened to f32 once and used for up to DENSE_ROWS inputs. */
 static void dense_rows(void *ctx, int64_t o0, int64_t o1, int ith, int nth) {
   const struct dense_job *j = ctx;
   const rlm_linear *l = j->l;
   const size_t es = rlm_dtype_size(l->dtype);
+  float wf[DENSE_COLS];
   for (int64_t o = o0; o < o1; o++) {
-    const void *w = (const char *)l->w + (size_t)o * (size_t)l->in * es;
-    for (int64_t i = 0; i < j->m; i++) {
-      const float *x = j->x + i * l->in;
-      float acc = 0.0f;
-      if (l->dtype == RLM_DTYPE_F32)
-        for (int64_t c = 0; c < l->in; c++) acc += x[c] * ((const float *)w)[c];
-      else
-        for (int64_t c = 0; c < l->in; c++) acc += x[c] * rlm__load_f(w, l->dtype, c);
-      j->y[i * l->out + o] = acc;
+    const char *w = (const char *)l->w + (size_t)o * (size_t)l->in * es;
+    for (int64_t i0 = 0; i0 < j->m; i0 += DENSE_ROWS) {
+      const int64_t ni = RLM_MIN(DENSE_ROWS, j->m - i0);
+      float acc[DENSE_ROWS] = {0};
+      for (int64_t c0 = 0; c0 < l->in; c0 += DENSE_COLS) {
+        const int64_t nc = RLM_MIN(DENSE_COLS, l->in - c0);
+        const float *wp = wf;
+        if (l->dtype == RLM_DTYPE_F32) wp = (const float *)w + c0;
+        else rlm__convert(w + (size_t)c0 * es, l->dtype, wf, RLM_DTYPE_F32, nc);
+        for (int64_t i = 0; i < ni; i++) acc[i] += dot8(j->x + (i0 + i) * l->in + c0, wp, nc);
+      }
+      for (int64_t i = 0; i < ni; i++) j->y[(i0 + i) * l->out + o] = acc[i];
     }
   }
 }
