@@ -63,6 +63,18 @@ ARCHS = {
                      "sliding_attention", "sliding_attention", "full_attention"],
         num_kv_shared_layers=2, hidden_size_per_layer_input=16, vocab_size_per_layer_input=VOCAB,
         final_logit_softcapping=30.0, use_double_wide_mlp=True, rms_norm_eps=1e-6)),
+    "gemma4_keqv": ("Gemma4TextConfig", dict(  # full layers: V is the raw K, one global KV head
+        num_hidden_layers=4, global_head_dim=64, sliding_window=WINDOW, attention_k_eq_v=True,
+        num_global_key_value_heads=1,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        num_kv_shared_layers=2, hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
+        final_logit_softcapping=30.0, rms_norm_eps=1e-6)),
+    "gemma4_moe": ("Gemma4TextConfig", dict(  # MoE block beside every MLP
+        num_hidden_layers=3, global_head_dim=64, sliding_window=WINDOW, enable_moe_block=True,
+        num_experts=4, top_k_experts=2, moe_intermediate_size=48,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        num_kv_shared_layers=0, hidden_size_per_layer_input=0, vocab_size_per_layer_input=VOCAB,
+        final_logit_softcapping=30.0, rms_norm_eps=1e-6)),
 }
 
 
@@ -83,7 +95,7 @@ def make_model(arch, seed=1234):
                 p.normal_(0.0, 0.08)
             else:  # norms and scalars: not all ones/zeros, so each is exercised
                 p.add_(0.1 * torch.randn_like(p))
-            if arch == "gemma4_text" and (name.endswith("q_norm.weight") or name.endswith("k_norm.weight")):
+            if arch.startswith("gemma4") and (name.endswith("q_norm.weight") or name.endswith("k_norm.weight")):
                 # Gemma 4 attends with scale 1 and leaves the softmax
                 # temperature to the trained q/k norm weights; weights near 1
                 # make a random model's attention (and its greedy margins)

@@ -9,7 +9,8 @@
  * quantize) against transformers on the same weights dequantized. Bad
  * inputs give the right status and a message naming the problem. Gemma 4
  * covers KV-shared layers (attending a donor's ring), per-layer inputs,
- * proportional RoPE and per-layer head dims.
+ * proportional RoPE and per-layer head dims; its k_eq_v variant (V = raw
+ * K with one global KV head) and MoE variant have fixtures of their own.
  */
 #include "model/model.h"
 #include "test.h"
@@ -144,6 +145,8 @@ TEST(qwen3_matches_transformers) { check_arch("qwen3"); }
 TEST(mistral_matches_transformers) { check_arch("mistral"); }
 TEST(gemma3_matches_transformers) { check_arch("gemma3_text"); }
 TEST(gemma4_matches_transformers) { check_arch("gemma4_text"); }
+TEST(gemma4_k_eq_v_matches_transformers) { check_arch("gemma4_keqv"); }
+TEST(gemma4_moe_matches_transformers) { check_arch("gemma4_moe"); }
 
 static void check_no_alloc(const char *arch) {
   fixture f;
@@ -170,10 +173,11 @@ static void check_no_alloc(const char *arch) {
 /* Decode steps allocate nothing (buffers are sized at session creation;
  * the caches grow only at 256-slot boundaries, not crossed here). Gemma 3
  * (rings and a plain cache) and Gemma 4 (KV-shared layers, per-layer
- * inputs). */
+ * inputs; the MoE block's routing). */
 TEST(decode_does_not_allocate) {
   check_no_alloc("gemma3_text");
   check_no_alloc("gemma4_text");
+  check_no_alloc("gemma4_moe");
 }
 
 /* ringlm quantize --bits B on the fixture, then logits against
@@ -200,8 +204,9 @@ static void check_quantized(const char *arch, int bits) {
 }
 
 TEST(quantized_weights_match_dequantized_transformers) {
-  static const char *archs[] = {"llama", "qwen3", "mistral", "gemma3_text", "gemma4_text"};
-  for (int a = 0; a < 5; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
+  static const char *archs[] = {"llama", "qwen3", "mistral", "gemma3_text", "gemma4_text", "gemma4_keqv",
+                                "gemma4_moe"};
+  for (int a = 0; a < 7; a++) check_quantized(archs[a], 8), check_quantized(archs[a], 4);
 }
 
 /* Logits of the fixture prompt from the model in dir (malloc'd). */
@@ -306,12 +311,12 @@ TEST(bad_inputs) {
   CHECK_EQ(rlm_session_position(s), 0);
   rlm_session_free(s);
   rlm_model_free(m);
-  /* Gemma 4's MoE block is not implemented: a clear refusal. */
+  /* A MoE block without its sizes is refused, naming the key. */
   broken_copy("gemma4_text", "moe", dir, sizeof dir);
   snprintf(cmd, sizeof cmd, "sed -i 's/\"enable_moe_block\": false/\"enable_moe_block\": true/' '%s/config.json'", dir);
   CHECK(system(cmd) == 0);
-  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "enable_moe_block");
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_ERR_FORMAT);
+  CHECK_STR_CONTAINS(err.msg, "num_experts");
   /* A KV-shared layer needs an earlier layer of its type to attend. */
   broken_copy("gemma4_text", "no-donor", dir, sizeof dir);
   snprintf(cmd, sizeof cmd, "sed -i 's/\"num_kv_shared_layers\": 2/\"num_kv_shared_layers\": 5/' '%s/config.json'", dir);
@@ -332,6 +337,8 @@ int main(void) {
   RUN(mistral_matches_transformers);
   RUN(gemma3_matches_transformers);
   RUN(gemma4_matches_transformers);
+  RUN(gemma4_k_eq_v_matches_transformers);
+  RUN(gemma4_moe_matches_transformers);
   RUN(decode_does_not_allocate);
   RUN(quantized_weights_match_dequantized_transformers);
   RUN(per_layer_quantization);

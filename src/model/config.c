@@ -189,19 +189,26 @@ static rlm_status parse_layer_shapes(rlm_model_config *c, const json_t *o, const
 
 /* Gemma 4: KV sharing (the last num_kv_shared_layers layers attend the
  * cache of the last earlier layer of their type, and may have a double-wide
- * MLP), per-layer inputs, k_eq_v. Refuses what is not implemented. */
+ * MLP), per-layer inputs, k_eq_v, the MoE block. Refuses bidirectional
+ * attention (embedding models). */
 static rlm_status parse_gemma4(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
   for (int i = 0; i < c->n_layers; i++) c->kv_donor[i] = -1, c->layer_inter[i] = c->inter;
   if (c->arch != RLM_ARCH_GEMMA4) return RLM_OK;
   const json_t *moe = json_object_get(o, "enable_moe_block"), *bidi = json_object_get(o, "use_bidirectional_attention");
-  if (json_is_true(moe))
-    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: Gemma 4 MoE blocks (enable_moe_block) are not supported yet", path);
   if (json_is_string(bidi) && !strcmp(json_string_value(bidi), "all"))
     return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: bidirectional attention is not supported", path);
   c->v_norm = true;
   c->k_eq_v = json_is_true(json_object_get(o, "attention_k_eq_v"));
   int shared = 0;
   rlm_status rc;
+  if (json_is_true(moe) &&
+      ((rc = get_int(o, "num_experts", &c->n_experts, true, path, err)) ||
+       (rc = get_int(o, "top_k_experts", &c->top_k_experts, true, path, err)) ||
+       (rc = get_int(o, "moe_intermediate_size", &c->moe_inter, true, path, err))))
+    return rc;
+  if (c->n_experts && (c->top_k_experts < 1 || c->top_k_experts > c->n_experts || c->n_experts > 1024 || !c->moe_inter))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: %d experts, top %d, expert width %d", path, c->n_experts,
+                    c->top_k_experts, c->moe_inter);
   if ((rc = get_int(o, "num_kv_shared_layers", &shared, false, path, err)) ||
       (rc = get_int(o, "hidden_size_per_layer_input", &c->ple_dim, false, path, err)))
     return rc;

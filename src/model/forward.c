@@ -11,6 +11,8 @@
  *                            [KV-shared layer: attend the donor's cache];
  *               x += [post_norm](o_proj(att));
  *               x += [post_norm](down(act(gate(h')) * up(h'))), h' = norm(x)
+ *                            [gemma4 MoE: the MLP's output plus a routed
+ *                             mix of experts, each through its own norm]
  *               [gemma4: x += norm(proj(gelu(gate(x)) * ple[layer])); x *= s]
  *   logits = lm_head(rmsnorm(x))   [gemma4: tanh(logits / c) * c]
  */
@@ -69,6 +71,72 @@ static rlm_status attention_block(rlm_session *s, int li, int n, rlm_error *err)
   return RLM_OK;
 }
 
+/* The top k of p[0:n) by value, in ascending index order (the order in
+ * which transformers adds the experts' outputs). */
+static int top_k(const float *p, int n, int k, int *idx) {
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    for (int e = 0; e < n; e++) {
+      bool taken = false;
+      for (int t = 0; t < j; t++) taken = taken || idx[t] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    idx[j] = best;
+  }
+  for (int a = 1; a < k; a++) /* insertion sort by index */
+    for (int b = a; b > 0 && idx[b] < idx[b - 1]; b--) {
+      int t = idx[b];
+      idx[b] = idx[b - 1], idx[b - 1] = t;
+    }
+  return k;
+}
+
+/* Router: softmax(proj(norm(x) * scale / sqrt(H))), top k renormalized,
+ * times each expert's scale. Writes the chosen experts and weights. */
+static void route(rlm_session *s, const rlm_layer *L, const float *x, int *idx, float *w) {
+  const rlm_model_config *c = &s->m->cfg;
+  const int H = c->hidden, E = c->n_experts, K = c->top_k_experts;
+  float *in = s->moe, *logit = s->moe + H;
+  const float root = (float)(1.0 / sqrt((double)H));
+  rlm__rmsnorm(in, x, NULL, H, c->rms_eps);
+  for (int i = 0; i < H; i++) in[i] = in[i] * L->router_scale[i] * root;
+  rlm__linear(s->pool, &L->router, in, 1, logit, s->xsum);
+  double mx = logit[0], sum = 0, kept = 0;
+  for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
+  for (int e = 0; e < E; e++) sum += exp((double)logit[e] - mx);
+  for (int e = 0; e < E; e++) logit[e] = (float)(exp((double)logit[e] - mx) / sum);
+  top_k(logit, E, K, idx);
+  for (int k = 0; k < K; k++) kept += logit[idx[k]];
+  for (int k = 0; k < K; k++) w[k] = (float)(logit[idx[k]] / kept) * L->expert_scale[idx[k]];
+}
+
+/* Gemma 4's MoE beside the MLP: s->h (the MLP's output) becomes
+ * post1(h) + post2(sum_k w_k expert_k(pre2(x))). */
+static void moe_block(rlm_session *s, int li, int n) {
+  const rlm_model_config *c = &s->m->cfg;
+  const rlm_layer *L = &s->m->layers[li];
+  const int H = c->hidden, I = c->moe_inter, K = c->top_k_experts;
+  float *x2 = s->moe + H + c->n_experts, *gu = x2 + H, *act = gu + 2 * I, *eo = act + I, *acc = eo + H;
+  int idx[1024];
+  float w[1024];
+  for (int j = 0; j < n; j++) {
+    const float *x = s->x + (size_t)j * H;
+    float *h = s->h + (size_t)j * H;
+    route(s, L, x, idx, w);
+    rlm__rmsnorm(x2, x, L->moe_pre2, H, c->rms_eps);
+    for (int i = 0; i < H; i++) acc[i] = 0;
+    for (int k = 0; k < K; k++) {
+      rlm__linear(s->pool, &L->expert_gate_up[idx[k]], x2, 1, gu, s->xsum);
+      for (int i = 0; i < I; i++) act[i] = rlm__gelu_tanh(gu[i]) * gu[I + i];
+      rlm__linear(s->pool, &L->expert_down[idx[k]], act, 1, eo, s->xsum);
+      for (int i = 0; i < H; i++) acc[i] += eo[i] * w[k];
+    }
+    rlm__rmsnorm(acc, acc, L->moe_post2, H, c->rms_eps);
+    rlm__rmsnorm(h, h, L->moe_post1, H, c->rms_eps);
+    for (int i = 0; i < H; i++) h[i] += acc[i];
+  }
+}
+
 static void mlp_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
@@ -81,6 +149,7 @@ static void mlp_block(rlm_session *s, int li, int n) {
     s->g[i] = (c->gemma ? rlm__gelu_tanh(g) : g / (1.0f + expf(-g))) * s->u[i];
   }
   rlm__linear(s->pool, &L->down, s->g, n, s->h, s->xsum);
+  if (c->n_experts) moe_block(s, li, n);
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
 }
 

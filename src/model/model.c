@@ -98,6 +98,52 @@ static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const flo
   return RLM_OK;
 }
 
+/* A dense [n][rows][cols] tensor as n linear views (Gemma 4's experts;
+ * MLX-quantized 3-D experts are not supported). */
+static rlm_status bind_stack(rlm_model *m, const char *name, int64_t n, int64_t rows, int64_t cols,
+                             rlm_linear **out, rlm_error *err) {
+  const rlm_st_tensor *t;
+  rlm_status rc = need(m, name, &t, err);
+  if (rc) return rc;
+  if (!rlm__dtype_is_float(t->dtype) || t->ndim != 3 || t->shape[0] != n || t->shape[1] != rows || t->shape[2] != cols)
+    return rlm__err(err, t->dtype == RLM_DTYPE_U32 ? RLM_ERR_UNSUPPORTED : RLM_ERR_FORMAT,
+                    "%s: tensor '%s' (%s) is not a dense [%lld, %lld, %lld] expert stack",
+                    rlm__st_file_path(m->st, t->file_index), name, rlm_dtype_name(t->dtype), (long long)n,
+                    (long long)rows, (long long)cols);
+  const char *base = aligned_data(m, t);
+  rlm_linear *l = rlm__arena_alloc(&m->arena, (size_t)n * sizeof *l);
+  if (!base || !l) return rlm__err_nomem(err, name, 0);
+  const size_t es = rlm_dtype_size(t->dtype);
+  for (int64_t e = 0; e < n; e++)
+    l[e] = (rlm_linear){.out = rows, .in = cols, .dtype = t->dtype, .w = base + (size_t)(e * rows * cols) * es};
+  *out = l;
+  return RLM_OK;
+}
+
+/* Gemma 4's MoE block: router, experts, its three extra norms. */
+static rlm_status bind_moe(rlm_model *m, int i, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  rlm_layer *L = &m->layers[i];
+  const int64_t H = c->hidden, E = c->n_experts, I = c->moe_inter;
+  char p[200];
+  rlm_status rc;
+  struct { const char *sub; int64_t n; const float **dst; } norms[] = {
+      {"router.scale", H, &L->router_scale}, {"router.per_expert_scale", E, &L->expert_scale},
+      {"post_feedforward_layernorm_1.weight", H, &L->moe_post1},
+      {"post_feedforward_layernorm_2.weight", H, &L->moe_post2},
+      {"pre_feedforward_layernorm_2.weight", H, &L->moe_pre2}};
+  for (size_t k = 0; k < sizeof norms / sizeof *norms; k++) {
+    snprintf(p, sizeof p, "model.layers.%d.%s", i, norms[k].sub);
+    if ((rc = bind_norm(m, p, norms[k].n, norms[k].dst, err))) return rc;
+  }
+  snprintf(p, sizeof p, "model.layers.%d.router.proj", i);
+  if ((rc = bind_linear(m, p, E, H, &L->router, err))) return rc;
+  snprintf(p, sizeof p, "model.layers.%d.experts.gate_up_proj", i);
+  if ((rc = bind_stack(m, p, E, 2 * I, H, &L->expert_gate_up, err))) return rc;
+  snprintf(p, sizeof p, "model.layers.%d.experts.down_proj", i);
+  return bind_stack(m, p, E, H, I, &L->expert_down, err);
+}
+
 /* Gemma 4's extras: the per-layer input block and layer_scalar (a
  * buffer some exports omit: 1 then, as transformers initialises it). */
 static rlm_status bind_gemma4_layer(rlm_model *m, int i, rlm_error *err) {
@@ -112,6 +158,7 @@ static rlm_status bind_gemma4_layer(rlm_model *m, int i, rlm_error *err) {
     if ((rc = bind_norm(m, p, 1, &sc, err))) return rc;
     L->scalar = *sc;
   }
+  if (c->n_experts && (rc = bind_moe(m, i, err))) return rc;
   if (!c->ple_dim) return RLM_OK;
   snprintf(p, sizeof p, "model.layers.%d.per_layer_input_gate", i);
   if ((rc = bind_linear(m, p, c->ple_dim, c->hidden, &L->ple_gate, err))) return rc;
@@ -287,10 +334,11 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   size_t kd = (size_t)c->max_kv_heads * c->max_head_dim, ple = (size_t)c->n_layers * c->ple_dim;
   size_t wide = RLM_MAX(RLM_MAX((size_t)c->max_inter, qd), (size_t)c->ple_dim);
   size_t in_max = RLM_MAX(RLM_MAX((size_t)c->max_inter, (size_t)c->hidden), qd);
+  size_t moe = c->n_experts ? 4 * (size_t)c->hidden + (size_t)c->n_experts + 3 * (size_t)c->moe_inter : 1;
   float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp,
-                    &s->ple, &s->ple_tmp};
+                    &s->ple, &s->ple_tmp, &s->moe};
   size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
-                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1)};
+                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
     if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
   return RLM_OK;
@@ -325,7 +373,8 @@ void rlm_session_free(rlm_session *s) {
   if (!s) return;
   for (int i = 0; s->kv && i < s->m->cfg.n_layers; i++) rlm_kv_free(s->kv[i]);
   rlm__free(s->kv);
-  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp, s->ple, s->ple_tmp};
+  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp, s->ple, s->ple_tmp,
+                   s->moe};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) rlm__free(bufs[i]);
   rlm__pool_free(s->pool);
   rlm__free(s);

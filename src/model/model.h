@@ -58,6 +58,7 @@ typedef struct rlm_model_config {
   bool k_eq_v;                /* Gemma 4 attention_k_eq_v: full layers'
                                  V is their raw K projection             */
   int ple_dim, ple_vocab;     /* Gemma 4 per-layer inputs, or 0          */
+  int n_experts, top_k_experts, moe_inter; /* Gemma 4 MoE block, or 0    */
   double final_softcap;       /* tanh(x/c)*c on the logits, or 0         */
   double attn_scale;          /* softmax scale (head_dim^-0.5 or
                                  query_pre_attn_scalar^-0.5)             */
@@ -87,6 +88,14 @@ typedef struct rlm_layer {
   rlm_linear ple_gate, ple_proj;
   const float *ple_norm;
   float scalar;                      /* layer_scalar (1 elsewhere)       */
+  /* Gemma 4 MoE, beside the MLP: out = post1(mlp) + post2(experts(pre2(x)))
+   * weighted by a router over norm(x) * router_scale / sqrt(hidden) */
+  rlm_linear router;                 /* [n_experts][hidden]              */
+  const float *router_scale;         /* [hidden]                         */
+  const float *expert_scale;         /* [n_experts]                      */
+  rlm_linear *expert_gate_up;        /* [n_experts] of [2 moe_inter][hidden] */
+  rlm_linear *expert_down;           /* [n_experts] of [hidden][moe_inter] */
+  const float *moe_post1, *moe_post2, *moe_pre2;
 } rlm_layer;
 
 struct rlm_model {
@@ -116,6 +125,7 @@ struct rlm_session {
   /* scratch for one chunk of up to p.prefill_chunk tokens */
   float *x, *h, *q, *k, *v, *att, *g, *u, *xsum, *logits_tmp;
   float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
+  float *moe;                 /* MoE: one token's router and expert work */
 };
 
 /* ---- config.c ---------------------------------------------------------- */
