@@ -451,6 +451,49 @@ RLM_API rlm_status rlm_detok_stream_push(rlm_detok_stream *s, int32_t id, char *
                                          size_t cap, size_t *len, rlm_error *err);
 
 /* ------------------------------------------------------------------------
+ * Chat templates: the Jinja template of tokenizer_config.json, rendered as
+ * Hugging Face transformers' apply_chat_template renders it (jinja2's
+ * sandbox with trim_blocks, lstrip_blocks, break/continue, raise_exception,
+ * and tojson as json.dumps). The Jinja subset covers what real chat
+ * templates use; the rest is RLM_ERR_UNSUPPORTED, when the template is
+ * compiled for a tag or filter, when it renders for the rest (say, string
+ * formatting with %). Immutable after compilation: one template may render
+ * on many threads.
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_chat_template rlm_chat_template;
+
+/* Compiles a template from its source text (UTF-8). A syntax error is
+ * RLM_ERR_FORMAT, a jinja2 feature ringlm lacks (an include tag, the
+ * wordwrap filter, ...) RLM_ERR_UNSUPPORTED; the message names the line and
+ * the problem. */
+RLM_API rlm_status rlm_chat_template_parse(rlm_chat_template **out, const char *src, size_t len,
+                                           rlm_error *err);
+/* dir: a model or tokenizer folder. The template is chat_template.jinja
+ * when present, else tokenizer_config.json's "chat_template" (a string,
+ * or a list of {"name", "template"} of which "default" is taken); the
+ * config's bos_token, eos_token, pad_token and unk_token (a string or
+ * {"content": ...}) are passed to every render. RLM_ERR_NOT_FOUND, naming
+ * the file, when there is no template. */
+RLM_API rlm_status rlm_chat_template_load(rlm_chat_template **out, const char *dir,
+                                          rlm_error *err);
+RLM_API void rlm_chat_template_free(rlm_chat_template *t);
+/* Renders a conversation. messages_json: a JSON array of messages, each
+ * an object such as {"role": "user", "content": "..."} (content may be a
+ * list of parts; other keys such as tool_calls pass through). extra_json:
+ * NULL or a JSON object of further variables (tools, documents,
+ * enable_thinking, ...); tools and documents are None unless given.
+ * *out is the NUL-terminated text (free with rlm_free), *out_len (may be
+ * NULL) its length, which counts any NUL the messages put in the text.
+ * Bad JSON is RLM_ERR_INVALID. The template's raise_exception(msg) is
+ * RLM_ERR_INVALID with msg as the message; any other error the template
+ * runs into (calling an undefined variable, a type error, a limit on
+ * output size, loop iterations, memory or recursion) is RLM_ERR_INVALID
+ * with jinja2's message after "chat template line N: ". */
+RLM_API rlm_status rlm_chat_template_render(const rlm_chat_template *t, const char *messages_json,
+                                            const char *extra_json, bool add_generation_prompt,
+                                            char **out, size_t *out_len, rlm_error *err);
+
+/* ------------------------------------------------------------------------
  * Models and sessions. A model is the immutable weights (mmap'd) and
  * configuration of a Hugging Face folder; a session is one inference
  * timeline over it: the KV caches of every layer, scratch, a position.

@@ -171,7 +171,8 @@ TEST(run_streams_text_and_stops) {
   first_line(out, text, sizeof text);
   CHECK_EQ(run(out, sizeof out, "%s run -m %s --prompt 'Once upon a time' -n 24 --ignore-eos 2>/dev/null | cat", g_bin, dir), 0);
   CHECK(strlen(text) > 0);
-  CHECK(!strncmp(out, text, strlen(text))); /* streamed == decoded (then a newline) */
+  /* the prompt echoed, then the streamed text == the decoded ids */
+  CHECK(!strncmp(out, "Once upon a time", 16) && !strncmp(out + 16, text, strlen(text)));
   /* A stop string: the first character (after the first) not seen before
    * it in the text; output must end right before it. */
   size_t p = 0, clen = 0;
@@ -187,7 +188,7 @@ TEST(run_streams_text_and_stops) {
   test_note("stop '%s' in '%s'", cut, text);
   CHECK_EQ(run(out, sizeof out, "%s run -m %s --prompt 'Once upon a time' -n 24 --ignore-eos --stop '%s' 2>/dev/null | cat",
                g_bin, dir, cut), 0);
-  CHECK(!strncmp(out, text, p) && (out[p] == '\n' || out[p] == 0));
+  CHECK(!strncmp(out + 16, text, p) && (out[16 + p] == '\n' || out[16 + p] == 0));
   /* EOS: make the 5th generated id an end-of-sequence id. */
   int ids[64], n = 0;
   for (char *c = idl; *c && n < 64; c++) ids[n++] = (int)strtol(c, &c, 10);
@@ -201,6 +202,56 @@ TEST(run_streams_text_and_stops) {
   char wantstats[64];
   snprintf(wantstats, sizeof wantstats, "generated %d tokens", first);
   CHECK_STR_CONTAINS(out, wantstats);
+}
+
+/* chat: each line joins the conversation; the template renders it all,
+ * the previous reply included; end of input ends the chat. */
+TEST(chat_renders_the_conversation) {
+  char dir[400], out[16384], path[600];
+  byte_model(dir, sizeof dir);
+  snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs("{\"chat_template\": \"{% for m in messages %}[{{ m.role }}] {{ m.content }}\\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant] {% endif %}\"}", f);
+  fclose(f);
+  CHECK_EQ(run(out, sizeof out, "(printf 'Hi\\nAgain\\n' | %s chat -m %s --system Be -n 8 --verbose-prompt 2>&1 >/dev/null)",
+               g_bin, dir), 0);
+  CHECK_STR_CONTAINS(out, "[system] Be\n[user] Hi\n[assistant] ");
+  const char *second = strstr(out, "\n[user] Again\n[assistant] ");
+  CHECK(second != NULL);
+  /* The second rendering repeats the first turn and holds the reply. */
+  const char *first = strstr(out, "[system] Be\n[user] Hi\n[assistant] ");
+  CHECK(first && second && strstr(first + 1, "[system] Be\n[user] Hi\n[assistant] ") < second);
+  CHECK_EQ(run(out, sizeof out, "%s chat -m %s --ids 1 </dev/null", g_bin, dir), 2);
+  CHECK(remove(path) == 0);
+  CHECK_EQ(run(out, sizeof out, "%s chat -m %s </dev/null", g_bin, dir), 1);
+  CHECK_STR_CONTAINS(out, "no chat_template");
+}
+
+/* bench: one result per test and depth, speeds > 0, KV bytes growing
+ * with the depth; a bad depth list is a usage error. */
+TEST(bench_reports_each_depth) {
+  const char *src = getenv("RINGLM_SOURCE_DIR");
+  char out[8192];
+  CHECK_EQ(run(out, sizeof out, "%s bench -m %s/tests/fixtures/models/llama -p 8 -n 4 -d 0,300 -t 1 --json 2>/dev/null | cat",
+               g_bin, src), 0);
+  json_error_t je;
+  json_t *j = json_loads(out, 0, &je), *r = json_object_get(j, "results");
+  CHECK_EQ(json_array_size(r), 4);
+  static const char *tests[] = {"pp8", "tg4", "pp8", "tg4"};
+  for (size_t i = 0; i < json_array_size(r) && i < 4; i++) {
+    json_t *e = json_array_get(r, i);
+    CHECK_STR_EQ(json_string_value(json_object_get(e, "test")), tests[i]);
+    CHECK_EQ(json_integer_value(json_object_get(e, "depth")), i < 2 ? 0 : 300);
+    CHECK(json_number_value(json_object_get(e, "tokens_per_s")) > 0);
+  }
+  CHECK(json_integer_value(json_object_get(json_array_get(r, 3), "kv_bytes")) >
+        json_integer_value(json_object_get(json_array_get(r, 1), "kv_bytes")));
+  CHECK(json_integer_value(json_object_get(j, "peak_rss_bytes")) > 0);
+  json_decref(j);
+  CHECK_EQ(run(out, sizeof out, "%s bench -m %s/tests/fixtures/models/llama -d 1,x", g_bin, src), 2);
 }
 
 /* logits writes [n, vocab] float32; bad ids, values and folders fail with
@@ -304,6 +355,8 @@ int main(void) {
   RUN(quantize_and_inspect_round_trip);
   RUN(run_greedy_every_fixture);
   RUN(run_streams_text_and_stops);
+  RUN(chat_renders_the_conversation);
+  RUN(bench_reports_each_depth);
   RUN(logits_and_bad_runs);
   RUN(perplexity_matches_logits);
   int rc = test_summary();

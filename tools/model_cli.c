@@ -81,6 +81,19 @@ static int sampler_opt(int argc, char **argv, int *i, rlm_sampler_params *p) {
   return 1;
 }
 
+const char *mcli_default_model(void) {
+  static char buf[4096];
+  const char *env = getenv("RINGLM_MODEL");
+  if (env && *env) return env;
+  for (const char *p = RLM_DEFAULT_MODEL_DIRS; *p;) { /* "dir:dir" */
+    size_t n = strcspn(p, ":");
+    snprintf(buf, sizeof buf, "%.*s/config.json", (int)n, p);
+    if (access(buf, R_OK) == 0) return buf[n] = 0, buf;
+    p += n + (p[n] == ':');
+  }
+  return NULL;
+}
+
 int mcli_parse(int argc, char **argv, model_opts *o, const char *cmd, const char *help) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -93,9 +106,11 @@ int mcli_parse(int argc, char **argv, model_opts *o, const char *cmd, const char
     if (!strcmp(a, "--print-ids")) o->print_ids = true;
     else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = true;
     else if (!strcmp(a, "--kl")) o->kl = true;
+    else if (!strcmp(a, "--verbose-prompt")) o->verbose_prompt = true;
     else return cli_usage_error(cmd, "unknown or incomplete option '%s'", a);
   }
-  if (!o->dir) return cli_usage_error(cmd, "needs -m DIR");
+  if (!o->dir && !(o->dir = mcli_default_model()))
+    return cli_usage_error(cmd, "needs -m DIR (the embedded model was not found; RINGLM_MODEL names one)");
   if (o->ids_arg && o->prompt) return cli_usage_error(cmd, "give one of --prompt TEXT and --ids 1,2,3");
   int32_t *ids; /* a malformed --ids list is a usage error, found before any loading */
   size_t n;
@@ -194,13 +209,15 @@ int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t 
   if (!rc && c->tok) rc = rlm_detok_stream_create(&t.ds, c->tok, true, &err);
   if (!rc) rc = rlm_stop_create(&t.stop, o->stops, o->n_stops, &err);
   for (size_t i = 0; !rc && i < n; i++) rlm_sampler_accept(smp, ids[i]);
+  if (!rc && t.ds && !o->print_ids && o->prompt) fputs(o->prompt, stdout), fflush(stdout); /* as llama.cpp */
   double t0 = now_s(), t1 = t0;
   *n_out = 0;
   if (!rc) rc = rlm_session_eval(c->s, ids, (int)n, logits, false, &err);
   if (!rc) t1 = now_s(), rc = token_loop(c, o, smp, &t, logits, gen, n_out, &err);
   double t2 = now_s();
-  if (!rc && (o->print_ids || !t.ds || *n_out)) printf("\n");
-  if (!rc)
+  if (!rc && (o->print_ids || !t.ds || *n_out || o->prompt)) printf("\n");
+  fflush(stdout);
+  if (!rc && !o->no_stats)
     fprintf(stderr, "prompt %zu tokens, prefill %.1f tok/s, generated %ld tokens, decode %.1f tok/s, KV %zu bytes\n",
             n, n / (t1 - t0 + 1e-12), *n_out, *n_out > 1 ? (*n_out - 1) / (t2 - t1 + 1e-12) : 0.0,
             rlm_session_kv_bytes(c->s));

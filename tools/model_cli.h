@@ -18,6 +18,7 @@ typedef struct model_opts {
   bool kl;                                   /* perplexity vs dense KV    */
   rlm_sampler_params smp;
   bool print_ids, ignore_eos;
+  bool verbose_prompt, no_stats;             /* chat                      */
   const char *stops[MCLI_MAX_STOPS];
   int n_stops;
   const char *system;                        /* chat: system prompt       */
@@ -33,6 +34,9 @@ typedef struct model_ctx {
 } model_ctx;
 
 model_opts mcli_defaults(void);
+/* The embedded model's folder ($RINGLM_MODEL, else the installed copy,
+ * else this source tree's models/), or NULL when none is there. */
+const char *mcli_default_model(void);
 /* CLI_OK, MCLI_HELP (help printed) or a usage exit code. */
 enum { MCLI_HELP = -1 };
 int mcli_parse(int argc, char **argv, model_opts *o, const char *cmd, const char *help);

@@ -17,10 +17,14 @@ static const char usage[] =
     "  inspect -m DIR  the model: layers, windows, parameters, KV bytes per --kv-bits\n"
     "  run -m DIR (--prompt TEXT | --ids 1,2,3) [-n N] [--print-ids] [--temp T] ...\n"
     "                  generate and stream text (greedy by default)\n"
+    "  chat [-m DIR] [--system TEXT] [--temp T] ...\n"
+    "                  an interactive conversation with the model's chat template\n"
     "  logits -m DIR --ids 1,2,3 -o FILE.npy [--kv-bits B] ...\n"
     "                  logits of every position, as a NumPy file\n"
     "  perplexity -m DIR -f TEXT_FILE [--ctx N] [--kv-bits B] ...\n"
     "                  perplexity of a text, in windows of N tokens\n"
+    "  bench [-m DIR] [-p N] [-n N] [-d D1,D2] [--kv-bits B] [--json] ...\n"
+    "                  prefill and decode tokens/s at context depths, peak RSS\n"
     "  tokenize -m DIR (--prompt TEXT | -f FILE) | --decode --ids 1,2,3\n"
     "                  text to token ids and back with DIR's tokenizer.json\n"
     "  version         print the library version\n"
@@ -68,6 +72,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "logits")) return cmd_logits(argc - 1, argv + 1);
   if (!strcmp(cmd, "tokenize")) return cmd_tokenize(argc - 1, argv + 1);
   if (!strcmp(cmd, "perplexity")) return cmd_perplexity(argc - 1, argv + 1);
+  if (!strcmp(cmd, "chat")) return cmd_chat(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench")) return cmd_bench(argc - 1, argv + 1);
   if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
     printf("ringlm %s\n", rlm_version());
     return CLI_OK;

@@ -9,6 +9,11 @@ rlm_status rlm__json_load_buf(const char *buf, size_t len, const char *what,
                               json_t **out, rlm_error *err) {
   json_error_t je;
   *out = json_loadb(buf, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+  /* Llama 3's tokenizer_config.json has model_max_length 1e30 written as
+   * an integer, beyond jansson's: such a file is read with every integer
+   * as a real (readers that need integers then say which key is wrong). */
+  if (!*out && strstr(je.text, "too big integer"))
+    *out = json_loadb(buf, len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
   if (!*out)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s",
                     what, je.line, je.column, je.text);

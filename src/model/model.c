@@ -153,7 +153,7 @@ static rlm_status bind_gemma4_layer(rlm_model *m, int i, rlm_error *err) {
   rlm_status rc;
   L->scalar = 1.0f;
   snprintf(p, sizeof p, "model.layers.%d.layer_scalar", i);
-  const float *sc;
+  const float *sc = NULL;
   if (rlm__st_find(m->st, p)) {
     if ((rc = bind_norm(m, p, 1, &sc, err))) return rc;
     L->scalar = *sc;
