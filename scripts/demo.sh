@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The main job: build ringlm (Release) and run it. Until a model runs, the
-# job is `ringlm quantize` on a generated random-weight model: bf16 weights
-# in, MLX 4-bit (group 64) out, then `ringlm inspect` on the result.
+# The main job: build ringlm (Release), show the embedded model as ringlm
+# runs it (its sliding-window rings and KV bytes per token for each cache
+# width), then generate text from it with a 4-bit KV cache, streamed, with
+# the stats line (prefill and decode tokens/s, KV bytes) at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGLM_TESTS=ON >/dev/null
 cmake --build build
-work=build/demo
-rm -rf "$work" && mkdir -p "$work"
-./build/tests/make_test_model "$work/model-bf16" --dtype bf16 --layers 4 --hidden 512 --inter 1536 --vocab 4096
-./build/ringlm quantize "$work/model-bf16" "$work/model-4bit" --bits 4 --group-size 64
-./build/ringlm inspect "$work/model-4bit" | grep -E 'layers\.0\.self_attn\.q_proj|embed|tensors'
-./build/kv_ring
+model=models/brown-15m-4bit
+echo "== ringlm inspect -m $model"
+./build/ringlm inspect -m "$model" | grep -v '^  layer '
+echo
+echo "== ringlm run --prompt ... --kv-bits 4   (default model: $model)"
+./build/ringlm run --prompt "The jury said that the city" -n 120 --temp 0.7 --top-p 0.95 --seed 42 --kv-bits 4
