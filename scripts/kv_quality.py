@@ -5,7 +5,8 @@ the embedded model's corpus, against a dense (bf16) KV run of the same
 windows. One command regenerates the table, its JSON and its plot:
 
     python3 scripts/prepare_corpus.py build-corpus      # once: the held-out text
-    python3 scripts/kv_quality.py                        # ~20 min on 2 cores
+    /usr/bin/python3 scripts/kv_quality.py               # ~40 min on 2 cores
+    /usr/bin/python3 scripts/kv_quality.py --render      # table + plot again from the JSON
 
 Options: --ringlm PATH (default build/ringlm), --model DIR (default
 models/brown-15m-8bit), --text FILE (default build-corpus/test.txt),
@@ -32,12 +33,17 @@ def run_one(a, k, v, g):
            "--kv-group-size", str(g)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode:  # e.g. a group wider than the head dim: MLX's layout cannot hold it
-        return {"error": res.stderr.strip().splitlines()[-1], "command": " ".join(cmd)}
+        return {"error": res.stderr.strip().splitlines()[-1], "command": shown(cmd)}
     out = res.stdout
     ppl = re.search(r"^perplexity ([\d.]+) \(mean nll [\d.]+ over (\d+) tokens", out, re.M)
     kl = re.search(r"mean KL ([\d.]+), top-1 agreement ([\d.]+)%, dense-KV perplexity ([\d.]+)", out)
     return {"ppl": float(ppl.group(1)), "tokens": int(ppl.group(2)), "kl": float(kl.group(1)),
-            "top1": float(kl.group(2)), "dense_ppl": float(kl.group(3)), "command": " ".join(cmd)}
+            "top1": float(kl.group(2)), "dense_ppl": float(kl.group(3)), "command": shown(cmd)}
+
+
+def shown(cmd):
+    """The command as a reader would type it: `ringlm ...`, paths relative."""
+    return " ".join(["ringlm"] + [c.replace(ROOT + "/", "") for c in cmd[1:]])
 
 
 def bytes_per_token(a, k, v, g):
@@ -53,9 +59,10 @@ def write_table(a, rows, dense):
     lines = [
         "# KV-cache quantization: quality on the embedded model",
         "",
-        f"Model `{os.path.relpath(a.model, ROOT)}` (MLX 8-bit weights), held-out split of its corpus "
-        f"({next(r for r in rows if 'tokens' in r)['tokens']} positions: {a.windows} windows of {a.ctx} tokens, each 4x the 128-token "
-        "sliding window, so every ring wraps). Each row quantizes every layer's KV cache (rings included) "
+        f"Model `{os.path.relpath(a.model, ROOT)}` (MLX 8-bit weights), the first {a.windows} windows of "
+        f"{a.ctx} tokens of the held-out split of its corpus ({next(r for r in rows if 'tokens' in r)['tokens']} "
+        "positions scored; each window is 4x the 128-token sliding window, so every ring wraps; these "
+        "documents are harder than the split's average, whose dense perplexity is 94.15). Each row quantizes every layer's KV cache (rings included) "
         "and is compared, position by position, with a dense bf16 KV run of the same windows: perplexity, "
         "its change, mean KL divergence KL(dense ‖ quantized) of the next-token distribution, and how "
         "often the two agree on the most likely token.",
@@ -75,8 +82,8 @@ def write_table(a, rows, dense):
     lines += ["", "Regenerate (prints each row as it goes; writes this file, "
               f"`{os.path.basename(a.out)}.json` and `{os.path.basename(a.out)}.png`):", "",
               "    python3 scripts/prepare_corpus.py build-corpus",
-              f"    python3 scripts/kv_quality.py --windows {a.windows}", "",
-              "One row's command, e.g.:", "", "    " + rows[0]["command"].replace(ROOT + "/", ""), "",
+              f"    /usr/bin/python3 scripts/kv_quality.py --windows {a.windows}   # Debian's python3, python3-matplotlib",
+              "", "One row's command:", "", "    " + rows[0]["command"], "",
               "Group 128 needs a head dim that is a multiple of 128 (MLX quantizes K and V along the "
               "head dim); this model's is 64, so those rows cannot exist here.", ""]
     if os.path.exists(a.out + ".png"):
@@ -95,6 +102,8 @@ def plot(a, rows, dense):
     fig, ax = plt.subplots(1, 2, figsize=(10, 4))
     for g, mark in ((32, "o"), (64, "s"), (128, "^")):
         sel = [r for r in rows if r["group"] == g and r["k"] == r["v"]]
+        if not sel:
+            continue
         bits = [r["k"] for r in sel]
         ax[0].semilogy(bits, [max(r["kl"], 1e-7) for r in sel], marker=mark, label=f"group {g}")
         ax[1].plot(bits, [100 * (r["ppl"] / dense - 1) for r in sel], marker=mark, label=f"group {g}")
@@ -120,7 +129,17 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "kv-quality"))
+    ap.add_argument("--render", action="store_true", help="redraw table and plot from OUT.json")
     a = ap.parse_args()
+    if a.render:
+        d = json.load(open(a.out + ".json"))
+        for r in d["rows"]:
+            r["command"] = r["command"].replace("/tmp/ref/ringlm", "ringlm").replace(ROOT + "/", "")
+        json.dump(d, open(a.out + ".json", "w"), indent=1)
+        ok = [r for r in d["rows"] if "error" not in r]
+        plot(a, ok, d["dense_ppl"])
+        write_table(a, d["rows"], d["dense_ppl"])
+        return
     rows = []
     for name, k, v, g in CONFIGS:
         r = run_one(a, k, v, g)
