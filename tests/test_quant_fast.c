@@ -426,6 +426,66 @@ static void run_table(const char *name, const rlm_quant_kernels *k) {
   }
 }
 
+/* ---- 4-bit weights x int8 activations (qdot.c) ---------------------------- */
+
+/* The VNNI kernel against its scalar reference (same integer sums, float
+ * rounding apart), and both against the exact float product within what
+ * int8 activations can cost: per element at most half a step, d/2, of
+ * its block (d = max|x| / 127), so |y_q8 - y| <= sum_g |s| sum d_b/2 q_j
+ * + rounding. Row ranges leave poison outside; every scale dtype and
+ * group size; a column count of one and of many chunks. */
+TEST(qmatvec_int8_activations) {
+  static const int64_t COLS[] = {128, 384, 1152};
+  const rlm__qmv_q8_fn fast = rlm__qmv_q8_kernel();
+  double worst_fast = 0, worst_bound = 0;
+  for (int ci = 0; ci < 3; ci++)
+    for (int gi = 0; gi < 3; gi++)
+      for (int di = 0; di < 3; di++) {
+        const int64_t rows = 37, cols = COLS[ci];
+        test_qmat t;
+        qmat_make(&t, rows, cols, 4, GROUPS[gi], DTYPES[di], &g_seed);
+        float *x = make_x(1, cols, &g_seed), *yr = xmalloc(rows * sizeof *yr), *yf = xmalloc(rows * sizeof *yf);
+        float *ye = xmalloc(rows * sizeof *ye), *xsum = xmalloc((size_t)(cols / GROUPS[gi]) * sizeof *xsum);
+        void *scratch = xmalloc(rlm__q8act_bytes(cols));
+        CHECK(rlm__q8act_ok(&t.w));
+        rlm__group_sums(x, 1, cols, GROUPS[gi], xsum);
+        rlm__q8act_quantize(x, cols, scratch);
+        poison(yf, rows);
+        rlm__qmv_q8_ref(&t.w, scratch, xsum, 0, rows, yr);
+        fast(&t.w, scratch, xsum, 3, rows - 2, yf);
+        rlm__qmatmul_ref(&t.w, x, xsum, 1, 0, rows, ye);
+        int bad = 0;
+        for (int64_t o = 0; o < rows; o++) {
+          double scale = error_scale(&t.w, x, o);
+          if (o < 3 || o >= rows - 2) {
+            bad += !is_poison(yf + o);
+            continue;
+          }
+          double ef = fabs((double)yf[o] - yr[o]) / scale;
+          worst_fast = fmax(worst_fast, ef);
+          bad += ef > REL_TOL;
+          /* the activation-rounding bound, from the codes and block scales */
+          const uint32_t *wr = t.w.wq + o * rlm__quant_row_words(cols, 4);
+          double bound = 0;
+          for (int64_t c = 0; c < cols; c++) {
+            double amax = 0;
+            for (int k = 0; k < 32; k++) amax = fmax(amax, fabs((double)x[c / 32 * 32 + k]));
+            bound += fabs((double)rlm__load_f(t.w.scales, t.w.sdtype, o * (cols / GROUPS[gi]) + c / GROUPS[gi])) *
+                     rlm__quant_get(wr, c, 4) * (amax / 127.0 / 2 + amax * 1e-6);
+          }
+          double eb = fabs((double)yr[o] - ye[o]);
+          worst_bound = fmax(worst_bound, eb / (bound + 1e-4 * scale));
+          bad += eb > bound + 1e-4 * scale;
+        }
+        test_note("cols %lld group %d dtype %s", (long long)cols, GROUPS[gi], rlm_dtype_name(DTYPES[di]));
+        CHECK_EQ(bad, 0);
+        free(scratch), free(xsum), free(ye), free(yf), free(yr), free(x);
+        qmat_free(&t);
+      }
+  printf("     int8 activations: fast vs ref %.2g (tol %g); ref vs exact %.2g of the rounding bound\n", worst_fast,
+         REL_TOL, worst_bound);
+}
+
 int main(void) {
   const char *s = getenv("RINGLM_TEST_SEED");
   if (s) g_seed = strtoull(s, NULL, 0);
@@ -434,6 +494,7 @@ int main(void) {
   RUN(dispatch_picks_fastest);
   run_table("avx2", rlm__quant_kernels_avx2());
   run_table("avx512", rlm__quant_kernels_avx512());
+  RUN(qmatvec_int8_activations);
   printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
          REL_TOL);
   return test_summary();

@@ -33,6 +33,7 @@ static int int_opt(int argc, char **argv, int *i, model_opts *o) {
   else if (!strcmp(a, "--ctx")) lp = &o->ctx, lo = 2;
   else if (!strcmp(a, "--max-windows")) lp = &o->max_windows;
   else if (!strcmp(a, "--max-kv")) lp = (long *)&o->sp.max_kv;
+  else if (!strcmp(a, "--act-bits")) ip = &o->sp.act_bits, lo = 0, hi = 8;
   else return 0;
   if (!cli_parse_int(a, v, lo, hi, &x)) return -1;
   if (ip) *ip = (int)x;

@@ -20,6 +20,12 @@
 
 #include <math.h>
 
+/* y = x W^T for n rows: int8 activations in decode when the session asks. */
+static void lin(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
+  if (n == 1 && s->p.act_bits == 8) rlm__linear_q8(s->pool, l, x, y, s->xsum);
+  else rlm__linear(s->pool, l, x, n, y, s->xsum);
+}
+
 /* x += h, or x += rmsnorm(h) with Gemma's post-norms. */
 static void add_residual(rlm_session *s, const float *post_norm, int n, int H, double eps) {
   for (int j = 0; post_norm && j < n; j++)
@@ -40,9 +46,9 @@ static void project_qkv(rlm_session *s, int li, int n) {
   const rlm_layer *L = &m->layers[li];
   const int hd = c->layer_head_dim[li], nkv = c->layer_kv_heads[li];
   const bool own = c->kv_donor[li] < 0;
-  rlm__linear(s->pool, &L->wq, s->h, n, s->q, s->xsum);
-  if (own) rlm__linear(s->pool, &L->wk, s->h, n, s->k, s->xsum);
-  if (own && L->wv.out) rlm__linear(s->pool, &L->wv, s->h, n, s->v, s->xsum);
+  lin(s, &L->wq, s->h, n, s->q);
+  if (own) lin(s, &L->wk, s->h, n, s->k);
+  if (own && L->wv.out) lin(s, &L->wv, s->h, n, s->v);
   else if (own) memcpy(s->v, s->k, (size_t)n * nkv * hd * sizeof *s->v); /* k_eq_v: V = raw K */
   if (L->q_norm) norm_heads(s->q, n * c->n_heads, hd, L->q_norm, c->rms_eps);
   if (own && L->k_norm) norm_heads(s->k, n * nkv, hd, L->k_norm, c->rms_eps);
@@ -66,7 +72,7 @@ static rlm_status attention_block(rlm_session *s, int li, int n, rlm_error *err)
                   : n == 1   ? rlm_kv_append_decode(s->kv[li], &b, err)
                              : rlm_kv_append_window(s->kv[li], &b, err);
   if (rc) return rc;
-  rlm__linear(s->pool, &L->wo, s->att, n, s->h, s->xsum);
+  lin(s, &L->wo, s->att, n, s->h);
   add_residual(s, L->post_attn_norm, n, H, c->rms_eps);
   return RLM_OK;
 }
@@ -100,7 +106,7 @@ static void route(rlm_session *s, const rlm_layer *L, const float *x, int *idx, 
   const float root = (float)(1.0 / sqrt((double)H));
   rlm__rmsnorm(in, x, NULL, H, c->rms_eps);
   for (int i = 0; i < H; i++) in[i] = in[i] * L->router_scale[i] * root;
-  rlm__linear(s->pool, &L->router, in, 1, logit, s->xsum);
+  lin(s, &L->router, in, 1, logit);
   double mx = logit[0], sum = 0, kept = 0;
   for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
   for (int e = 0; e < E; e++) sum += exp((double)logit[e] - mx);
@@ -126,9 +132,9 @@ static void moe_block(rlm_session *s, int li, int n) {
     rlm__rmsnorm(x2, x, L->moe_pre2, H, c->rms_eps);
     for (int i = 0; i < H; i++) acc[i] = 0;
     for (int k = 0; k < K; k++) {
-      rlm__linear(s->pool, &L->expert_gate_up[idx[k]], x2, 1, gu, s->xsum);
+      lin(s, &L->expert_gate_up[idx[k]], x2, 1, gu);
       for (int i = 0; i < I; i++) act[i] = rlm__gelu_tanh(gu[i]) * gu[I + i];
-      rlm__linear(s->pool, &L->expert_down[idx[k]], act, 1, eo, s->xsum);
+      lin(s, &L->expert_down[idx[k]], act, 1, eo);
       for (int i = 0; i < H; i++) acc[i] += eo[i] * w[k];
     }
     rlm__rmsnorm(acc, acc, L->moe_post2, H, c->rms_eps);
@@ -142,13 +148,13 @@ static void mlp_block(rlm_session *s, int li, int n) {
   const rlm_layer *L = &s->m->layers[li];
   const int H = c->hidden;
   for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->mlp_norm, H, c->rms_eps);
-  rlm__linear(s->pool, &L->gate, s->h, n, s->g, s->xsum);
-  rlm__linear(s->pool, &L->up, s->h, n, s->u, s->xsum);
+  lin(s, &L->gate, s->h, n, s->g);
+  lin(s, &L->up, s->h, n, s->u);
   for (size_t i = 0; i < (size_t)n * c->layer_inter[li]; i++) {
     float g = s->g[i];
     s->g[i] = (c->gemma ? rlm__gelu_tanh(g) : g / (1.0f + expf(-g))) * s->u[i];
   }
-  rlm__linear(s->pool, &L->down, s->g, n, s->h, s->xsum);
+  lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) moe_block(s, li, n);
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
 }
@@ -159,12 +165,12 @@ static void ple_block(rlm_session *s, int li, int n) {
   const rlm_layer *L = &s->m->layers[li];
   const int H = c->hidden, P = c->ple_dim;
   if (P) {
-    rlm__linear(s->pool, &L->ple_gate, s->x, n, s->g, s->xsum);
+    lin(s, &L->ple_gate, s->x, n, s->g);
     for (int j = 0; j < n; j++) {
       const float *in = s->ple + ((size_t)j * c->n_layers + li) * P;
       for (int i = 0; i < P; i++) s->g[(size_t)j * P + i] = rlm__gelu_tanh(s->g[(size_t)j * P + i]) * in[i];
     }
-    rlm__linear(s->pool, &L->ple_proj, s->g, n, s->h, s->xsum);
+    lin(s, &L->ple_proj, s->g, n, s->h);
     add_residual(s, L->ple_norm, n, H, c->rms_eps);
   }
   for (size_t i = 0; L->scalar != 1.0f && i < (size_t)n * H; i++) s->x[i] *= L->scalar;
@@ -178,7 +184,7 @@ static void per_layer_inputs(rlm_session *s, const int32_t *ids, int n) {
   const rlm_model_config *c = &m->cfg;
   const int P = c->ple_dim, NL = c->n_layers;
   const float proj_scale = (float)(1.0 / sqrt((double)c->hidden)), mix = (float)(1.0 / sqrt(2.0));
-  rlm__linear(s->pool, &m->ple_model_proj, s->x, n, s->ple_tmp, s->xsum);
+  lin(s, &m->ple_model_proj, s->x, n, s->ple_tmp);
   for (int j = 0; j < n; j++) {
     float *out = s->ple + (size_t)j * NL * P, *proj = s->ple_tmp + (size_t)j * NL * P;
     rlm__embed_row(&m->ple_embed, ids[j], out);
@@ -195,7 +201,7 @@ static void output_logits(rlm_session *s, int n, float *logits, bool all) {
   const rlm_model *m = s->m;
   const int H = m->cfg.hidden, j0 = all ? 0 : n - 1;
   for (int j = j0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, m->final_norm, H, m->cfg.rms_eps);
-  rlm__linear(s->pool, &m->lm_head, s->h + (size_t)j0 * H, n - j0, logits, s->xsum);
+  lin(s, &m->lm_head, s->h + (size_t)j0 * H, n - j0, logits);
   const float cap = (float)m->cfg.final_softcap;
   for (size_t i = 0; cap > 0 && i < (size_t)(n - j0) * m->cfg.vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
 }

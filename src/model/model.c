@@ -338,7 +338,8 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp,
                     &s->ple, &s->ple_tmp, &s->moe};
   size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
-                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe};
+                    RLM_MAX(n * in_max, 2 * in_max + 64), /* also int8 activations: see rlm__qmatvec_q8 */
+                    (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
     if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
   return RLM_OK;
@@ -352,9 +353,11 @@ rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session
   if (!s) return rlm__err_nomem(err, "session", sizeof *s);
   s->m = m;
   s->p = p ? *p : rlm_session_params_default();
-  if (s->p.prefill_chunk < 1 || s->p.prefill_chunk > 65536 || s->p.max_kv < 0) {
+  if (s->p.prefill_chunk < 1 || s->p.prefill_chunk > 65536 || s->p.max_kv < 0 ||
+      (s->p.act_bits != 0 && s->p.act_bits != 8)) {
     rlm_session_free(s);
-    return rlm__err(err, RLM_ERR_INVALID, "session: prefill chunk %d or max_kv out of range", p->prefill_chunk);
+    return rlm__err(err, RLM_ERR_INVALID, "session: prefill chunk %d, max_kv or act_bits %d out of range",
+                    s->p.prefill_chunk, s->p.act_bits);
   }
   s->kv = rlm__calloc((size_t)m->cfg.n_layers, sizeof *s->kv);
   rlm_status rc = s->kv ? RLM_OK : rlm__err_nomem(err, "session caches", 0);

@@ -145,6 +145,9 @@ void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64
 /* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
                  float *xsum);
+/* The same, one row (decode), int8 activations where the weights allow it
+ * (4-bit, cols % 128 == 0); scratch as rlm__qmatvec_q8 wants. */
+void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, float *y, void *scratch);
 /* One row of an embedding (dense or quantized) into f32. */
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out);
 

@@ -91,6 +91,11 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
   rlm__pool_for(pool, l->out, 16, dense_rows, &j);
 }
 
+void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, float *y, void *scratch) {
+  if (l->quant && rlm__q8act_ok(&l->q)) rlm__qmatvec_q8(pool, &l->q, x, scratch, y);
+  else rlm__linear(pool, l, x, 1, y, scratch);
+}
+
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out) {
   if (!e->quant) {
     const char *w = (const char *)e->w + (size_t)row * (size_t)e->in * rlm_dtype_size(e->dtype);

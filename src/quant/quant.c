@@ -38,6 +38,27 @@ void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
   rlm__pool_for(pool, w->rows, 16, qmm_range, &j);
 }
 
+struct q8_job {
+  rlm__qmv_q8_fn f;
+  const rlm_qmat *w;
+  const void *scratch;
+  const float *xsum;
+  float *y;
+};
+
+static void q8_range(void *ctx, int64_t o0, int64_t o1, int ith, int nth) {
+  const struct q8_job *j = ctx;
+  j->f(j->w, j->scratch, j->xsum, o0, o1, j->y);
+}
+
+void rlm__qmatvec_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, void *scratch, float *y) {
+  float *xsum = (float *)((char *)scratch + ((rlm__q8act_bytes(w->cols) + 63) & ~(size_t)63));
+  rlm__group_sums(x, 1, w->cols, w->group_size, xsum);
+  rlm__q8act_quantize(x, w->cols, scratch);
+  struct q8_job j = {rlm__qmv_q8_kernel(), w, scratch, xsum, y};
+  rlm__pool_for(pool, w->rows, 16, q8_range, &j);
+}
+
 /* ---- public API -------------------------------------------------------- */
 
 static rlm_status check_matrix(const char *what, const void *a, const void *b,

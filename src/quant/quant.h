@@ -142,4 +142,21 @@ const rlm_quant_kernels *rlm__quant_kernels(void);
 void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
                   float *xsum, float *y);
 
+/* ---- qdot.c: 4-bit weights x int8 activations (decode, approximate) --- */
+/* Scratch bytes for one quantized activation row of `cols`. */
+size_t rlm__q8act_bytes(int64_t cols);
+/* Whether w can take int8 activations (4-bit, cols a multiple of 128). */
+bool rlm__q8act_ok(const rlm_qmat *w);
+/* x [cols] -> int8 blocks of 32 with their scales, in the kernel layout. */
+void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch);
+typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
+                               int64_t o1, float *y);
+void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                     float *y);
+/* The fastest (AVX-512 VNNI) or the reference. */
+rlm__qmv_q8_fn rlm__qmv_q8_kernel(void);
+/* y = x W^T for one row with int8 activations over the pool; scratch
+ * holds rlm__q8act_bytes(cols) + cols / G floats of group sums. */
+void rlm__qmatvec_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, void *scratch, float *y);
+
 #endif /* RLM_QUANT_H */

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""ringlm against llama.cpp, side by side on one machine: llama-bench and
+`ringlm bench` run alternately, test by test, on the same model (the
+weights of scripts/make_bench_models.py), the same thread count and the
+same context depths, and the table shows tokens/s for both and the ratio
+ringlm / llama.cpp, plus each process's peak RSS.
+
+    LLAMA_BENCH=/path/to/llama.cpp/build/bin/llama-bench \\
+    python3 bench/vs_llamacpp.py --model gemma3-1b --weights q4 -t 2
+
+llama.cpp is never built or vendored here: build it outside from its public
+source and point LLAMA_BENCH at its llama-bench. Models come from
+build-bench/ (scripts/make_bench_models.py, then `ringlm quantize` and
+`llama-quantize` as printed by --help-models).
+
+Weights: q4 = MLX 4-bit g64 (ringlm) vs Q4_0 (llama.cpp); q8 = MLX 8-bit
+vs Q8_0; f16 = bf16 safetensors vs F16 GGUF. KV: f16 (ringlm: the model's
+dtype) and 8/4 bits (llama.cpp: q8_0/q4_0 K and V with flash attention,
+which its quantized V cache needs).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GGUF = {"q4": "q4_0", "q8": "q8_0", "f16": "f16"}
+RINGLM_DIR = {"q4": "{m}-4bit", "q8": "{m}-8bit", "f16": "{m}"}
+LLAMA_KV = {"f16": "f16", "8": "q8_0", "4": "q4_0"}
+
+
+def child_peak_rss(cmd):
+    """Runs cmd, returning (stdout, peak RSS bytes) via wait4's rusage."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = p.stdout.read()
+    errtext = p.stderr.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode:
+        sys.exit(f"vs_llamacpp: {' '.join(cmd)} failed:\n{errtext.decode(errors='replace')[-2000:]}")
+    return out.decode(), ru.ru_maxrss * 1024
+
+
+def llama(a, test, depth, kv):
+    gguf = os.path.join(a.models, f"{a.model}-{GGUF[a.weights]}.gguf")
+    n_p, n_g = (a.p, 0) if test == "pp" else (0, a.n)
+    cmd = [a.llama_bench, "-m", gguf, "-p", str(n_p), "-n", str(n_g), "-d", str(depth), "-t", str(a.threads),
+           "-r", str(a.reps), "-o", "json", "-ctk", LLAMA_KV[kv], "-ctv", LLAMA_KV[kv],
+           "-fa", "1" if kv != "f16" or a.flash_f16 else "0"]
+    out, rss = child_peak_rss(cmd)
+    r = json.loads(out)[0]
+    return r["avg_ts"], r.get("stddev_ts", 0.0), rss
+
+
+def ringlm(a, test, depth, kv):
+    d = os.path.join(a.models, RINGLM_DIR[a.weights].format(m=a.model))
+    n_p, n_g = (a.p, 1) if test == "pp" else (1, a.n)
+    cmd = [a.ringlm, "bench", "-m", d, "-p", str(n_p), "-n", str(n_g), "-d", str(depth), "-t", str(a.threads),
+           "-r", str(a.reps), "--json", "--act-bits", str(a.act_bits)]
+    if kv != "f16":
+        cmd += ["--kv-bits", kv]
+    out, rss = child_peak_rss(cmd)
+    r = next(x for x in json.loads(out)["results"] if x["test"].startswith(test))
+    return r["tokens_per_s"], r["sd"], rss
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--llama-bench", default=os.environ.get("LLAMA_BENCH"))
+    ap.add_argument("--ringlm", default=os.path.join(ROOT, "build", "ringlm"))
+    ap.add_argument("--models", default=os.path.join(ROOT, "build-bench"))
+    ap.add_argument("--model", default="gemma3-1b")
+    ap.add_argument("--weights", default="q4", choices=sorted(GGUF))
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=32)
+    ap.add_argument("-r", "--reps", type=int, default=1)
+    ap.add_argument("--depths", default="0,4096,16384")
+    ap.add_argument("--kv", default="f16,8,4", help="KV configurations: f16, 8, 4")
+    ap.add_argument("--tests", default="pp,tg", help="pp (prefill -p) at depth 0 only, tg (decode) at every depth")
+    ap.add_argument("--act-bits", type=int, default=8,
+                    help="ringlm's decode activations: 8 = int8 as llama.cpp's Q8_0 (default), 0 = exact f32")
+    ap.add_argument("--flash-f16", action="store_true", help="llama.cpp flash attention with f16 KV too")
+    ap.add_argument("--json", help="also write the rows to this file")
+    a = ap.parse_args()
+    if not a.llama_bench:
+        sys.exit("vs_llamacpp: set LLAMA_BENCH to a llama.cpp build's llama-bench (built outside this repo)")
+    commit = subprocess.run(["git", "-C", os.path.dirname(os.path.dirname(os.path.dirname(a.llama_bench))),
+                             "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    rows = []
+    print(f"| test | KV | llama.cpp t/s | ringlm t/s | ringlm / llama.cpp | llama.cpp RSS MB | ringlm RSS MB |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    for kv in a.kv.split(","):
+        for test in a.tests.split(","):
+            for depth in ([0] if test == "pp" else [int(d) for d in a.depths.split(",")]):
+                lt, lsd, lrss = llama(a, test, depth, kv)   # alternate: one engine, then the other
+                rt, rsd, rrss = ringlm(a, test, depth, kv)
+                name = f"{test}{a.p if test == 'pp' else a.n} @ d{depth}"
+                rows.append(dict(test=name, kv=kv, llama_ts=lt, llama_sd=lsd, ringlm_ts=rt, ringlm_sd=rsd,
+                                 ratio=rt / lt, llama_rss=lrss, ringlm_rss=rrss))
+                print(f"| {name} | {kv} | {lt:.2f} | {rt:.2f} | {rt / lt:.2f}x | {lrss / 2**20:.0f} | "
+                      f"{rrss / 2**20:.0f} |", flush=True)
+    print(f"\nmodel {a.model}, weights {a.weights} (ringlm MLX g64 / llama.cpp {GGUF[a.weights]}), "
+          f"{a.threads} threads, llama.cpp {commit or '(commit unknown)'}")
+    if a.json:
+        json.dump({"model": a.model, "weights": a.weights, "threads": a.threads, "llama_cpp_commit": commit,
+                   "rows": rows}, open(a.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
