@@ -486,6 +486,38 @@ TEST(qmatvec_int8_activations) {
          REL_TOL, worst_bound);
 }
 
+/* Many input rows (prefill): the VNNI kernel, which unpacks each chunk
+ * once for up to 4 rows, against the reference, with m not a multiple of 4;
+ * and the pooled entry point against it too. */
+TEST(qmatmul_int8_activations) {
+  const int64_t rows = 29, cols = 384, m = 7;
+  const int g = 64;
+  test_qmat t;
+  qmat_make(&t, rows, cols, 4, g, RLM_DTYPE_BF16, &g_seed);
+  float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
+  float *yp = xmalloc(m * rows * sizeof *yp);
+  const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
+  char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
+  float *xsum = (float *)(scratch + m * stride);
+  rlm__group_sums(x, m, cols, g, xsum);
+  for (int64_t i = 0; i < m; i++) rlm__q8act_quantize(x + i * cols, cols, scratch + i * stride);
+  rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
+  poison(yf, m * rows);
+  rlm__qmm_q8_kernel()(&t.w, scratch, stride, xsum, m, 2, rows - 1, yf);
+  rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
+  int bad = 0;
+  for (int64_t i = 0; i < m; i++)
+    for (int64_t o = 0; o < rows; o++) {
+      double scale = error_scale(&t.w, x + i * cols, o);
+      float f = yf[i * rows + o], r = yr[i * rows + o];
+      bad += (o < 2 || o >= rows - 1) ? !is_poison(&f) : fabs((double)f - r) > REL_TOL * scale;
+      bad += fabs((double)yp[i * rows + o] - r) > REL_TOL * scale;
+    }
+  CHECK_EQ(bad, 0);
+  free(scratch), free(yp), free(yf), free(yr), free(x);
+  qmat_free(&t);
+}
+
 int main(void) {
   const char *s = getenv("RINGLM_TEST_SEED");
   if (s) g_seed = strtoull(s, NULL, 0);
@@ -495,6 +527,7 @@ int main(void) {
   run_table("avx2", rlm__quant_kernels_avx2());
   run_table("avx512", rlm__quant_kernels_avx512());
   RUN(qmatvec_int8_activations);
+  RUN(qmatmul_int8_activations);
   printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
          REL_TOL);
   return test_summary();

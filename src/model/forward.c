@@ -20,9 +20,9 @@
 
 #include <math.h>
 
-/* y = x W^T for n rows: int8 activations in decode when the session asks. */
+/* y = x W^T for n rows: int8 activations when the session asks. */
 static void lin(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
-  if (n == 1 && s->p.act_bits == 8) rlm__linear_q8(s->pool, l, x, y, s->xsum);
+  if (s->p.act_bits == 8) rlm__linear_q8(s->pool, l, x, n, y, s->q8);
   else rlm__linear(s->pool, l, x, n, y, s->xsum);
 }
 

@@ -338,10 +338,11 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp,
                     &s->ple, &s->ple_tmp, &s->moe};
   size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
-                    RLM_MAX(n * in_max, 2 * in_max + 64), /* also int8 activations: see rlm__qmatvec_q8 */
-                    (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe};
+                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
     if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
+  size_t q8 = s->p.act_bits == 8 ? rlm__qmatmul_q8_bytes((int64_t)n, (int64_t)in_max, 32) : 0;
+  if (q8 && !(s->q8 = rlm__malloc(q8))) return rlm__err_nomem(err, "session scratch", q8);
   return RLM_OK;
 }
 
@@ -378,6 +379,7 @@ void rlm_session_free(rlm_session *s) {
   rlm__free(s->kv);
   float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp, s->ple, s->ple_tmp,
                    s->moe};
+  rlm__free(s->q8);
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) rlm__free(bufs[i]);
   rlm__pool_free(s->pool);
   rlm__free(s);

@@ -126,6 +126,7 @@ struct rlm_session {
   float *x, *h, *q, *k, *v, *att, *g, *u, *xsum, *logits_tmp;
   float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
   float *moe;                 /* MoE: one token's router and expert work */
+  void *q8;                   /* act_bits 8: quantized activation rows   */
 };
 
 /* ---- config.c ---------------------------------------------------------- */
@@ -145,9 +146,9 @@ void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64
 /* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
                  float *xsum);
-/* The same, one row (decode), int8 activations where the weights allow it
- * (4-bit, cols % 128 == 0); scratch as rlm__qmatvec_q8 wants. */
-void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, float *y, void *scratch);
+/* The same with int8 activations where the weights allow it (4-bit,
+ * cols % 128 == 0); scratch: rlm__qmatmul_q8_bytes. */
+void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch);
 /* One row of an embedding (dense or quantized) into f32. */
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out);
 

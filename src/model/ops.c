@@ -91,9 +91,9 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
   rlm__pool_for(pool, l->out, 16, dense_rows, &j);
 }
 
-void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, float *y, void *scratch) {
-  if (l->quant && rlm__q8act_ok(&l->q)) rlm__qmatvec_q8(pool, &l->q, x, scratch, y);
-  else rlm__linear(pool, l, x, 1, y, scratch);
+void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch) {
+  if (l->quant && rlm__q8act_ok(&l->q)) rlm__qmatmul_q8(pool, &l->q, x, m, scratch, y);
+  else rlm__linear(pool, l, x, m, y, scratch);
 }
 
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out) {

@@ -150,12 +150,61 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
   }
 }
 
+/* m input rows (stride bytes apart in scratch), outputs y [m][rows]: each
+ * chunk of a weight row is unpacked once for 4 input rows. */
+RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
+                                 int64_t m, int64_t o0, int64_t o1, float *y) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols / 2;
+  const int per = 128 / w->group_size ? 128 / w->group_size : 1;
+  _Alignas(64) int32_t lanes[16];
+  for (int l = 0; l < 16; l++) lanes[l] = (l / 4) * 32 / w->group_size;
+  const __m512i idx = _mm512_load_si512(lanes), low = _mm512_set1_epi8(15);
+  const __mmask8 mask = (__mmask8)((1u << per) - 1);
+  for (int64_t o = o0; o < o1; o++) {
+    const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
+    for (int64_t i0 = 0; i0 < m; i0 += 4) {
+      const int n = m - i0 < 4 ? (int)(m - i0) : 4;
+      const int8_t *xq[4];
+      __m512 acc[4];
+      for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, acc[k] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; c++) {
+        __m512i v = _mm512_loadu_si512(r0 + c * 64);
+        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+        const __m512 sc = chunk_scales(w, o * ng + c * per, mask, idx);
+        for (int k = 0; k < n; k++) {
+          const float *xd16 = (const float *)(xq[k] + cols);
+          __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq[k] + c * 128));
+          t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512(xq[k] + c * 128 + 64));
+          acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(sc, _mm512_loadu_ps(xd16 + c * 16)), acc[k]);
+        }
+      }
+      for (int k = 0; k < n; k++)
+        y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]) + bias_dot(w, o, ng, xsum + (i0 + k) * ng);
+    }
+  }
+}
+
 static bool have_vnni(void) {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vl");
 }
 #endif
+
+/* The reference for m rows: one mat-vec per input row. */
+void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
+                     int64_t o0, int64_t o1, float *y) {
+  const int64_t ng = w->cols / w->group_size;
+  for (int64_t i = 0; i < m; i++)
+    rlm__qmv_q8_ref(w, (const char *)scratch + (size_t)i * stride, xsum + i * ng, o0, o1, y + i * w->rows);
+}
+
+rlm__qmm_q8_fn rlm__qmm_q8_kernel(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (have_vnni()) return qmm_q8_rows;
+#endif
+  return rlm__qmm_q8_ref;
+}
 
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(void) {
 #if defined(__x86_64__) || defined(__i386__)

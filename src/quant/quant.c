@@ -39,23 +39,35 @@ void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
 }
 
 struct q8_job {
-  rlm__qmv_q8_fn f;
+  rlm__qmv_q8_fn mv;
+  rlm__qmm_q8_fn mm;
   const rlm_qmat *w;
   const void *scratch;
+  size_t stride;
   const float *xsum;
+  int64_t m;
   float *y;
 };
 
 static void q8_range(void *ctx, int64_t o0, int64_t o1, int ith, int nth) {
   const struct q8_job *j = ctx;
-  j->f(j->w, j->scratch, j->xsum, o0, o1, j->y);
+  if (j->m == 1) j->mv(j->w, j->scratch, j->xsum, o0, o1, j->y);
+  else j->mm(j->w, j->scratch, j->stride, j->xsum, j->m, o0, o1, j->y);
 }
 
-void rlm__qmatvec_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, void *scratch, float *y) {
-  float *xsum = (float *)((char *)scratch + ((rlm__q8act_bytes(w->cols) + 63) & ~(size_t)63));
-  rlm__group_sums(x, 1, w->cols, w->group_size, xsum);
-  rlm__q8act_quantize(x, w->cols, scratch);
-  struct q8_job j = {rlm__qmv_q8_kernel(), w, scratch, xsum, y};
+static size_t q8_stride(int64_t cols) { return (rlm__q8act_bytes(cols) + 63) & ~(size_t)63; }
+
+size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size) {
+  return (size_t)m * q8_stride(cols) + (size_t)(m * (cols / group_size)) * sizeof(float);
+}
+
+/* Layout of scratch: m quantized rows, then the group sums [m][cols/G]. */
+void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y) {
+  const size_t stride = q8_stride(w->cols);
+  float *xsum = (float *)((char *)scratch + (size_t)m * stride);
+  rlm__group_sums(x, m, w->cols, w->group_size, xsum);
+  for (int64_t i = 0; i < m; i++) rlm__q8act_quantize(x + i * w->cols, w->cols, (char *)scratch + (size_t)i * stride);
+  struct q8_job j = {rlm__qmv_q8_kernel(), rlm__qmm_q8_kernel(), w, scratch, stride, xsum, m, y};
   rlm__pool_for(pool, w->rows, 16, q8_range, &j);
 }
 

@@ -155,8 +155,15 @@ void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, 
                      float *y);
 /* The fastest (AVX-512 VNNI) or the reference. */
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(void);
-/* y = x W^T for one row with int8 activations over the pool; scratch
- * holds rlm__q8act_bytes(cols) + cols / G floats of group sums. */
-void rlm__qmatvec_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, void *scratch, float *y);
+/* m rows: row i's quantized x at scratch + i * stride; y [m][rows]. */
+typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
+                               int64_t m, int64_t o0, int64_t o1, float *y);
+void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
+                     int64_t o0, int64_t o1, float *y);
+rlm__qmm_q8_fn rlm__qmm_q8_kernel(void);
+/* Scratch bytes rlm__qmatmul_q8 needs for m rows of cols. */
+size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size);
+/* y [m][rows] = x W^T with int8 activations over the pool. */
+void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y);
 
 #endif /* RLM_QUANT_H */
