@@ -150,36 +150,53 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
   }
 }
 
-/* m input rows (stride bytes apart in scratch), outputs y [m][rows]: each
- * chunk of a weight row is unpacked once for 4 input rows. */
+/* Output row o against up to 4 input rows (xq[k]), into y. */
+RLM_VNNI static inline void row_x4(const rlm_qmat *w, int64_t o, const int8_t *const *xq, int n, const float *xsum,
+                                   int64_t i0, __m512i idx, __mmask8 mask, float *y) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+  const int per = 128 / w->group_size ? 128 / w->group_size : 1;
+  const uint8_t *r0 = (const uint8_t *)w->wq + o * (cols / 2);
+  const __m512i low = _mm512_set1_epi8(15);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t c = 0; c < chunks; c++) {
+    __m512i v = _mm512_loadu_si512(r0 + c * 64);
+    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    const __m512 sc = chunk_scales(w, o * ng + c * per, mask, idx);
+    for (int k = 0; k < n; k++) {
+      const float *xd16 = (const float *)(xq[k] + cols);
+      __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq[k] + c * 128));
+      t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512(xq[k] + c * 128 + 64));
+      acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(sc, _mm512_loadu_ps(xd16 + c * 16)), acc[k]);
+    }
+  }
+  for (int k = 0; k < n; k++)
+    y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]) + bias_dot(w, o, ng, xsum + (i0 + k) * ng);
+}
+
+enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
+
+/* m input rows (stride bytes apart in scratch), outputs y [m][rows].
+ * Blocked so both sides stay in cache: QMM_OUT_BLOCK weight rows (tens of
+ * KB, L2) against QMM_IN_BLOCK quantized inputs (L1), and each chunk of a
+ * weight row is unpacked once for 4 inputs. */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
-  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols / 2;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   _Alignas(64) int32_t lanes[16];
   for (int l = 0; l < 16; l++) lanes[l] = (l / 4) * 32 / w->group_size;
-  const __m512i idx = _mm512_load_si512(lanes), low = _mm512_set1_epi8(15);
+  const __m512i idx = _mm512_load_si512(lanes);
   const __mmask8 mask = (__mmask8)((1u << per) - 1);
-  for (int64_t o = o0; o < o1; o++) {
-    const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
-    for (int64_t i0 = 0; i0 < m; i0 += 4) {
-      const int n = m - i0 < 4 ? (int)(m - i0) : 4;
-      const int8_t *xq[4];
-      __m512 acc[4];
-      for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, acc[k] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; c++) {
-        __m512i v = _mm512_loadu_si512(r0 + c * 64);
-        __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-        const __m512 sc = chunk_scales(w, o * ng + c * per, mask, idx);
-        for (int k = 0; k < n; k++) {
-          const float *xd16 = (const float *)(xq[k] + cols);
-          __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(xq[k] + c * 128));
-          t = _mm512_dpbusd_epi32(t, hi, _mm512_loadu_si512(xq[k] + c * 128 + 64));
-          acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(sc, _mm512_loadu_ps(xd16 + c * 16)), acc[k]);
+  for (int64_t ob = o0; ob < o1; ob += QMM_OUT_BLOCK) {
+    const int64_t oe = ob + QMM_OUT_BLOCK < o1 ? ob + QMM_OUT_BLOCK : o1;
+    for (int64_t ib = 0; ib < m; ib += QMM_IN_BLOCK) {
+      const int64_t ie = ib + QMM_IN_BLOCK < m ? ib + QMM_IN_BLOCK : m;
+      for (int64_t o = ob; o < oe; o++)
+        for (int64_t i0 = ib; i0 < ie; i0 += 4) {
+          const int n = ie - i0 < 4 ? (int)(ie - i0) : 4;
+          const int8_t *xq[4];
+          for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride;
+          row_x4(w, o, xq, n, xsum, i0, idx, mask, y);
         }
-      }
-      for (int k = 0; k < n; k++)
-        y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]) + bias_dot(w, o, ng, xsum + (i0 + k) * ng);
     }
   }
 }
