@@ -202,7 +202,7 @@ static mat_fmt fmt_of(const rlm_attn_mat *m) {
 static void rows_reorder(float *x, int n, int blk, bool inverse) {
   float t[64];
   const int h = blk / 2;
-  RLM_ASSERT(blk <= 64 && n % blk == 0);
+  if (!RLM_CHECK(blk <= 64 && n % blk == 0)) return; /* t[] holds one block */
   for (int b = 0; b < n; b += blk) {
     memcpy(t, x + b, (size_t)blk * sizeof *t);
     for (int i = 0; i < h && !inverse; i++) x[b + i] = t[2 * i], x[b + h + i] = t[2 * i + 1];

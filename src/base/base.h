@@ -22,14 +22,16 @@
 #define RLM_MAX(a, b) ((a) > (b) ? (a) : (b))
 
 /* Invariant checks: a broken invariant is a bug in ringlm, not bad input.
- * In debug builds it aborts with the location; in release it compiles away.
- * Input validation never uses this -- it returns RLM_ERR_INVALID. */
-#ifndef NDEBUG
-#define RLM_ASSERT(c) ((c) ? (void)0 : rlm__assert_fail(#c, __FILE__, __LINE__))
-#else
-#define RLM_ASSERT(c) ((void)0)
-#endif
-_Noreturn void rlm__assert_fail(const char *expr, const char *file, int line);
+ * The library never ends the process, so a failed check logs the location,
+ * counts it (rlm__assert_failures: the test harness fails on any) and
+ * yields false, so the caller can refuse (RLM_ERR_INTERNAL) or skip the
+ * work instead of corrupting memory. Input validation never uses this --
+ * it returns RLM_ERR_INVALID. */
+#define RLM_CHECK(c) ((c) ? true : rlm__assert_fail(#c, __FILE__, __LINE__))
+#define RLM_ASSERT(c) ((void)RLM_CHECK(c))
+bool rlm__assert_fail(const char *expr, const char *file, int line);
+/* How many invariant checks have failed in this process. */
+unsigned long rlm__assert_failures(void);
 
 /* ------------------------------------------------------------------------
  * Error detail (status.c).

@@ -464,7 +464,8 @@ static rlm_status index_check(const rlm_safetensors *st, const json_t *wm, const
   json_object_foreach((json_t *)wm, name, val) {
     const char *shard = json_string_value(val);
     const char **hit = bsearch(&shard, shards, n, sizeof *shards, cmp_str_ptr);
-    RLM_ASSERT(hit != NULL);
+    if (!RLM_CHECK(hit != NULL)) /* every shard name was added above */
+      return rlm__err(err, RLM_ERR_INTERNAL, "%s: shard '%s' lost while checking the index", path, shard);
     int fi = (int)(hit - shards);
     const rlm_st_tensor *t = rlm__st_find(st, name);
     if (!t || t->file_index != fi)

@@ -114,7 +114,7 @@ static rlm_status u64_grow(tok_u64map *m) {
 }
 
 rlm_status rlm__tok_u64map_put(tok_u64map *m, uint64_t key, uint64_t val) {
-  RLM_ASSERT(key != TOK_U64_EMPTY);
+  if (!RLM_CHECK(key != TOK_U64_EMPTY)) return RLM_ERR_INTERNAL;
   if (2 * (m->n + 1) > m->cap && u64_grow(m)) return RLM_ERR_NOMEM;
   uint32_t i = u64_find(m->keys, m->cap, key);
   if (m->keys[i] == TOK_U64_EMPTY) m->n++;
