@@ -19,6 +19,8 @@ int cli_fail(const rlm_error *err);
 int cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Monotonic seconds, for the timings the commands print. */
+double cli_now_s(void);
 /* "1,2,3" -> *out (malloc'd); false after a usage message naming cmd. */
 bool cli_parse_ids(const char *cmd, const char *s, int32_t **out, size_t *n);
 /* The whole file, NUL-terminated (malloc'd); NULL with errno set. */

@@ -1,10 +1,17 @@
-/* cli_text.c -- text and id helpers the commands share: --ids lists, whole
- * files, and text encoded with a tokenizer into a malloc'd id array. */
+/* cli_text.c -- helpers the commands share: --ids lists, whole files, text
+ * encoded with a tokenizer into a malloc'd id array, the clock. */
 #include "cli.h"
 
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+double cli_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 bool cli_parse_ids(const char *cmd, const char *s, int32_t **out, size_t *n) {
   size_t cap = 1;

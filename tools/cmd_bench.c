@@ -29,12 +29,6 @@ typedef struct bench_opts {
   bool json;
 } bench_opts;
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Bench-only options, removed from argv so the shared parser sees the rest. */
 static int take_bench_opts(int *argc, char **argv, bench_opts *b) {
   int w = 1;
@@ -104,13 +98,13 @@ static rlm_status run_test(model_ctx *c, const model_opts *o, const bench_opts *
     if (!s) return err->code ? err->code : RLM_ERR_NOMEM;
     long n = decode ? b->n : b->p;
     for (long i = 0; i < n; i++) ids[i] = next_id(&st, c->vocab);
-    double t0 = now_s();
+    double t0 = cli_now_s();
     rlm_status rc = RLM_OK;
     if (decode)
       for (long i = 0; !rc && i < n; i++) rc = rlm_session_eval(s, &ids[i], 1, logits, false, err);
     else
       rc = rlm_session_eval(s, ids, (int)n, logits, false, err);
-    double tps = n / (now_s() - t0 + 1e-12);
+    double tps = n / (cli_now_s() - t0 + 1e-12);
     r->kv_bytes = rlm_session_kv_bytes(s);
     rlm_session_free(s);
     if (rc) return rc;

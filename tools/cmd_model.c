@@ -159,7 +159,7 @@ static rlm_status score_window(ppl_run *r, const int32_t *w, long n, ppl_acc *a,
   bp.k_bits = bp.v_bits = 0;
   rlm_session_free(c->s), c->s = NULL;
   rlm_status rc = rlm_session_create(&c->s, c->m, &r->o->sp, err);
-  if (!rc && r->base) rlm_session_free(r->base), r->base = NULL, rc = rlm_session_create(&r->base, c->m, &bp, err);
+  if (!rc && r->o->kl) rlm_session_free(r->base), r->base = NULL, rc = rlm_session_create(&r->base, c->m, &bp, err);
   for (long j = 0; !rc && j < n - 1; j += r->piece) {
     long m = j + r->piece < n - 1 ? r->piece : n - 1 - j; /* positions j..j+m-1 predict j+1..j+m */
     rc = rlm_session_eval(c->s, w + j, (int)m, r->lg, true, err);
@@ -193,7 +193,6 @@ static int perplexity(model_ctx *c, const model_opts *o, const int32_t *toks, si
   r.lp = malloc((size_t)V * sizeof *r.lp), r.lb = malloc((size_t)V * sizeof *r.lb);
   rlm_error err = {0};
   rlm_status rc = w && r.lg && r.lp && r.lb && (r.lgb || !o->kl) ? RLM_OK : RLM_ERR_NOMEM;
-  if (!rc && o->kl) rc = rlm_session_create(&r.base, c->m, &o->sp, &err); /* replaced per window */
   ppl_acc a = {0};
   for (long i = 0; !rc && i < n_win; i++) {
     long n = 0;

@@ -23,12 +23,6 @@ static const char help[] =
     "  --quantize-embeddings also quantize embedding tables\n"
     "  -t, --threads N       worker threads (default: all cores)\n";
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 enum { MAX_OVERRIDES = 32 };
 
 /* MATCH=B or MATCH=B:G. */
@@ -84,7 +78,7 @@ int cmd_quantize(int argc, char **argv) {
   int rc = parse_args(argc, argv, &p, ov, paths, &n_paths);
   rlm_error err = {0};
   rlm_quantize_stats st;
-  double t0 = now_s();
+  double t0 = cli_now_s();
   if (rc) {
     rc = rc < 0 ? CLI_OK : rc;
   } else if (rlm_quantize_model(paths[0], paths[1], &p, &st, &err)) {
@@ -92,7 +86,7 @@ int cmd_quantize(int argc, char **argv) {
   } else {
     printf("quantized %lld of %lld tensors to %d bits, group size %d: %.1f MB -> %.1f MB in %.2f s\n",
            (long long)st.n_quantized, (long long)(st.n_tensors - 2 * st.n_quantized), p.bits, p.group_size,
-           (double)st.bytes_in / 1e6, (double)st.bytes_out / 1e6, now_s() - t0);
+           (double)st.bytes_in / 1e6, (double)st.bytes_out / 1e6, cli_now_s() - t0);
     printf("wrote %s\n", paths[1]);
   }
   for (int i = 0; i < MAX_OVERRIDES; i++) free((char *)ov[i].match);

@@ -12,12 +12,6 @@ model_opts mcli_defaults(void) {
                       .ctx = 512};
 }
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Integer options; 1 if argv[*i] was one, 0 if not, -1 on a bad value. */
 static int int_opt(int argc, char **argv, int *i, model_opts *o) {
   const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
@@ -211,11 +205,11 @@ int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t 
   if (!rc) rc = rlm_stop_create(&t.stop, o->stops, o->n_stops, &err);
   for (size_t i = 0; !rc && i < n; i++) rlm_sampler_accept(smp, ids[i]);
   if (!rc && t.ds && !o->print_ids && o->prompt) fputs(o->prompt, stdout), fflush(stdout); /* as llama.cpp */
-  double t0 = now_s(), t1 = t0;
+  double t0 = cli_now_s(), t1 = t0;
   *n_out = 0;
   if (!rc) rc = rlm_session_eval(c->s, ids, (int)n, logits, false, &err);
-  if (!rc) t1 = now_s(), rc = token_loop(c, o, smp, &t, logits, gen, n_out, &err);
-  double t2 = now_s();
+  if (!rc) t1 = cli_now_s(), rc = token_loop(c, o, smp, &t, logits, gen, n_out, &err);
+  double t2 = cli_now_s();
   if (!rc && (o->print_ids || !t.ds || *n_out || o->prompt)) printf("\n");
   fflush(stdout);
   if (!rc && !o->no_stats)
