@@ -55,7 +55,7 @@ def llama(a, test, depth, kv):
 
 def ringlm(a, test, depth, kv):
     d = os.path.join(a.models, RINGLM_DIR[a.weights].format(m=a.model))
-    n_p, n_g = (a.p, 1) if test == "pp" else (1, a.n)
+    n_p, n_g = (a.p, 0) if test == "pp" else (0, a.n)
     cmd = [a.ringlm, "bench", "-m", d, "-p", str(n_p), "-n", str(n_g), "-d", str(depth), "-t", str(a.threads),
            "-r", str(a.reps), "--json", "--act-bits", str(a.act_bits)]
     if kv != "f16":

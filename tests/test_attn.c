@@ -200,13 +200,13 @@ static void queries_random(tcase *c, int64_t span, uint64_t *rng) {
   a->out = c->out;
 }
 
-static void case_random(tcase *c, uint64_t seed) {
+static void case_random_nq(tcase *c, uint64_t seed, int nq_max) {
   uint64_t rng = seed;
   memset(c, 0, sizeof *c);
   rlm_attn_args *a = &c->a;
   a->dim_k = dim_random(&rng);
   a->dim_v = pick(&rng, 2) ? a->dim_k : dim_random(&rng);
-  a->n_q = 1 + pick(&rng, 16);
+  a->n_q = 1 + pick(&rng, nq_max);
   a->scale = t_rng_float(&rng, 0.3f, 2.0f) / sqrtf((float)a->dim_k);
   a->window = pick(&rng, 2) ? 0 : 4 + pick(&rng, 61);
   a->sink = a->window && pick(&rng, 2) ? 1 + pick(&rng, 4) : 0;
@@ -224,6 +224,8 @@ static void case_random(tcase *c, uint64_t seed) {
   a->segs = c->segs;
   queries_random(c, span, &rng);
 }
+
+static void case_random(tcase *c, uint64_t seed) { case_random_nq(c, seed, 16); }
 
 /* ---- shuffling ------------------------------------------------------------ */
 
@@ -773,6 +775,69 @@ TEST(fused_no_alloc_and_scratch_bounds) {
   }
 }
 
+/* One call over 2 and 3 threads: split by slots (up to 16 query rows)
+ * and by query rows (more) both stay within the fused kernel's tolerance
+ * of the reference, log-sum-exp included; calls too small to split run
+ * on the caller's thread, bit for bit the fused kernel. */
+TEST(split_matches_ref) {
+  rlm_pool *pools[2] = {NULL, NULL};
+  CHECK_EQ(rlm__pool_create(&pools[0], 2, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_create(&pools[1], 3, NULL), RLM_OK);
+  int ran[3] = {0}; /* serial, by queries, by slots */
+  double worst = 0, worst_lse = 0;
+  for (uint64_t seed = 900; seed < 900 + N_RANDOM / 2; seed++) {
+    tcase c;
+    case_random_nq(&c, seed, seed % 2 ? 16 : 80);
+    rlm_attn_args *a = &c.a;
+    test_note("%s", c.desc);
+    truth t = truth_make(a);
+    const size_t nv = (size_t)a->n_q * a->dim_v + 1;
+    float *want = malloc(nv * sizeof *want), *got = malloc(nv * sizeof *got);
+    float *lse_ref = malloc(((size_t)a->n_q + 1) * sizeof(float));
+    float *lse = malloc(((size_t)a->n_q + 1) * sizeof(float));
+    a->lse = lse_ref;
+    CHECK_EQ(rlm__attn_ref(a), RLM_OK);
+    memcpy(want, c.out, (nv - 1) * sizeof *want);
+    for (int p = 0; p < 2; p++) {
+      const int P = rlm__pool_size(pools[p]);
+      float *scratch = malloc(rlm__attn_split_scratch_floats(P, a->n_q, a->dim_k, a->dim_v) * sizeof(float));
+      rlm_attn_args b = *a;
+      b.out = got, b.lse = lse;
+      const int how = rlm__attn_split(pools[p], &b, scratch);
+      ran[how == 1 ? 0 : how > 0 ? 1 : 2]++;
+      CHECK(how == 1 || how == P || how == -P);
+      if (how == 1) { /* the fused kernel itself */
+        float *same = malloc(nv * sizeof *same);
+        b.out = same, b.lse = NULL;
+        rlm__attn_fused(&b, scratch);
+        CHECK(memcmp(same, got, (nv - 1) * sizeof *got) == 0);
+        free(same);
+      }
+      const double r = rows_ratio(got, want, &t, a->n_q, a->dim_v, 1e-5, 1e-6);
+      CHECK(r <= 1);
+      worst = fmax(worst, r);
+      for (int q = 0; q < a->n_q; q++) {
+        if (t.n_vis[q] == 0) {
+          CHECK(isinf(lse[q]) && lse[q] < 0);
+          continue;
+        }
+        const double d = fabs((double)lse[q] - lse_ref[q]) / (1e-5 * fmax(1.0, fabs(lse_ref[q])));
+        CHECK(d <= 1);
+        worst_lse = fmax(worst_lse, d);
+      }
+      free(scratch);
+    }
+    free(want), free(got), free(lse_ref), free(lse);
+    truth_free(&t);
+    tc_free(&c);
+  }
+  CHECK(ran[0] > 0 && ran[1] > 0 && ran[2] > 0);
+  printf("     serial %d, by queries %d, by slots %d; worst error / tolerance %.3f, lse %.3f\n", ran[0],
+         ran[1], ran[2], worst, worst_lse);
+  rlm__pool_free(pools[0]);
+  rlm__pool_free(pools[1]);
+}
+
 /* No segments, empty segments, only empty slots, n_q = 0: zeros (or
  * nothing written) and no crash. */
 TEST(edge_shapes) {
@@ -864,6 +929,7 @@ int main(void) {
   RUN(fused_exp_accuracy);
   RUN(fused_large_scores);
   RUN(fused_no_alloc_and_scratch_bounds);
+  RUN(split_matches_ref);
   RUN(edge_shapes);
   RUN(ref_invalid_args);
   RUN(ref_out_of_memory);

@@ -432,7 +432,12 @@ static void run_kind(rlm_kv_kind kind, bool dense_first, int n_seeds, int ops_pe
     c.dense_first = dense_first;
     sim s;
     sim_init(&s, c, Hq, seed);
-    test_note("seed %llu %s", (unsigned long long)seed, rlm_kv_signature(s.kv));
+    /* Every other seed reads over 2 threads, every call split. */
+    rlm_pool *pool = NULL;
+    if (i % 2) CHECK_EQ(rlm__pool_create(&pool, 2, NULL), RLM_OK);
+    if (pool) CHECK_EQ(rlm__kv_use_pool(s.kv, pool, NULL), RLM_OK);
+    rlm__attn_split_set_min_work(0);
+    test_note("seed %llu %s%s", (unsigned long long)seed, rlm_kv_signature(s.kv), pool ? " pooled" : "");
     int before = t_cur_failed;
     for (int o = 0; o < ops_per_seed && t_cur_failed == before; o++) one_op(&s);
     if (t_cur_failed != before)
@@ -442,6 +447,7 @@ static void run_kind(rlm_kv_kind kind, bool dense_first, int n_seeds, int ops_pe
     total += s.n_ops, checked += s.n_checked;
     worst = fmax(worst, s.worst);
     sim_free(&s);
+    rlm__pool_free(pool);
     if (t_cur_failed != before) break;
   }
   printf("     %lld operations, %lld outputs checked, worst relative error %.2g\n", (long long)total,

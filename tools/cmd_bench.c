@@ -17,8 +17,9 @@ static const char bench_help[] =
     "usage: ringlm bench [-m DIR] [-p N] [-n N] [-d D1,D2,...] [-r REPS] [--json]\n"
     "                    [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
     "                    [--max-kv N] [--prefill-chunk N] [-t N]\n"
-    "Prefill (-p tokens, default 512) and decode (-n tokens, default 128) tokens/s\n"
-    "after the context holds D tokens (-d, default 0), each test on a fresh session;\n"
+    "Prefill (-p tokens, default 512) and decode (-n tokens, default 128; 0 skips\n"
+    "the test) tokens/s after the context holds D tokens (-d, default 0), each test\n"
+    "on a fresh session;\n"
     "-r repeats each test and reports the mean and standard deviation. Also peak RSS\n"
     "and KV bytes. A table by default, JSON with --json; progress on stderr.\n";
 
@@ -36,7 +37,7 @@ static int take_bench_opts(int *argc, char **argv, bench_opts *b) {
     const char *a = argv[i], *v = i + 1 < *argc ? argv[i + 1] : NULL;
     long *dst = !strcmp(a, "-p") ? &b->p : !strcmp(a, "-n") ? &b->n : !strcmp(a, "-r") ? &b->reps : NULL;
     if (dst) {
-      if (!cli_parse_int(a, v, 1, 1 << 20, dst)) return CLI_USAGE;
+      if (!cli_parse_int(a, v, dst == &b->reps, 1 << 20, dst)) return CLI_USAGE; /* -p 0, -n 0: skip */
       i++;
     } else if (!strcmp(a, "-d")) {
       b->n_depth = 0;
@@ -162,6 +163,7 @@ int cmd_bench(int argc, char **argv) {
   rlm_status st = ids && logits ? RLM_OK : RLM_ERR_NOMEM;
   for (int d = 0; !st && d < b.n_depth; d++)
     for (int t = 0; !st && t < 2; t++) {
+      if ((t ? b.n : b.p) == 0) continue;
       if (!b.json) fprintf(stderr, "\rbench: %s @ depth %ld (%d/%d)   ", t ? "decode" : "prefill", b.depth[d],
                            2 * d + t + 1, 2 * b.n_depth);
       st = run_test(&c, &o, &b, t == 1, b.depth[d], ids, logits, &res[n_res], &err);

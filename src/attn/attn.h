@@ -69,6 +69,8 @@ typedef struct rlm_attn_args {
   int64_t window;           /* 0 = causal only; else sliding window         */
   int64_t sink;             /* positions < sink always visible (window > 0) */
   float *out;               /* [n_q][dim_v]                                */
+  float *lse;               /* [n_q] log-sum-exp of the visible scores     */
+                            /* (-inf: none), or NULL (attn_split.c merges) */
 } rlm_attn_args;
 
 /* True if a query at position qp attends a slot holding position kp. */
@@ -96,5 +98,17 @@ void rlm__attn_fused(const rlm_attn_args *a, float *scratch);
  * is the fastest of them. */
 typedef void (*rlm_attn_fused_fn)(const rlm_attn_args *a, float *scratch);
 rlm_attn_fused_fn rlm__attn_fused_isa(const char *isa);
+
+/* attn_split.c: one call over a pool's threads (by slots for decode, by
+ * query rows for prefill; small calls stay on the caller's thread).
+ * `scratch` holds rlm__attn_split_scratch_floats(rlm__pool_size(pool),
+ * n_q, dim_k, dim_v) floats (n_parts 1 for a NULL pool). Agrees with
+ * rlm__attn_fused within its rounding contract. Returns how it ran: 1 on
+ * the caller's thread, P split by query rows over P threads, -P split by
+ * slots. */
+size_t rlm__attn_split_scratch_floats(int n_parts, int n_q, int dim_k, int dim_v);
+int rlm__attn_split(rlm_pool *pool, const rlm_attn_args *a, float *scratch);
+/* Tests: the work from which calls go wide (0: every call with P > 1). */
+void rlm__attn_split_set_min_work(double multiply_adds);
 
 #endif /* RLM_ATTN_H */

@@ -346,6 +346,7 @@ static void job_finish(attn_job *j) {
     float *out = a->out + (size_t)q * a->dim_v;
     const float l = j->l[q];
     for (int e = 0; e < a->dim_v; e++) out[e] = l > 0 ? acc[e] / l : 0.0f;
+    if (a->lse) a->lse[q] = l > 0 ? j->m[q] + logf(l) : -INFINITY;
   }
 }
 

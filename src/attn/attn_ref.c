@@ -109,6 +109,7 @@ static void ref_row(const rlm_attn_args *a, const ref_slots *r, int i, float *sc
   }
   /* No visible slot (a padding query): sum stays 0 and the row is zeros. */
   for (int e = 0; e < a->dim_v; e++) out[e] = sum > 0 ? (float)(o[e] / sum) : 0.0f;
+  if (a->lse) a->lse[i] = sum > 0 ? (float)(mx + log(sum)) : -INFINITY;
 }
 
 static int64_t total_slots(const rlm_attn_args *a) {

@@ -195,6 +195,18 @@ static bool scratch_alloc(rlm_kv *kv) {
   return ok && kv->blk_pos && kv->q_rows && kv->q_pos && kv->o_rows && kv->attn_scratch && kv->conv;
 }
 
+rlm_status rlm__kv_use_pool(rlm_kv *kv, rlm_pool *pool, rlm_error *err) {
+  const int64_t nq = (int64_t)kv->cfg.max_chunk * kv->cfg.q_per_kv;
+  const int P = pool ? rlm__pool_size(pool) : 1;
+  const size_t n = rlm__attn_split_scratch_floats(P, (int)nq, kv->k.dim, kv->v.dim) * sizeof(float);
+  float *s = rlm__malloc(n);
+  if (!s) return rlm__err_nomem(err, "attention scratch", n);
+  rlm__free(kv->attn_scratch);
+  kv->attn_scratch = s;
+  kv->pool = pool;
+  return RLM_OK;
+}
+
 static void make_signature(rlm_kv *kv) {
   const rlm_kv_config *c = &kv->cfg;
   char bits[24];

@@ -67,7 +67,8 @@ struct rlm_kv {
   float *q_rows;               /* [max_chunk * ratio_max][Dk] gathered q     */
   int64_t *q_pos;              /* [max_chunk * ratio_max]                    */
   float *o_rows;               /* [max_chunk * ratio_max][Dv]                */
-  float *attn_scratch;         /* rlm__attn_scratch_floats(...)              */
+  float *attn_scratch;         /* rlm__attn_split_scratch_floats(...)        */
+  rlm_pool *pool;              /* attention's threads (NULL: the caller's)  */
   void *conv;                  /* [max(Dk, Dv)] one row rounded to dtype     */
 };
 
@@ -82,6 +83,11 @@ rlm_attn_mat rlm__kv_mat(const rlm_kv *kv, const rlm_kv_store *s, int b, int h,
 /* Writes one token's heads x[H][dim] into slot `slot` of row b. */
 void rlm__kv_store_write(const rlm_kv *kv, rlm_kv_store *s, int b, int64_t n_alloc,
                          int64_t slot, const float *x);
+
+/* Reads attend over `pool`'s threads from now on (NULL: the caller's
+ * thread); re-sizes the attention scratch for them. The pool must outlive
+ * the cache's use of it. */
+rlm_status rlm__kv_use_pool(rlm_kv *kv, rlm_pool *pool, rlm_error *err);
 
 /* ---- kv_ops.c: appends, reads, trim, rollback, decode plan ------------- */
 /* ---- kv_state.c: state image ------------------------------------------- */

@@ -122,7 +122,7 @@ static void read_head(rlm_kv *kv, kv_read *r, int h) {
                      .q = kv->q_rows, .q_pos = kv->q_pos, .n_q = n_q, .scale = bt->scale,
                      .window = kv->ring ? kv->cfg.window : 0, .sink = kv->ring ? kv->cfg.keep : 0,
                      .out = kv->o_rows};
-  rlm__attn_fused(&a, kv->attn_scratch);
+  rlm__attn_split(kv->pool, &a, kv->attn_scratch);
   n_q = 0;
   for (int j = r->j0; j < r->j1; j++)
     for (int i = 0; i < ratio; i++, n_q++) {

@@ -139,6 +139,9 @@ rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error
   for (int i = 0; i < 6; p += alen[i], i++)
     if (alen[i]) memcpy(arr[i], p, alen[i]); /* dense kinds have no scales */
   t->dense_pending = f[13] != 0;
+  float *scratch = t->attn_scratch; /* the caller's attention threads stay */
+  t->attn_scratch = kv->attn_scratch, t->pool = kv->pool;
+  kv->attn_scratch = scratch;
   rlm_kv old = *kv; /* swap so the caller's handle stays valid */
   *kv = *t;
   *t = old;

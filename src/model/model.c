@@ -365,6 +365,8 @@ rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session
   for (int i = 0; !rc && i < m->cfg.n_layers; i++) rc = make_cache(s, i, err);
   if (!rc) rc = alloc_scratch(s, err);
   if (!rc) rc = rlm__pool_create(&s->pool, s->p.n_threads, err);
+  for (int i = 0; !rc && i < m->cfg.n_layers; i++)
+    if (s->kv[i]) rc = rlm__kv_use_pool(s->kv[i], s->pool, err);
   if (rc) {
     rlm_session_free(s);
     return rc;
