@@ -486,36 +486,56 @@ TEST(qmatvec_int8_activations) {
          REL_TOL, worst_bound);
 }
 
-/* Many input rows (prefill): the VNNI kernel, which unpacks each chunk
- * once for up to 4 rows, against the reference, with m not a multiple of 4;
- * and the pooled entry point against it too. */
+/* Quantizing activations: the dispatched version writes the definition's
+ * bytes (codes, per-lane scales, block scales), including all-zero blocks
+ * and blocks with one huge element. */
+TEST(q8act_quantize_matches_ref) {
+  const int64_t cols = 1152;
+  const size_t n = (size_t)cols + (size_t)(cols / 128) * 16 * 4 + (size_t)(cols / 32) * 4;
+  float *x = make_x(1, cols, &g_seed);
+  for (int i = 0; i < 32; i++) x[64 + i] = 0.0f;   /* a zero block: d = 0 */
+  x[200] = 3e4f, x[300] = -1e-30f, x[301] = 1e-38f; /* one dominant element, tiny ones */
+  unsigned char *a = xmalloc(rlm__q8act_bytes(cols)), *b = xmalloc(rlm__q8act_bytes(cols));
+  memset(a, 0xa5, n), memset(b, 0x5a, n);
+  rlm__q8act_quantize(x, cols, a);
+  rlm__q8act_quantize_ref(x, cols, b);
+  CHECK(memcmp(a, b, n) == 0);
+  free(a), free(b), free(x);
+}
+
+/* Many input rows (prefill): the VNNI kernel (2 x 4 register tiles, edges
+ * row by row) against the reference, with m not a multiple of 4, an odd
+ * number of output rows, groups of 32, 64, 128; and the pooled entry point
+ * against it too. */
 TEST(qmatmul_int8_activations) {
   const int64_t rows = 29, cols = 384, m = 7;
-  const int g = 64;
-  test_qmat t;
-  qmat_make(&t, rows, cols, 4, g, RLM_DTYPE_BF16, &g_seed);
-  float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
-  float *yp = xmalloc(m * rows * sizeof *yp);
-  const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
-  char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
-  float *xsum = (float *)(scratch + m * stride);
-  rlm__group_sums(x, m, cols, g, xsum);
-  for (int64_t i = 0; i < m; i++) rlm__q8act_quantize(x + i * cols, cols, scratch + i * stride);
-  rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
-  poison(yf, m * rows);
-  rlm__qmm_q8_kernel()(&t.w, scratch, stride, xsum, m, 2, rows - 1, yf);
-  rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
-  int bad = 0;
-  for (int64_t i = 0; i < m; i++)
-    for (int64_t o = 0; o < rows; o++) {
-      double scale = error_scale(&t.w, x + i * cols, o);
-      float f = yf[i * rows + o], r = yr[i * rows + o];
-      bad += (o < 2 || o >= rows - 1) ? !is_poison(&f) : fabs((double)f - r) > REL_TOL * scale;
-      bad += fabs((double)yp[i * rows + o] - r) > REL_TOL * scale;
-    }
-  CHECK_EQ(bad, 0);
-  free(scratch), free(yp), free(yf), free(yr), free(x);
-  qmat_free(&t);
+  for (int g = 32; g <= 128; g *= 2) {
+    test_qmat t;
+    qmat_make(&t, rows, cols, 4, g, RLM_DTYPE_BF16, &g_seed);
+    float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
+    float *yp = xmalloc(m * rows * sizeof *yp);
+    const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
+    char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
+    float *xsum = (float *)(scratch + m * stride);
+    rlm__group_sums(x, m, cols, g, xsum);
+    for (int64_t i = 0; i < m; i++) rlm__q8act_quantize(x + i * cols, cols, scratch + i * stride);
+    rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
+    poison(yf, m * rows);
+    rlm__qmm_q8_kernel()(&t.w, scratch, stride, xsum, m, 2, rows - 2, yf); /* odd count: an edge row */
+    rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
+    int bad = 0;
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t o = 0; o < rows; o++) {
+        double scale = error_scale(&t.w, x + i * cols, o);
+        float f = yf[i * rows + o], r = yr[i * rows + o];
+        bad += (o < 2 || o >= rows - 2) ? !is_poison(&f) : fabs((double)f - r) > REL_TOL * scale;
+        bad += fabs((double)yp[i * rows + o] - r) > REL_TOL * scale;
+      }
+    test_note("group %d", g);
+    CHECK_EQ(bad, 0);
+    free(scratch), free(yp), free(yf), free(yr), free(x);
+    qmat_free(&t);
+  }
 }
 
 int main(void) {
@@ -527,6 +547,7 @@ int main(void) {
   run_table("avx2", rlm__quant_kernels_avx2());
   run_table("avx512", rlm__quant_kernels_avx512());
   RUN(qmatvec_int8_activations);
+  RUN(q8act_quantize_matches_ref);
   RUN(qmatmul_int8_activations);
   printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
          REL_TOL);

@@ -39,8 +39,9 @@ size_t rlm__q8act_bytes(int64_t cols) {
 
 bool rlm__q8act_ok(const rlm_qmat *w) { return w->bits == 4 && w->cols % 128 == 0; }
 
-/* Per block of 32: d and the int8 codes, into the chunk layout. */
-void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
+/* Per block of 32: d and the int8 codes, into the chunk layout. The
+ * definition; q8act_quantize_avx512 produces the same bytes. */
+static void q8act_quantize_ref(const float *x, int64_t cols, void *scratch) {
   int8_t *xq = scratch;
   float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
   for (int64_t b = 0; b < cols / 32; b++) {
@@ -57,6 +58,48 @@ void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
   for (int64_t c = 0; c < cols / 128; c++)
     for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+/* The same operations lane-wise: max of |x| (exact in any order), the same
+ * division, x * inv rounded to nearest-even (what lrintf does in the
+ * default rounding mode), then the even and odd elements of each block
+ * gathered (vpermt2d) and narrowed to bytes. */
+RLM_VNNI static void q8act_quantize_avx512(const float *x, int64_t cols, void *scratch) {
+  int8_t *xq = scratch;
+  float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
+  _Alignas(64) int32_t ev[16], od[16];
+  for (int l = 0; l < 16; l++) ev[l] = 2 * l, od[l] = 2 * l + 1;
+  const __m512i iev = _mm512_load_si512(ev), iod = _mm512_load_si512(od);
+  for (int64_t c = 0; c < cols / 128; c++) {
+    for (int b = 0; b < 4; b++) {
+      const float *p = x + c * 128 + b * 32;
+      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      d[c * 4 + b] = amax / 127.0f;
+      const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+      _mm_storeu_si128((__m128i *)(xq + c * 128 + b * 16), _mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(q0, iev, q1)));
+      _mm_storeu_si128((__m128i *)(xq + c * 128 + 64 + b * 16),
+                       _mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(q0, iod, q1)));
+    }
+    for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
+  }
+}
+
+static bool have_vnni(void);
+#endif
+
+void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (have_vnni()) {
+    q8act_quantize_avx512(x, cols, scratch);
+    return;
+  }
+#endif
+  q8act_quantize_ref(x, cols, scratch);
+}
+
+void rlm__q8act_quantize_ref(const float *x, int64_t cols, void *scratch) { q8act_quantize_ref(x, cols, scratch); }
 
 /* Element e's code of row o (4-bit, MLX order). */
 static int code4(const rlm_qmat *w, int64_t o, int64_t e) {
@@ -177,15 +220,79 @@ RLM_VNNI static inline void row_x4(const rlm_qmat *w, int64_t o, const int8_t *c
     y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]) + bias_dot(w, o, ng, xsum + (i0 + k) * ng);
 }
 
+/* Sums each of a[0..3] across its lanes: y4[k] = total of a[k]. One
+ * transposing tree for the four (8 instructions instead of 4 x 8). */
+RLM_VNNI static inline void reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *y4) {
+  /* 256-bit halves, then 128-bit quarters: block k of t holds a[k]'s 4 partial sums */
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E)); /* lanes (2,3,0,1) */
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1)); /* lanes (1,0,3,2) */
+  _mm_storeu_ps(y4, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+}
+
+/* a[k] += b_o . xsum_k over the row's groups (the bias term, folded into
+ * the lanes before the one reduction). */
+RLM_VNNI static inline void bias_x4(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, __m512 *a) {
+  for (int64_t g = 0; g < ng; g += 16) {
+    const int n = ng - g < 16 ? (int)(ng - g) : 16;
+    const __mmask16 m = (__mmask16)((1u << n) - 1);
+    const __m512 b = load16(w->biases, w->sdtype, o * ng + g, n);
+    for (int k = 0; k < 4; k++) a[k] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, xs[k] + g), a[k]);
+  }
+}
+
+/* Output rows o, o + 1 against exactly 4 input rows: 8 accumulators in
+ * registers, each quantized x chunk loaded once for both rows, each
+ * unpacked weight chunk used for the 4 inputs. */
+RLM_VNNI static inline void tile_2x4(const rlm_qmat *w, int64_t o, const int8_t *const *xq, const float *const *xs,
+                                     __m512i idx, __mmask8 mask, float *y, int64_t i0) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+  const int per = 128 / w->group_size ? 128 / w->group_size : 1;
+  const uint8_t *r0 = (const uint8_t *)w->wq + o * (cols / 2), *r1 = r0 + cols / 2;
+  const __m512i low = _mm512_set1_epi8(15);
+  __m512 a0[4], a1[4];
+  for (int k = 0; k < 4; k++) a0[k] = a1[k] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; c++) {
+    const __m512i v0 = _mm512_loadu_si512(r0 + c * 64), v1 = _mm512_loadu_si512(r1 + c * 64);
+    const __m512i lo0 = _mm512_and_si512(v0, low), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low);
+    const __m512i lo1 = _mm512_and_si512(v1, low), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low);
+    const __m512 sc0 = chunk_scales(w, o * ng + c * per, mask, idx);
+    const __m512 sc1 = chunk_scales(w, (o + 1) * ng + c * per, mask, idx);
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const int8_t *x = xq[k] + c * 128;
+      const __m512i xl = _mm512_loadu_si512(x), xh = _mm512_loadu_si512(x + 64);
+      const __m512 xd = _mm512_loadu_ps((const float *)(xq[k] + cols) + c * 16);
+      const __m512i z = _mm512_setzero_si512();
+      const __m512 d0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo0, xl), hi0, xh));
+      const __m512 d1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo1, xl), hi1, xh));
+      a0[k] = _mm512_fmadd_ps(d0, _mm512_mul_ps(sc0, xd), a0[k]);
+      a1[k] = _mm512_fmadd_ps(d1, _mm512_mul_ps(sc1, xd), a1[k]);
+    }
+  }
+  bias_x4(w, o, ng, xs, a0);
+  bias_x4(w, o + 1, ng, xs, a1);
+  float t0[4], t1[4];
+  reduce4(a0[0], a0[1], a0[2], a0[3], t0);
+  reduce4(a1[0], a1[1], a1[2], a1[3], t1);
+  for (int k = 0; k < 4; k++) {
+    y[(i0 + k) * w->rows + o] = t0[k];
+    y[(i0 + k) * w->rows + o + 1] = t1[k];
+  }
+}
+
 enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
 
 /* m input rows (stride bytes apart in scratch), outputs y [m][rows].
  * Blocked so both sides stay in cache: QMM_OUT_BLOCK weight rows (tens of
- * KB, L2) against QMM_IN_BLOCK quantized inputs (L1), and each chunk of a
- * weight row is unpacked once for 4 inputs. */
+ * KB, L2) against QMM_IN_BLOCK quantized inputs (L1); inside, 2 x 4
+ * register tiles (tile_2x4), and row_x4 for the edges. */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
+  const int64_t ng = w->cols / w->group_size;
   _Alignas(64) int32_t lanes[16];
   for (int l = 0; l < 16; l++) lanes[l] = (l / 4) * 32 / w->group_size;
   const __m512i idx = _mm512_load_si512(lanes);
@@ -194,18 +301,21 @@ RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t 
     const int64_t oe = ob + QMM_OUT_BLOCK < o1 ? ob + QMM_OUT_BLOCK : o1;
     for (int64_t ib = 0; ib < m; ib += QMM_IN_BLOCK) {
       const int64_t ie = ib + QMM_IN_BLOCK < m ? ib + QMM_IN_BLOCK : m;
-      for (int64_t o = ob; o < oe; o++)
-        for (int64_t i0 = ib; i0 < ie; i0 += 4) {
-          const int n = ie - i0 < 4 ? (int)(ie - i0) : 4;
-          const int8_t *xq[4];
-          for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride;
-          row_x4(w, o, xq, n, xsum, i0, idx, mask, y);
-        }
+      for (int64_t i0 = ib; i0 < ie; i0 += 4) {
+        const int n = ie - i0 < 4 ? (int)(ie - i0) : 4;
+        const int8_t *xq[4];
+        const float *xs[4];
+        for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
+        int64_t o = ob;
+        for (; n == 4 && o + 2 <= oe; o += 2) tile_2x4(w, o, xq, xs, idx, mask, y, i0);
+        for (; o < oe; o++) row_x4(w, o, xq, n, xsum, i0, idx, mask, y);
+      }
     }
   }
 }
 
 static bool have_vnni(void) {
+  __builtin_cpu_init();
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vl");

@@ -42,9 +42,10 @@ struct q8_job {
   rlm__qmv_q8_fn mv;
   rlm__qmm_q8_fn mm;
   const rlm_qmat *w;
-  const void *scratch;
+  const float *x;
+  void *scratch;
   size_t stride;
-  const float *xsum;
+  float *xsum;
   int64_t m;
   float *y;
 };
@@ -61,13 +62,21 @@ size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size) {
   return (size_t)m * q8_stride(cols) + (size_t)(m * (cols / group_size)) * sizeof(float);
 }
 
+/* Group sums and quantized rows of inputs [i0, i1) (prefill: over the pool). */
+static void q8_prepare(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
+  const struct q8_job *j = ctx;
+  const int64_t cols = j->w->cols, ng = cols / j->w->group_size;
+  rlm__group_sums(j->x + i0 * cols, i1 - i0, cols, j->w->group_size, j->xsum + i0 * ng);
+  for (int64_t i = i0; i < i1; i++) rlm__q8act_quantize(j->x + i * cols, cols, (char *)j->scratch + (size_t)i * j->stride);
+}
+
 /* Layout of scratch: m quantized rows, then the group sums [m][cols/G]. */
 void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y) {
   const size_t stride = q8_stride(w->cols);
   float *xsum = (float *)((char *)scratch + (size_t)m * stride);
-  rlm__group_sums(x, m, w->cols, w->group_size, xsum);
-  for (int64_t i = 0; i < m; i++) rlm__q8act_quantize(x + i * w->cols, w->cols, (char *)scratch + (size_t)i * stride);
-  struct q8_job j = {rlm__qmv_q8_kernel(), rlm__qmm_q8_kernel(), w, scratch, stride, xsum, m, y};
+  struct q8_job j = {rlm__qmv_q8_kernel(), rlm__qmm_q8_kernel(), w, x, scratch, stride, xsum, m, y};
+  if (m == 1) q8_prepare(&j, 0, 1, 0, 1);
+  else rlm__pool_for(pool, m, 1, q8_prepare, &j);
   rlm__pool_for(pool, w->rows, 16, q8_range, &j);
 }
 

@@ -149,6 +149,7 @@ size_t rlm__q8act_bytes(int64_t cols);
 bool rlm__q8act_ok(const rlm_qmat *w);
 /* x [cols] -> int8 blocks of 32 with their scales, in the kernel layout. */
 void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch);
+void rlm__q8act_quantize_ref(const float *x, int64_t cols, void *scratch); /* the definition */
 typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                int64_t o1, float *y);
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,

@@ -1,0 +1,107 @@
+/* bench_qmm.c -- the prefill products: y[m][rows] = x[m][cols] W^T for
+ * 4-bit MLX weights (g64, bf16 scales) with m = 512 input rows, on the
+ * matrix shapes of a Gemma-3-1B layer, one thread.
+ *
+ *   exact   rlm__qmatmul (f32 activations; the default path)
+ *   int8    rlm__qmatmul_q8 (activations quantized per block of 32)
+ *
+ * Reported as GMAC/s (m * rows * cols / time) and as a multiple of the
+ * exact path measured in the same run (the machine is shared and noisy;
+ * each figure is a median of repetitions). Prefill speed is this product
+ * rate: nearly all of a prefill's multiply-adds are here.
+ *
+ * usage: bench_qmm [--reps N] [-m ROWS] [--threads N]
+ */
+#include "bench.h"
+#include "quant/quant.h"
+
+typedef struct shape {
+  const char *name;
+  int64_t rows, cols;
+} shape;
+
+static const shape SHAPES[] = {
+    {"q_proj 1024x1152", 1024, 1152},
+    {"gate/up 6912x1152", 6912, 1152},
+    {"down 1152x6912", 1152, 6912},
+};
+
+typedef struct qmm_case {
+  rlm_qmat w;
+  float *x, *xsum, *y;
+  void *scratch;
+  int64_t m;
+} qmm_case;
+
+static void case_make(qmm_case *c, const shape *s, int64_t m) {
+  const int bits = 4, g = 64;
+  const int64_t rows = s->rows, cols = s->cols, ng = cols / g;
+  uint64_t rng = 99;
+  float *wf = xmalloc((size_t)(rows * cols) * sizeof *wf);
+  for (int64_t i = 0; i < rows * cols; i++) wf[i] = rng_float(&rng);
+  c->w = (rlm_qmat){xmalloc((size_t)(rows * rlm__quant_row_words(cols, bits)) * 4),
+                    xmalloc((size_t)(rows * ng) * 2), xmalloc((size_t)(rows * ng) * 2),
+                    RLM_DTYPE_BF16, rows, cols, bits, g};
+  uint16_t *wb = xmalloc((size_t)(rows * cols) * 2); /* scales take the input's dtype */
+  rlm__convert(wf, RLM_DTYPE_F32, wb, RLM_DTYPE_BF16, rows * cols);
+  rlm__quant_kernels()->quantize_rows(wb, RLM_DTYPE_BF16, rows, cols, bits, g, (uint32_t *)c->w.wq,
+                                      (void *)c->w.scales, (void *)c->w.biases);
+  free(wf), free(wb);
+  c->m = m;
+  c->x = xmalloc((size_t)(m * cols) * sizeof *c->x);
+  for (int64_t i = 0; i < m * cols; i++) c->x[i] = rng_float(&rng);
+  c->xsum = xmalloc((size_t)(m * ng) * sizeof *c->xsum);
+  c->y = xmalloc((size_t)(m * rows) * sizeof *c->y);
+  c->scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
+}
+
+static void case_free(qmm_case *c) {
+  free((void *)c->w.wq), free((void *)c->w.scales), free((void *)c->w.biases);
+  free(c->x), free(c->xsum), free(c->y), free(c->scratch);
+}
+
+/* Seconds per product, median of reps; q8 selects the int8 path. */
+static double time_product(qmm_case *c, rlm_pool *pool, bool q8, int reps) {
+  double t[64];
+  for (int r = 0; r < reps; r++) {
+    double t0 = now_s();
+    if (q8) rlm__qmatmul_q8(pool, &c->w, c->x, c->m, c->scratch, c->y);
+    else rlm__qmatmul(pool, &c->w, c->x, c->m, c->xsum, c->y);
+    t[r] = now_s() - t0;
+  }
+  return median(t, reps);
+}
+
+int main(int argc, char **argv) {
+  int reps = 5, threads = 1;
+  int64_t m = 512;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "-m") && i + 1 < argc) m = atoll(argv[++i]);
+    else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: %s [--reps N] [-m ROWS] [--threads N]\n", argv[0]);
+      return 2;
+    }
+  }
+  reps = reps < 1 ? 1 : reps > 64 ? 64 : reps;
+  m = m < 1 ? 1 : m;
+  rlm_pool *pool = NULL;
+  if (threads > 1 && rlm__pool_create(&pool, threads, NULL)) {
+    fprintf(stderr, "bench_qmm: cannot create a pool of %d threads\n", threads);
+    return 1;
+  }
+  printf("bench_qmm: 4-bit g64 bf16 scales, m = %lld, %d thread(s), median of %d\n", (long long)m,
+         threads, reps);
+  for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
+    qmm_case c;
+    case_make(&c, &SHAPES[s], m);
+    const double macs = (double)m * (double)c.w.rows * (double)c.w.cols;
+    const double te = time_product(&c, pool, false, reps), tq = time_product(&c, pool, true, reps);
+    printf("  %-20s exact %7.2f GMAC/s   int8 %7.2f GMAC/s  %5.2fx\n", SHAPES[s].name, macs / te / 1e9,
+           macs / tq / 1e9, te / tq);
+    case_free(&c);
+  }
+  rlm__pool_free(pool);
+  return 0;
+}
