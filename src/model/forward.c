@@ -133,7 +133,7 @@ static void moe_block(rlm_session *s, int li, int n) {
     for (int i = 0; i < H; i++) acc[i] = 0;
     for (int k = 0; k < K; k++) {
       lin(s, &L->expert_gate_up[idx[k]], x2, 1, gu);
-      for (int i = 0; i < I; i++) act[i] = rlm__gelu_tanh(gu[i]) * gu[I + i];
+      rlm__gelu_tanh_mul(act, gu, gu + I, I);
       lin(s, &L->expert_down[idx[k]], act, 1, eo);
       for (int i = 0; i < H; i++) acc[i] += eo[i] * w[k];
     }
@@ -150,10 +150,9 @@ static void mlp_block(rlm_session *s, int li, int n) {
   for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->mlp_norm, H, c->rms_eps);
   lin(s, &L->gate, s->h, n, s->g);
   lin(s, &L->up, s->h, n, s->u);
-  for (size_t i = 0; i < (size_t)n * c->layer_inter[li]; i++) {
-    float g = s->g[i];
-    s->g[i] = (c->gemma ? rlm__gelu_tanh(g) : g / (1.0f + expf(-g))) * s->u[i];
-  }
+  const int64_t n_act = (int64_t)n * c->layer_inter[li]; /* g and u: [n][inter] */
+  if (c->gemma) rlm__gelu_tanh_mul(s->g, s->g, s->u, n_act);
+  else rlm__silu_mul(s->g, s->g, s->u, n_act);
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) moe_block(s, li, n);
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
@@ -168,7 +167,7 @@ static void ple_block(rlm_session *s, int li, int n) {
     lin(s, &L->ple_gate, s->x, n, s->g);
     for (int j = 0; j < n; j++) {
       const float *in = s->ple + ((size_t)j * c->n_layers + li) * P;
-      for (int i = 0; i < P; i++) s->g[(size_t)j * P + i] = rlm__gelu_tanh(s->g[(size_t)j * P + i]) * in[i];
+      rlm__gelu_tanh_mul(s->g + (size_t)j * P, s->g + (size_t)j * P, in, P);
     }
     lin(s, &L->ple_proj, s->g, n, s->h);
     add_residual(s, L->ple_norm, n, H, c->rms_eps);

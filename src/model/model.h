@@ -7,7 +7,7 @@
  * activations and reads the weights where they lie.
  *
  * Read next: config.c (config.json), model.c (loading and binding),
- * forward.c (the layers), ops.c (CPU kernels).
+ * forward.c (the layers), ops.c (CPU kernels), dense.c (dense products).
  */
 #ifndef RLM_MODEL_H
 #define RLM_MODEL_H
@@ -139,8 +139,32 @@ rlm_status rlm__gen_config_load(rlm_model_config *c, const char *dir, rlm_error 
 void rlm__layer_kv_config(const rlm_model_config *c, const rlm_session_params *p, int i, rlm_kv_config *k);
 
 /* ---- ops.c: f32 kernels -------------------------------------------------- */
-/* w NULL: no weight (Gemma 4's V norm). */
+/* Element-wise rows, each in one table per ISA. y may alias x, g or u;
+ * rows of any length; nothing is allocated. */
+typedef struct rlm_ops_isa {
+  const char *name;           /* "scalar", "avx2", "avx512"              */
+  /* y = w * (x * r), r = 1 / sqrt(mean(x^2) + eps); w NULL: no weight */
+  void (*rmsnorm)(float *y, const float *x, const float *w, int n, double eps);
+  /* y = gelu_tanh(g) * u (transformers' gelu_pytorch_tanh)             */
+  void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);
+  /* y = g / (1 + e^-g) * u                                             */
+  void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
+} rlm_ops_isa;
+
+/* The table for isa ("scalar", "avx2", "avx512"), or NULL where this CPU
+ * (or build) lacks it. The scalar table defines the results. */
+const rlm_ops_isa *rlm__ops_isa(const char *isa);
+/* ops_x86.c: the vector tables, or NULL (always NULL off x86-64). */
+const rlm_ops_isa *rlm__ops_x86(const char *isa);
+/* Through the fastest table (chosen once per process). w NULL: no weight
+ * (Gemma 4's V norm). */
 void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps);
+void rlm__gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n);
+void rlm__silu_mul(float *y, const float *g, const float *u, int64_t n);
+/* The scalar table's functions. */
+void rlm__rmsnorm_ref(float *y, const float *x, const float *w, int n, double eps);
+void rlm__gelu_tanh_mul_ref(float *y, const float *g, const float *u, int64_t n);
+void rlm__silu_mul_ref(float *y, const float *g, const float *u, int64_t n);
 float rlm__gelu_tanh(float x);
 void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64_t pos);
 /* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
@@ -151,6 +175,18 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
 void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch);
 /* One row of an embedding (dense or quantized) into f32. */
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out);
+
+/* ---- dense.c: dense linear products -------------------------------------- */
+/* y [m][out] = x [m][in] . W^T for a dense W [out][in] of dtype f32, f16
+ * or bf16, over the pool (NULL: inline); x and y f32, any shapes, m >= 1.
+ * Allocates nothing. Uses the fastest variant this CPU runs. */
+void rlm__dense_matmul(rlm_pool *pool, const void *w, rlm_dtype dtype, int64_t out, int64_t in,
+                       const float *x, int64_t m, float *y);
+typedef void (*rlm_dense_fn)(rlm_pool *pool, const void *w, rlm_dtype dtype, int64_t out,
+                             int64_t in, const float *x, int64_t m, float *y);
+/* One variant: "scalar" (the reference), "avx2", "avx512"; NULL if the
+ * name is unknown or this CPU (or build) lacks the ISA. */
+rlm_dense_fn rlm__dense_matmul_isa(const char *isa);
 
 /* ---- forward.c ---------------------------------------------------------- */
 /* Runs n <= prefill_chunk tokens through every layer; writes logits of

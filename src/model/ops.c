@@ -1,12 +1,20 @@
 /* ops.c -- the CPU kernels of the forward pass, in f32: RMSNorm, RoPE,
  * linear layers over dense or MLX-quantized weights (threaded over output
- * rows), embedding rows. These are the plain versions; the fast paths of
- * the dense products are the CPU-speed issue's work. */
+ * rows), embedding rows. The dense products themselves are dense.c's. */
 #include "model/model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 
-void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps) {
+/* ------------------------------------------------------------------------
+ * Element-wise rows: RMSNorm and the gated activations. The scalar
+ * versions here define the results; ops_x86.c has AVX2 and AVX-512 tables
+ * held to them (its header states the bounds, tests/test_ops.c checks
+ * them). The table is chosen once per process, not per row or element.
+ * ---------------------------------------------------------------------- */
+
+/* The sum of squares in double: exact squares, one rounding per add. */
+void rlm__rmsnorm_ref(float *y, const float *x, const float *w, int n, double eps) {
   double ss = 0;
   for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
   float r = (float)(1.0 / sqrt(ss / n + eps));
@@ -18,6 +26,45 @@ float rlm__gelu_tanh(float x) {
   const float k = 0.7978845608028654f; /* sqrt(2/pi) */
   return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
+
+void rlm__gelu_tanh_mul_ref(float *y, const float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = rlm__gelu_tanh(g[i]) * u[i];
+}
+
+void rlm__silu_mul_ref(float *y, const float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static const rlm_ops_isa ops_scalar = {
+    .name = "scalar",
+    .rmsnorm = rlm__rmsnorm_ref,
+    .gelu_tanh_mul = rlm__gelu_tanh_mul_ref,
+    .silu_mul = rlm__silu_mul_ref,
+};
+
+const rlm_ops_isa *rlm__ops_isa(const char *isa) {
+  return !strcmp(isa, "scalar") ? &ops_scalar : rlm__ops_x86(isa);
+}
+
+/* The fastest table this CPU runs. Threads racing on the first call all
+ * store the same pointer. */
+static const rlm_ops_isa *ops(void) {
+  static _Atomic(const rlm_ops_isa *) chosen; /* NULL: not chosen yet */
+  const rlm_ops_isa *t = atomic_load_explicit(&chosen, memory_order_relaxed);
+  if (!t) {
+    t = rlm__ops_isa("avx512");
+    if (!t) t = rlm__ops_isa("avx2");
+    if (!t) t = &ops_scalar;
+    atomic_store_explicit(&chosen, t, memory_order_relaxed);
+  }
+  return t;
+}
+
+void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps) { ops()->rmsnorm(y, x, w, n, eps); }
+
+void rlm__gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n) { ops()->gelu_tanh_mul(y, g, u, n); }
+
+void rlm__silu_mul(float *y, const float *g, const float *u, int64_t n) { ops()->silu_mul(y, g, u, n); }
 
 /* Rotate-half RoPE (transformers' default layout): dims i and i + d/2
  * form a pair. The angle is pos * inv_freq in f32, as transformers
@@ -36,59 +83,13 @@ void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64
   }
 }
 
-struct dense_job {
-  const rlm_linear *l;
-  const float *x;
-  int64_t m;
-  float *y;
-};
-
-/* 8 independent partial sums: the compiler can keep them in one vector
- * register (the order is fixed, so results do not depend on the ISA). */
-static float dot8(const float *x, const float *w, int64_t n) {
-  float a[8] = {0};
-  int64_t c = 0;
-  for (; c + 8 <= n; c += 8)
-    for (int k = 0; k < 8; k++) a[k] += x[c + k] * w[c + k];
-  float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-  for (; c < n; c++) s += x[c] * w[c];
-  return s;
-}
-
-enum { DENSE_COLS = 512, DENSE_ROWS = 16 };
-
-/* Output rows [o0, o1) of y = x W^T for a dense W. Each piece of a weight
- * row is widened to f32 once and used for up to DENSE_ROWS inputs. */
-static void dense_rows(void *ctx, int64_t o0, int64_t o1, int ith, int nth) {
-  const struct dense_job *j = ctx;
-  const rlm_linear *l = j->l;
-  const size_t es = rlm_dtype_size(l->dtype);
-  float wf[DENSE_COLS];
-  for (int64_t o = o0; o < o1; o++) {
-    const char *w = (const char *)l->w + (size_t)o * (size_t)l->in * es;
-    for (int64_t i0 = 0; i0 < j->m; i0 += DENSE_ROWS) {
-      const int64_t ni = RLM_MIN(DENSE_ROWS, j->m - i0);
-      float acc[DENSE_ROWS] = {0};
-      for (int64_t c0 = 0; c0 < l->in; c0 += DENSE_COLS) {
-        const int64_t nc = RLM_MIN(DENSE_COLS, l->in - c0);
-        const float *wp = wf;
-        if (l->dtype == RLM_DTYPE_F32) wp = (const float *)w + c0;
-        else rlm__convert(w + (size_t)c0 * es, l->dtype, wf, RLM_DTYPE_F32, nc);
-        for (int64_t i = 0; i < ni; i++) acc[i] += dot8(j->x + (i0 + i) * l->in + c0, wp, nc);
-      }
-      for (int64_t i = 0; i < ni; i++) j->y[(i0 + i) * l->out + o] = acc[i];
-    }
-  }
-}
-
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
                  float *xsum) {
   if (l->quant) {
     rlm__qmatmul(pool, &l->q, x, m, xsum, y);
     return;
   }
-  struct dense_job j = {l, x, m, y};
-  rlm__pool_for(pool, l->out, 16, dense_rows, &j);
+  rlm__dense_matmul(pool, l->w, l->dtype, l->out, l->in, x, m, y);
 }
 
 void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch) {
