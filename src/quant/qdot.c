@@ -175,8 +175,42 @@ RLM_VNNI static inline __m512 chunk_dot(const uint8_t *wp, const int8_t *xq, __m
   return unpacked_dot(_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low), xq);
 }
 
-/* Row by row (two rows interleaved measured slower here: 13.8 vs 24.1
- * tok/s on the Gemma-3-1B shape, one thread). */
+/* Sums each of a[0..3] across its lanes: y4[k] = total of a[k]. One
+ * transposing tree for the four (8 instructions instead of 4 x 8). */
+RLM_VNNI static inline void reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *y4) {
+  /* 256-bit halves, then 128-bit quarters: block k of t holds a[k]'s 4 partial sums */
+  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E)); /* lanes (2,3,0,1) */
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1)); /* lanes (1,0,3,2) */
+  _mm_storeu_ps(y4, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
+}
+
+/* a[k] += b_o . xsum_k over the row's groups (the bias term, folded into
+ * the lanes before the one reduction). */
+RLM_VNNI static inline void bias_x1(const rlm_qmat *w, int64_t o, int64_t ng, const float *xs, __m512 *a) {
+  for (int64_t g = 0; g < ng; g += 16) {
+    const int n = ng - g < 16 ? (int)(ng - g) : 16;
+    const __mmask16 m = (__mmask16)((1u << n) - 1);
+    *a = _mm512_fmadd_ps(load16(w->biases, w->sdtype, o * ng + g, n), _mm512_maskz_loadu_ps(m, xs + g), *a);
+  }
+}
+
+RLM_VNNI static inline void bias_x4(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, __m512 *a) {
+  for (int64_t g = 0; g < ng; g += 16) {
+    const int n = ng - g < 16 ? (int)(ng - g) : 16;
+    const __mmask16 m = (__mmask16)((1u << n) - 1);
+    const __m512 b = load16(w->biases, w->sdtype, o * ng + g, n);
+    for (int k = 0; k < 4; k++) a[k] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, xs[k] + g), a[k]);
+  }
+}
+
+/* Row after row, so the weights are one sequential stream the hardware
+ * prefetchers follow (interleaving rows chunk by chunk made several short
+ * streams they did not: 4 rows 10.7 vs 16.7 tok/s, 2 rows 13.8 vs 24.1).
+ * Four rows' accumulators are kept, the bias term folded into the lanes,
+ * and the four totals reduced together; leftover rows one by one. */
 RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                  int64_t o1, float *y) {
   const int8_t *xq = scratch;
@@ -187,7 +221,22 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
   for (int l = 0; l < 16; l++) lanes[l] = (l / 4) * 32 / w->group_size;
   const __m512i idx = _mm512_load_si512(lanes), low = _mm512_set1_epi8(15);
   const __mmask8 mask = (__mmask8)((1u << per) - 1);
-  for (int64_t o = o0; o < o1; o++) {
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    __m512 a[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+      const uint8_t *r = (const uint8_t *)w->wq + (o + k) * rb;
+      a[k] = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; c++)
+        a[k] = _mm512_fmadd_ps(chunk_dot(r + c * 64, xq + c * 128, low),
+                               _mm512_mul_ps(chunk_scales(w, (o + k) * ng + c * per, mask, idx),
+                                             _mm512_loadu_ps(xd16 + c * 16)), a[k]);
+      bias_x1(w, o + k, ng, xsum, &a[k]);
+    }
+    reduce4(a[0], a[1], a[2], a[3], y + o);
+  }
+  for (; o < o1; o++) {
     const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
     __m512 a0 = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; c++)
@@ -218,29 +267,6 @@ RLM_VNNI static inline void row_x4(const rlm_qmat *w, int64_t o, const int8_t *c
   }
   for (int k = 0; k < n; k++)
     y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]) + bias_dot(w, o, ng, xsum + (i0 + k) * ng);
-}
-
-/* Sums each of a[0..3] across its lanes: y4[k] = total of a[k]. One
- * transposing tree for the four (8 instructions instead of 4 x 8). */
-RLM_VNNI static inline void reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, float *y4) {
-  /* 256-bit halves, then 128-bit quarters: block k of t holds a[k]'s 4 partial sums */
-  const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
-  const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
-  __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E)); /* lanes (2,3,0,1) */
-  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1)); /* lanes (1,0,3,2) */
-  _mm_storeu_ps(y4, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
-}
-
-/* a[k] += b_o . xsum_k over the row's groups (the bias term, folded into
- * the lanes before the one reduction). */
-RLM_VNNI static inline void bias_x4(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, __m512 *a) {
-  for (int64_t g = 0; g < ng; g += 16) {
-    const int n = ng - g < 16 ? (int)(ng - g) : 16;
-    const __mmask16 m = (__mmask16)((1u << n) - 1);
-    const __m512 b = load16(w->biases, w->sdtype, o * ng + g, n);
-    for (int k = 0; k < 4; k++) a[k] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, xs[k] + g), a[k]);
-  }
 }
 
 /* Output rows o, o + 1 against exactly 4 input rows: 8 accumulators in
