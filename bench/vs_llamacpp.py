@@ -83,11 +83,14 @@ def main():
                     help="ringlm's decode activations: 8 = int8 as llama.cpp's Q8_0 (default), 0 = exact f32")
     ap.add_argument("--flash-f16", action="store_true", help="llama.cpp flash attention with f16 KV too")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--llama-commit", default=os.environ.get("LLAMA_CPP_COMMIT"),
+                    help="llama.cpp commit to print (default: git of the build's source tree, if it is one)")
     a = ap.parse_args()
     if not a.llama_bench:
         sys.exit("vs_llamacpp: set LLAMA_BENCH to a llama.cpp build's llama-bench (built outside this repo)")
-    commit = subprocess.run(["git", "-C", os.path.dirname(os.path.dirname(os.path.dirname(a.llama_bench))),
-                             "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = a.llama_commit or subprocess.run(
+        ["git", "-C", os.path.dirname(os.path.dirname(os.path.dirname(a.llama_bench))), "rev-parse", "--short",
+         "HEAD"], capture_output=True, text=True).stdout.strip()
     rows = []
     print(f"| test | KV | llama.cpp t/s | ringlm t/s | ringlm / llama.cpp | llama.cpp RSS MB | ringlm RSS MB |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -101,7 +104,8 @@ def main():
                                  ratio=rt / lt, llama_rss=lrss, ringlm_rss=rrss))
                 print(f"| {name} | {kv} | {lt:.2f} | {rt:.2f} | {rt / lt:.2f}x | {lrss / 2**20:.0f} | "
                       f"{rrss / 2**20:.0f} |", flush=True)
-    print(f"\nmodel {a.model}, weights {a.weights} (ringlm MLX g64 / llama.cpp {GGUF[a.weights]}), "
+    ours = "bf16 safetensors" if a.weights == "f16" else "MLX g64"
+    print(f"\nmodel {a.model}, weights {a.weights} (ringlm {ours} / llama.cpp {GGUF[a.weights]}), "
           f"{a.threads} threads, llama.cpp {commit or '(commit unknown)'}")
     if a.json:
         json.dump({"model": a.model, "weights": a.weights, "threads": a.threads, "llama_cpp_commit": commit,

@@ -53,10 +53,11 @@ static void project_qkv(rlm_session *s, int li, int n) {
   if (L->q_norm) norm_heads(s->q, n * c->n_heads, hd, L->q_norm, c->rms_eps);
   if (own && L->k_norm) norm_heads(s->k, n * nkv, hd, L->k_norm, c->rms_eps);
   if (own && c->v_norm) norm_heads(s->v, n * nkv, hd, NULL, c->rms_eps);
-  const float *inv = c->sliding[li] ? m->inv_freq_local : m->inv_freq;
+  const size_t half = (size_t)c->max_head_dim / 2;
+  const float *cs = s->rope + (c->sliding[li] ? (size_t)s->p.prefill_chunk * 2 * half : 0);
   for (int j = 0; j < n; j++) {
-    rlm__rope(s->q + (size_t)j * c->n_heads * hd, c->n_heads, hd, inv, s->pos + j);
-    if (own) rlm__rope(s->k + (size_t)j * nkv * hd, nkv, hd, inv, s->pos + j);
+    rlm__rope(s->q + (size_t)j * c->n_heads * hd, c->n_heads, hd, cs + (size_t)j * 2 * half);
+    if (own) rlm__rope(s->k + (size_t)j * nkv * hd, nkv, hd, cs + (size_t)j * 2 * half);
   }
 }
 
@@ -214,6 +215,11 @@ rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits
     for (int i = 0; m->embed_scale != 1.0f && i < H; i++) s->x[(size_t)j * H + i] *= m->embed_scale;
   }
   if (m->cfg.ple_dim) per_layer_inputs(s, ids, n);
+  const int half = m->cfg.max_head_dim / 2;
+  for (int j = 0; j < n; j++) { /* the chunk's RoPE angles, once for all layers */
+    rlm__rope_angles(s->rope + (size_t)j * 2 * half, m->inv_freq, half, s->pos + j);
+    rlm__rope_angles(s->rope + ((size_t)s->p.prefill_chunk + j) * 2 * half, m->inv_freq_local, half, s->pos + j);
+  }
   for (int li = 0; li < m->cfg.n_layers; li++) {
     rlm_status rc = attention_block(s, li, n, err);
     if (rc) return rc;

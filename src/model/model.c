@@ -336,9 +336,10 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   size_t in_max = RLM_MAX(RLM_MAX((size_t)c->max_inter, (size_t)c->hidden), qd);
   size_t moe = c->n_experts ? 4 * (size_t)c->hidden + (size_t)c->n_experts + 3 * (size_t)c->moe_inter : 1;
   float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum, &s->logits_tmp,
-                    &s->ple, &s->ple_tmp, &s->moe};
+                    &s->ple, &s->ple_tmp, &s->moe, &s->rope};
   size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
-                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe};
+                    n * in_max, (size_t)c->vocab, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe,
+                    2 * n * (size_t)c->max_head_dim};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
     if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
   size_t q8 = s->p.act_bits == 8 ? rlm__qmatmul_q8_bytes((int64_t)n, (int64_t)in_max, 32) : 0;
@@ -380,7 +381,7 @@ void rlm_session_free(rlm_session *s) {
   for (int i = 0; s->kv && i < s->m->cfg.n_layers; i++) rlm_kv_free(s->kv[i]);
   rlm__free(s->kv);
   float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->logits_tmp, s->ple, s->ple_tmp,
-                   s->moe};
+                   s->moe, s->rope};
   rlm__free(s->q8);
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) rlm__free(bufs[i]);
   rlm__pool_free(s->pool);

@@ -127,6 +127,8 @@ struct rlm_session {
   float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
   float *moe;                 /* MoE: one token's router and expert work */
   void *q8;                   /* act_bits 8: quantized activation rows   */
+  float *rope;                /* [2][chunk][max_head_dim/2][cos, sin]:    */
+                              /* the chunk's angles, full then sliding    */
 };
 
 /* ---- config.c ---------------------------------------------------------- */
@@ -166,7 +168,11 @@ void rlm__rmsnorm_ref(float *y, const float *x, const float *w, int n, double ep
 void rlm__gelu_tanh_mul_ref(float *y, const float *g, const float *u, int64_t n);
 void rlm__silu_mul_ref(float *y, const float *g, const float *u, int64_t n);
 float rlm__gelu_tanh(float x);
-void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64_t pos);
+/* cs[i] = cos, sin of pos * inv_freq[i] for i < half: computed once per
+ * chunk and position, shared by every layer of that kind. */
+void rlm__rope_angles(float *cs, const float *inv_freq, int half, int64_t pos);
+/* Rotates n_heads heads of head_dim in place by the angles cs. */
+void rlm__rope(float *x, int n_heads, int head_dim, const float *cs);
 /* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
                  float *xsum);

@@ -66,17 +66,23 @@ void rlm__gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n) { o
 
 void rlm__silu_mul(float *y, const float *g, const float *u, int64_t n) { ops()->silu_mul(y, g, u, n); }
 
-/* Rotate-half RoPE (transformers' default layout): dims i and i + d/2
- * form a pair. The angle is pos * inv_freq in f32, as transformers
- * computes it, so both round the same way. */
-void rlm__rope(float *x, int n_heads, int head_dim, const float *inv_freq, int64_t pos) {
-  const int half = head_dim / 2;
+/* The angle is pos * inv_freq in f32, as transformers computes it, so both
+ * round the same way; cos and sin in double, rounded once. */
+void rlm__rope_angles(float *cs, const float *inv_freq, int half, int64_t pos) {
   for (int i = 0; i < half; i++) {
-    float ang = (float)pos * inv_freq[i];
-    float c = (float)cos((double)ang), s = (float)sin((double)ang);
-    for (int h = 0; h < n_heads; h++) {
-      float *p = x + (size_t)h * head_dim;
-      float a = p[i], b = p[i + half];
+    const float ang = (float)pos * inv_freq[i];
+    cs[2 * i] = (float)cos((double)ang), cs[2 * i + 1] = (float)sin((double)ang);
+  }
+}
+
+/* Rotate-half RoPE (transformers' default layout): dims i and i + d/2
+ * form a pair. */
+void rlm__rope(float *x, int n_heads, int head_dim, const float *cs) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < n_heads; h++) {
+    float *p = x + (size_t)h * head_dim;
+    for (int i = 0; i < half; i++) {
+      const float c = cs[2 * i], s = cs[2 * i + 1], a = p[i], b = p[i + half];
       p[i] = a * c - b * s;
       p[i + half] = b * c + a * s;
     }

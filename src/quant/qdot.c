@@ -187,8 +187,8 @@ RLM_VNNI static inline void reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, 
   _mm_storeu_ps(y4, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
 }
 
-/* a[k] += b_o . xsum_k over the row's groups (the bias term, folded into
- * the lanes before the one reduction). */
+/* *a += b_o . xs over row o's groups: the bias term, folded into the lanes
+ * before the one reduction. */
 RLM_VNNI static inline void bias_x1(const rlm_qmat *w, int64_t o, int64_t ng, const float *xs, __m512 *a) {
   for (int64_t g = 0; g < ng; g += 16) {
     const int n = ng - g < 16 ? (int)(ng - g) : 16;
@@ -197,6 +197,8 @@ RLM_VNNI static inline void bias_x1(const rlm_qmat *w, int64_t o, int64_t ng, co
   }
 }
 
+/* The same for 4 input rows: a[k] += b_o . xs[k], each bias piece loaded
+ * once for the four. */
 RLM_VNNI static inline void bias_x4(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, __m512 *a) {
   for (int64_t g = 0; g < ng; g += 16) {
     const int n = ng - g < 16 ? (int)(ng - g) : 16;
