@@ -13,6 +13,7 @@
 
 #include <inttypes.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <math.h>
@@ -106,6 +107,37 @@ static inline void t_run(const char *name, void (*fn)(void)) {
   } else {
     t_pass++;
     printf("ok   %s\n", name);
+  }
+}
+
+/* A test has nothing to recover: out of memory ends it. */
+static inline void *xmalloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) {
+    fprintf(stderr, "out of memory\n");
+    exit(2);
+  }
+  return p;
+}
+
+#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* One suite run per kernel variant: each case as "isa/case", or a
+ * "skipped" line (not a pass) when this CPU lacks the ISA. */
+typedef struct t_case {
+  const char *name;
+  void (*fn)(void);
+} t_case;
+
+static inline void t_run_isa(const char *isa, bool available, const t_case *cases, int n) {
+  if (!available) {
+    printf("skipped: %s not supported by this CPU\n", isa);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    char full[128];
+    snprintf(full, sizeof full, "%s/%s", isa, cases[i].name);
+    t_run(full, cases[i].fn);
   }
 }
 

@@ -21,20 +21,10 @@
 static const double REL_TOL = 1e-5;
 static const rlm_dtype DTYPES[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
 static const char *const ISAS[] = {"scalar", "avx2", "avx512"};
-#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static rlm_dense_fn g_fn;     /* the variant under test */
 static uint64_t g_seed = 0xde45e5eedull;
 static double g_worst;        /* largest error / bound seen */
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(2);
-  }
-  return p;
-}
 
 /* ---- inputs and the exact product ---------------------------------------- */
 
@@ -167,24 +157,13 @@ static void empty_rows_are_zero(void) {
 
 static void run_isa(const char *name) {
   g_fn = rlm__dense_matmul_isa(name);
-  if (!g_fn) {
-    printf("skipped: %s not supported by this CPU\n", name);
-    return;
-  }
-  static const struct {
-    const char *name;
-    void (*fn)(void);
-  } tests[] = {
+  static const t_case tests[] = {
       {"matches_exact", matches_exact},
       {"matches_exact_large", matches_exact_large},
       {"matches_exact_threaded", matches_exact_threaded},
       {"empty_rows_are_zero", empty_rows_are_zero},
   };
-  for (int i = 0; i < N_OF(tests); i++) {
-    char full[128];
-    snprintf(full, sizeof full, "%s/%s", name, tests[i].name);
-    t_run(full, tests[i].fn);
-  }
+  t_run_isa(name, g_fn != NULL, tests, N_OF(tests));
 }
 
 /* ---- the bound itself and dispatch ------------------------------------------ */

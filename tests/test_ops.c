@@ -21,7 +21,6 @@
 
 #include <float.h>
 
-#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* gelu, silu vs scalar: at most 2.38e-7 over every finite float against
  * glibc 2.36's tanhf and expf (ops_x86.c); the room is for another libm. */
@@ -30,15 +29,6 @@ static const double RMS_TOL = 1e-6; /* rmsnorm vs double                    */
 static const float GUARD = 1234.5f; /* written around rows, must survive    */
 
 static const rlm_ops_isa *g_t; /* the table under test */
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(2);
-  }
-  return p;
-}
 
 typedef void (*act_fn)(float *y, const float *g, const float *u, int64_t n);
 
@@ -261,14 +251,7 @@ TEST(rmsnorm_zero_row) {
 
 static void run_table(const char *name) {
   g_t = rlm__ops_isa(name);
-  if (!g_t) {
-    printf("skipped: %s not supported by this CPU\n", name);
-    return;
-  }
-  static const struct {
-    const char *name;
-    void (*fn)(void);
-  } tests[] = {
+  static const t_case tests[] = {
       {"gelu_sweep", gelu_sweep},
       {"silu_sweep", silu_sweep},
       {"gelu_times_u", gelu_times_u},
@@ -278,16 +261,10 @@ static void run_table(const char *name) {
       {"rmsnorm_vs_double", rmsnorm_vs_double},
       {"rmsnorm_zero_row", rmsnorm_zero_row},
   };
-  for (int i = 0; i < N_OF(tests); i++) {
-    char full[128];
-    snprintf(full, sizeof full, "%s/%s", name, tests[i].name);
-    t_run(full, tests[i].fn);
-  }
-  if (strcmp(name, "scalar")) { /* the scalar versions give NaN for -inf * 0 */
-    char full[128];
-    snprintf(full, sizeof full, "%s/act_saturate", name);
-    t_run(full, act_saturate);
-  }
+  t_run_isa(name, g_t != NULL, tests, N_OF(tests));
+  /* the scalar versions give NaN for -inf * 0 */
+  const t_case saturate = {"act_saturate", act_saturate};
+  if (g_t && strcmp(name, "scalar")) t_run_isa(name, true, &saturate, 1);
 }
 
 /* The dispatching entry points go through the fastest table: same bits. */

@@ -21,19 +21,9 @@
 static const int BITS[] = {2, 3, 4, 5, 6, 8};
 static const int GROUPS[] = {32, 64, 128};
 static const rlm_dtype DTYPES[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
-#define N_OF(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static const rlm_quant_kernels *g_k; /* the table under test */
 static uint64_t g_seed = 0x5eedf00dull;
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  if (!p) {
-    fprintf(stderr, "out of memory\n");
-    exit(2);
-  }
-  return p;
-}
 
 /* ---- inputs --------------------------------------------------------------- */
 
@@ -403,15 +393,8 @@ TEST(dispatch_picks_fastest) {
 }
 
 static void run_table(const char *name, const rlm_quant_kernels *k) {
-  if (!k) {
-    printf("skipped: %s not supported by this CPU\n", name);
-    return;
-  }
   g_k = k;
-  static const struct {
-    const char *name;
-    void (*fn)(void);
-  } tests[] = {
+  static const t_case tests[] = {
       {"quantize_bit_exact", quantize_bit_exact},
       {"quantize_each_group_kind", quantize_each_group_kind},
       {"quantize_non_finite", quantize_non_finite},
@@ -419,11 +402,7 @@ static void run_table(const char *name, const rlm_quant_kernels *k) {
       {"qmatmul_matches_ref", qmatmul_matches_ref},
       {"qmatmul_many_tiles", qmatmul_many_tiles},
   };
-  for (int i = 0; i < N_OF(tests); i++) {
-    char full[128];
-    snprintf(full, sizeof full, "%s/%s", name, tests[i].name);
-    t_run(full, tests[i].fn);
-  }
+  t_run_isa(name, k != NULL, tests, N_OF(tests));
 }
 
 /* ---- 4-bit weights x int8 activations (qdot.c) ---------------------------- */

@@ -517,7 +517,6 @@ static void fused_scalar(const rlm_attn_args *a, float *scratch) {
 
 #if defined(__x86_64__)
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #define RLM_F16C __attribute__((target("f16c")))
@@ -1147,28 +1146,6 @@ static void fused_avx512(const rlm_attn_args *a, float *scratch) {
   attn_run(&isa_avx512, a, scratch);
 }
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
- * does not know the name. Only asked after AVX2 passed, so the OS already
- * saves the YMM state F16C needs. */
-static bool cpu_has_f16c(void) {
-  unsigned eax, ebx, ecx, edx;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-}
-
-/* __builtin_cpu_supports also covers the OS side (XSAVE state enabled for
- * the wider registers), so a variant is only handed out when it can run. */
-static bool cpu_has_avx2(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-}
-
-static bool cpu_has_avx512(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         cpu_has_avx2();
-}
-
 #endif /* __x86_64__ */
 
 /* ========================================================================
@@ -1178,8 +1155,8 @@ static bool cpu_has_avx512(void) {
 rlm_attn_fused_fn rlm__attn_fused_isa(const char *isa) {
   if (!strcmp(isa, "scalar")) return fused_scalar;
 #if defined(__x86_64__)
-  if (!strcmp(isa, "avx2")) return cpu_has_avx2() ? fused_avx2 : NULL;
-  if (!strcmp(isa, "avx512")) return cpu_has_avx512() ? fused_avx512 : NULL;
+  if (!strcmp(isa, "avx2")) return rlm__cpu_avx2() ? fused_avx2 : NULL;
+  if (!strcmp(isa, "avx512")) return rlm__cpu_avx512() ? fused_avx512 : NULL;
 #endif
   return NULL;
 }

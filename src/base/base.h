@@ -150,6 +150,13 @@ void rlm__pool_for(rlm_pool *p, int64_t n, int64_t grain, rlm_range_fn fn,
 int rlm__cpu_count(void);
 
 /* ------------------------------------------------------------------------
+ * Vector instruction sets (cpu.c), OS support included; false off x86-64.
+ * ---------------------------------------------------------------------- */
+bool rlm__cpu_avx2(void);        /* AVX2, FMA, F16C                     */
+bool rlm__cpu_avx512(void);      /* and AVX-512 F, BW, VL, DQ           */
+bool rlm__cpu_avx512_vnni(void); /* and AVX-512 VNNI                    */
+
+/* ------------------------------------------------------------------------
  * JSON (json.c) over jansson. Parse errors name the file, line and column.
  * ---------------------------------------------------------------------- */
 typedef struct json_t json_t;

@@ -122,7 +122,6 @@ static void dense_scalar(rlm_pool *pool, const void *w, rlm_dtype dtype, int64_t
  * Shared by the vector variants: tiles and their edges.
  * ====================================================================== */
 
-#include <cpuid.h>
 #include <immintrin.h>
 
 #define RLM_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -505,28 +504,6 @@ static void dense_avx512(rlm_pool *pool, const void *w, rlm_dtype dtype, int64_t
   dense_run(pool, rows_avx512, w, dtype, out, in, x, m, y);
 }
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
- * does not know the name. Only asked after AVX2 passed, so the OS already
- * saves the YMM state F16C needs. */
-static bool cpu_has_f16c(void) {
-  unsigned eax, ebx, ecx, edx;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-}
-
-/* __builtin_cpu_supports also covers the OS side (XSAVE state enabled for
- * the wider registers), so a variant is only handed out when it can run. */
-static bool cpu_has_avx2(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-}
-
-static bool cpu_has_avx512(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         cpu_has_avx2();
-}
-
 #endif /* __x86_64__ */
 
 /* ========================================================================
@@ -536,8 +513,8 @@ static bool cpu_has_avx512(void) {
 rlm_dense_fn rlm__dense_matmul_isa(const char *isa) {
   if (!strcmp(isa, "scalar")) return dense_scalar;
 #if defined(__x86_64__)
-  if (!strcmp(isa, "avx2")) return cpu_has_avx2() ? dense_avx2 : NULL;
-  if (!strcmp(isa, "avx512")) return cpu_has_avx512() ? dense_avx512 : NULL;
+  if (!strcmp(isa, "avx2")) return rlm__cpu_avx2() ? dense_avx2 : NULL;
+  if (!strcmp(isa, "avx512")) return rlm__cpu_avx512() ? dense_avx512 : NULL;
 #endif
   return NULL;
 }

@@ -54,7 +54,6 @@
 
 #if defined(__x86_64__)
 
-#include <cpuid.h>
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
@@ -303,30 +302,9 @@ static const rlm_ops_isa ops_avx512 = {
     .silu_mul = silu_mul_avx512,
 };
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
- * does not know the name. Nothing here uses F16C; it is asked for so the
- * AVX2 table means what it means elsewhere in the library. */
-static bool cpu_has_f16c(void) {
-  unsigned eax, ebx, ecx, edx;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-}
-
-/* __builtin_cpu_supports also covers the OS side (XSAVE state enabled for
- * the wider registers). */
-static bool cpu_has_avx2(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-}
-
-static bool cpu_has_avx512(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && cpu_has_avx2();
-}
-
 const rlm_ops_isa *rlm__ops_x86(const char *isa) {
-  if (!strcmp(isa, "avx2")) return cpu_has_avx2() ? &ops_avx2 : NULL;
-  if (!strcmp(isa, "avx512")) return cpu_has_avx512() ? &ops_avx512 : NULL;
+  if (!strcmp(isa, "avx2")) return rlm__cpu_avx2() ? &ops_avx2 : NULL;
+  if (!strcmp(isa, "avx512")) return rlm__cpu_avx512() ? &ops_avx512 : NULL;
   return NULL;
 }
 

@@ -86,12 +86,11 @@ RLM_VNNI static void q8act_quantize_avx512(const float *x, int64_t cols, void *s
   }
 }
 
-static bool have_vnni(void);
 #endif
 
 void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (have_vnni()) {
+  if (rlm__cpu_avx512_vnni()) {
     q8act_quantize_avx512(x, cols, scratch);
     return;
   }
@@ -342,12 +341,6 @@ RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t 
   }
 }
 
-static bool have_vnni(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vl");
-}
 #endif
 
 /* The reference for m rows: one mat-vec per input row. */
@@ -360,14 +353,14 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
 
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(void) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (have_vnni()) return qmm_q8_rows;
+  if (rlm__cpu_avx512_vnni()) return qmm_q8_rows;
 #endif
   return rlm__qmm_q8_ref;
 }
 
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(void) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (have_vnni()) return qmv_q8_rows;
+  if (rlm__cpu_avx512_vnni()) return qmv_q8_rows;
 #endif
   return rlm__qmv_q8_ref;
 }

@@ -50,7 +50,6 @@
 
 #if defined(__x86_64__)
 
-#include <cpuid.h>
 #include <float.h>
 #include <immintrin.h>
 
@@ -909,27 +908,9 @@ static const rlm_quant_kernels kernels_avx512 = {
     .qmatmul = qmatmul_avx512,
 };
 
-/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
- * does not know the name. Only asked after AVX2 passed, so the OS already
- * saves the YMM state F16C needs. */
-static bool cpu_has_f16c(void) {
-  unsigned eax, ebx, ecx, edx;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
-}
+const rlm_quant_kernels *rlm__quant_kernels_avx2(void) { return rlm__cpu_avx2() ? &kernels_avx2 : NULL; }
 
-const rlm_quant_kernels *rlm__quant_kernels_avx2(void) {
-  __builtin_cpu_init();
-  bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-  return ok ? &kernels_avx2 : NULL;
-}
-
-const rlm_quant_kernels *rlm__quant_kernels_avx512(void) {
-  __builtin_cpu_init();
-  bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
-  return ok ? &kernels_avx512 : NULL;
-}
+const rlm_quant_kernels *rlm__quant_kernels_avx512(void) { return rlm__cpu_avx512() ? &kernels_avx512 : NULL; }
 
 #else /* not x86-64: no fast paths, the reference table is used */
 
