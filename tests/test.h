@@ -110,9 +110,10 @@ static inline void t_run(const char *name, void (*fn)(void)) {
   }
 }
 
-/* A test has nothing to recover: out of memory ends it. */
+/* A test has nothing to recover: out of memory ends it. Zeroed, so no
+ * byte a test forgets to fill is indeterminate. */
 static inline void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
+  void *p = calloc(n ? n : 1, 1);
   if (!p) {
     fprintf(stderr, "out of memory\n");
     exit(2);
