@@ -38,6 +38,13 @@ static void norm_heads(float *x, int n_vec, int hd, const float *w, double eps) 
   for (int i = 0; i < n_vec; i++) rlm__rmsnorm(x + (size_t)i * hd, x + (size_t)i * hd, w, hd, eps);
 }
 
+/* The RoPE angles of token j of the chunk for one kind of layer: s->rope
+ * is [full, sliding][prefill_chunk][max_head_dim / 2][cos, sin]. */
+static float *rope_row(const rlm_session *s, bool sliding, int j) {
+  const size_t row = (size_t)s->m->cfg.max_head_dim;
+  return s->rope + ((sliding ? (size_t)s->p.prefill_chunk : 0) + (size_t)j) * row;
+}
+
 /* q, k, v of the chunk for layer li: projections, norms, RoPE. A KV-shared
  * layer computes only q. */
 static void project_qkv(rlm_session *s, int li, int n) {
@@ -53,11 +60,10 @@ static void project_qkv(rlm_session *s, int li, int n) {
   if (L->q_norm) norm_heads(s->q, n * c->n_heads, hd, L->q_norm, c->rms_eps);
   if (own && L->k_norm) norm_heads(s->k, n * nkv, hd, L->k_norm, c->rms_eps);
   if (own && c->v_norm) norm_heads(s->v, n * nkv, hd, NULL, c->rms_eps);
-  const size_t half = (size_t)c->max_head_dim / 2;
-  const float *cs = s->rope + (c->sliding[li] ? (size_t)s->p.prefill_chunk * 2 * half : 0);
   for (int j = 0; j < n; j++) {
-    rlm__rope(s->q + (size_t)j * c->n_heads * hd, c->n_heads, hd, cs + (size_t)j * 2 * half);
-    if (own) rlm__rope(s->k + (size_t)j * nkv * hd, nkv, hd, cs + (size_t)j * 2 * half);
+    const float *cs = rope_row(s, c->sliding[li], j);
+    rlm__rope(s->q + (size_t)j * c->n_heads * hd, c->n_heads, hd, cs);
+    if (own) rlm__rope(s->k + (size_t)j * nkv * hd, nkv, hd, cs);
   }
 }
 
@@ -216,9 +222,9 @@ rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits
   }
   if (m->cfg.ple_dim) per_layer_inputs(s, ids, n);
   const int half = m->cfg.max_head_dim / 2;
-  for (int j = 0; j < n; j++) { /* the chunk's RoPE angles, once for all layers */
-    rlm__rope_angles(s->rope + (size_t)j * 2 * half, m->inv_freq, half, s->pos + j);
-    rlm__rope_angles(s->rope + ((size_t)s->p.prefill_chunk + j) * 2 * half, m->inv_freq_local, half, s->pos + j);
+  for (int j = 0; j < n; j++) { /* the chunk's RoPE angles, once for all layers of a kind */
+    if (m->has_full) rlm__rope_angles(rope_row(s, false, j), m->inv_freq, half, s->pos + j);
+    if (m->has_sliding) rlm__rope_angles(rope_row(s, true, j), m->inv_freq_local, half, s->pos + j);
   }
   for (int li = 0; li < m->cfg.n_layers; li++) {
     rlm_status rc = attention_block(s, li, n, err);

@@ -247,6 +247,7 @@ static rlm_status bind_rope(rlm_model *m, rlm_error *err) {
                       rlm__st_file_path(m->st, 0), *h, c->layer_head_dim[i]);
     *h = c->layer_head_dim[i];
   }
+  m->has_full = hd[0] != 0, m->has_sliding = hd[1] != 0;
   if (hd[0]) rope_freqs(&c->rope, hd[0], m->inv_freq);
   if (hd[1]) rope_freqs(&c->rope_local, hd[1], m->inv_freq_local);
   return RLM_OK;

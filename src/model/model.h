@@ -112,6 +112,7 @@ struct rlm_model {
   float ple_embed_scale;      /* sqrt(ple_dim) in the weights' dtype     */
   float *inv_freq;            /* [max_head_dim / 2] full-attention layers */
   float *inv_freq_local;      /* [max_head_dim / 2] sliding layers       */
+  bool has_full, has_sliding; /* which of the two kinds the layers use   */
   float embed_scale;          /* 1, or sqrt(hidden) in the weights' dtype */
   rlm_arena arena;            /* f32 copies of norms, inv_freq, layers   */
 };

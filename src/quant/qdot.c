@@ -150,15 +150,14 @@ RLM_VNNI static inline __m512 load16(const void *p, rlm_dtype t, int64_t i, int 
   return _mm512_cvtph_ps(h);
 }
 
-/* sum_g b_og * xsum_g over a row's groups. */
-RLM_VNNI static inline float bias_dot(const rlm_qmat *w, int64_t o, int64_t ng, const float *xsum) {
-  __m512 acc = _mm512_setzero_ps();
+/* *a += b_o . xs over row o's groups: the bias term, folded into the lanes
+ * before the one reduction. */
+RLM_VNNI static inline void bias_x1(const rlm_qmat *w, int64_t o, int64_t ng, const float *xs, __m512 *a) {
   for (int64_t g = 0; g < ng; g += 16) {
-    int n = ng - g < 16 ? (int)(ng - g) : 16;
-    acc = _mm512_fmadd_ps(load16(w->biases, w->sdtype, o * ng + g, n),
-                          _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), xsum + g), acc);
+    const int n = ng - g < 16 ? (int)(ng - g) : 16;
+    const __mmask16 m = (__mmask16)((1u << n) - 1);
+    *a = _mm512_fmadd_ps(load16(w->biases, w->sdtype, o * ng + g, n), _mm512_maskz_loadu_ps(m, xs + g), *a);
   }
-  return _mm512_reduce_add_ps(acc);
 }
 
 /* Unpacked codes of a chunk (lo: even elements, hi: odd) against one
@@ -184,16 +183,6 @@ RLM_VNNI static inline void reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, 
   t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E)); /* lanes (2,3,0,1) */
   t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1)); /* lanes (1,0,3,2) */
   _mm_storeu_ps(y4, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
-}
-
-/* *a += b_o . xs over row o's groups: the bias term, folded into the lanes
- * before the one reduction. */
-RLM_VNNI static inline void bias_x1(const rlm_qmat *w, int64_t o, int64_t ng, const float *xs, __m512 *a) {
-  for (int64_t g = 0; g < ng; g += 16) {
-    const int n = ng - g < 16 ? (int)(ng - g) : 16;
-    const __mmask16 m = (__mmask16)((1u << n) - 1);
-    *a = _mm512_fmadd_ps(load16(w->biases, w->sdtype, o * ng + g, n), _mm512_maskz_loadu_ps(m, xs + g), *a);
-  }
 }
 
 /* The same for 4 input rows: a[k] += b_o . xs[k], each bias piece loaded
@@ -244,7 +233,8 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
       a0 = _mm512_fmadd_ps(chunk_dot(r0 + c * 64, xq + c * 128, low),
                            _mm512_mul_ps(chunk_scales(w, o * ng + c * per, mask, idx),
                                          _mm512_loadu_ps(xd16 + c * 16)), a0);
-    y[o] = _mm512_reduce_add_ps(a0) + bias_dot(w, o, ng, xsum);
+    bias_x1(w, o, ng, xsum, &a0);
+    y[o] = _mm512_reduce_add_ps(a0);
   }
 }
 
@@ -266,8 +256,10 @@ RLM_VNNI static inline void row_x4(const rlm_qmat *w, int64_t o, const int8_t *c
                                acc[k]);
     }
   }
-  for (int k = 0; k < n; k++)
-    y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]) + bias_dot(w, o, ng, xsum + (i0 + k) * ng);
+  for (int k = 0; k < n; k++) {
+    bias_x1(w, o, ng, xsum + (i0 + k) * ng, &acc[k]);
+    y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]);
+  }
 }
 
 /* Output rows o, o + 1 against exactly 4 input rows: 8 accumulators in
