@@ -53,6 +53,18 @@ extern "C" {
 /* The version of the library actually linked, as "MAJOR.MINOR.PATCH". */
 RLM_API const char *rlm_version(void);
 
+/* The machine as the library sees it, for thread defaults and messages.
+ * Worked out once per process; thread-safe. */
+typedef struct rlm_cpu_info {
+  int n_physical;       /* physical cores this process may run on (SMT
+                           siblings counted once): the default n_threads */
+  int n_available;      /* logical CPUs of this process's affinity mask */
+  const char *features; /* vector sets the kernels use here, e.g.
+                           "AVX2 AVX-512 VNNI", or "scalar"; static    */
+} rlm_cpu_info;
+
+RLM_API rlm_cpu_info rlm_cpu_info_get(void);
+
 /* ------------------------------------------------------------------------
  * Status and error detail.
  * Values are append-only: they may be stored or sent over the wire.
@@ -523,6 +535,7 @@ typedef struct rlm_model_info {
   int32_t bos;                /* -1: none                                 */
   int32_t eos[8];
   int n_eos;
+  int64_t max_positions;      /* max_position_embeddings; 0: not given    */
 } rlm_model_info;
 
 typedef struct rlm_layer_info {
@@ -536,7 +549,7 @@ RLM_API void rlm_model_get_info(const rlm_model *m, rlm_model_info *out);
 RLM_API void rlm_model_layer_info(const rlm_model *m, int layer, rlm_layer_info *out);
 
 typedef struct rlm_session_params {
-  int n_threads;      /* <= 0: all cores                                     */
+  int n_threads;      /* <= 0: the physical cores (rlm_cpu_info_get)         */
   int prefill_chunk;  /* tokens per prefill step (default 512)               */
   int k_bits, v_bits; /* 0: dense KV in the model's dtype; else 2..8 each    */
   int kv_group_size;  /* default 64                                          */

@@ -139,7 +139,7 @@ typedef struct rlm_pool rlm_pool;
 typedef void (*rlm_range_fn)(void *ctx, int64_t i0, int64_t i1, int ith,
                              int nth);
 
-/* n_threads <= 0: the number of online CPUs. */
+/* n_threads <= 0: the physical cores (rlm__cpu_physical). */
 rlm_status rlm__pool_create(rlm_pool **out, int n_threads, rlm_error *err);
 void rlm__pool_free(rlm_pool *p);
 int rlm__pool_size(const rlm_pool *p);
@@ -147,7 +147,8 @@ int rlm__pool_size(const rlm_pool *p);
  * `grain` (except the last). pool may be NULL: runs inline. */
 void rlm__pool_for(rlm_pool *p, int64_t n, int64_t grain, rlm_range_fn fn,
                    void *ctx);
-int rlm__cpu_count(void);
+int rlm__cpu_count(void);    /* online logical CPUs */
+int rlm__cpu_physical(void); /* physical cores of the affinity mask */
 
 /* ------------------------------------------------------------------------
  * Vector instruction sets (cpu.c), OS support included; false off x86-64.

@@ -1,6 +1,6 @@
 /* cpu.c -- which vector instruction sets this CPU (and its OS) can run,
  * for the kernels' run-time dispatch (attn/, quant/, model/ pick their
- * tables through these).
+ * tables through these), and how many cores the process may use.
  *
  * __builtin_cpu_supports also covers the OS side (XSAVE state enabled for
  * the wider registers), so a level is only reported when code using it
@@ -13,6 +13,7 @@
  */
 #include "base.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 enum { CPU_KNOWN = 1, CPU_AVX2 = 2, CPU_AVX512 = 4, CPU_VNNI = 8 };
@@ -45,3 +46,80 @@ static int features(void) {
 bool rlm__cpu_avx2(void) { return features() & CPU_AVX2; }
 bool rlm__cpu_avx512(void) { return features() & CPU_AVX512; }
 bool rlm__cpu_avx512_vnni(void) { return features() & CPU_VNNI; }
+
+/* ------------------------------------------------------------------------
+ * Cores. The default thread count is the physical cores this process may
+ * run on: decode is bound by memory bandwidth and the products by the
+ * vector units, which SMT siblings share, so a second thread per core
+ * only adds synchronisation (llama.cpp defaults the same way). Cores are
+ * told apart by sysfs (package, core id) of each CPU in the affinity
+ * mask; without sysfs every logical CPU counts as a core.
+ * ---------------------------------------------------------------------- */
+#if defined(__linux__)
+#include <sched.h>
+#include <stdio.h>
+
+static int read_topology(int cpu, const char *field) {
+  char path[128];
+  snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/%s", cpu, field);
+  FILE *f = fopen(path, "r");
+  int v = -1;
+  if (f && fscanf(f, "%d", &v) != 1) v = -1;
+  if (f) fclose(f);
+  return v;
+}
+
+/* Distinct (package, core) pairs among the CPUs of `set`; 0 if unknown. */
+static int physical_cores(const cpu_set_t *set) {
+  enum { MAX_CORES = 1024 };
+  static long seen[MAX_CORES]; /* only called under the once-guard below */
+  int n = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, set)) continue;
+    int pkg = read_topology(cpu, "physical_package_id");
+    int core = read_topology(cpu, "core_id");
+    if (pkg < 0 || core < 0) return 0;
+    long key = (long)pkg << 32 | (unsigned)core;
+    int i = 0;
+    while (i < n && seen[i] != key) i++;
+    if (i == n && n < MAX_CORES) seen[n++] = key;
+  }
+  return n;
+}
+
+static void count_cores(int *n_physical, int *n_available) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) {
+    *n_available = *n_physical = rlm__cpu_count();
+    return;
+  }
+  *n_available = CPU_COUNT(&set) > 0 ? CPU_COUNT(&set) : 1;
+  int p = physical_cores(&set);
+  *n_physical = p > 0 && p <= *n_available ? p : *n_available;
+}
+#else
+static void count_cores(int *n_physical, int *n_available) {
+  *n_available = *n_physical = rlm__cpu_count();
+}
+#endif
+
+static const char *feature_names(void) {
+  if (rlm__cpu_avx512_vnni()) return "AVX2 AVX-512 VNNI";
+  if (rlm__cpu_avx512()) return "AVX2 AVX-512";
+  if (rlm__cpu_avx2()) return "AVX2";
+  return "scalar";
+}
+
+static pthread_once_t cores_once = PTHREAD_ONCE_INIT;
+static int g_physical, g_available;
+
+static void cores_init(void) { count_cores(&g_physical, &g_available); }
+
+rlm_cpu_info rlm_cpu_info_get(void) {
+  pthread_once(&cores_once, cores_init);
+  return (rlm_cpu_info){.n_physical = g_physical, .n_available = g_available,
+                        .features = feature_names()};
+}
+
+int rlm__cpu_physical(void) { return rlm_cpu_info_get().n_physical; }

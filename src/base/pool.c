@@ -95,7 +95,7 @@ static void *worker_main(void *arg) {
 
 rlm_status rlm__pool_create(rlm_pool **out, int n_threads, rlm_error *err) {
   *out = NULL;
-  if (n_threads <= 0) n_threads = rlm__cpu_count();
+  if (n_threads <= 0) n_threads = rlm__cpu_physical();
   if (n_threads > 1024)
     return rlm__err(err, RLM_ERR_INVALID, "thread pool: %d threads is too many", n_threads);
   rlm_pool *p = rlm__calloc(1, sizeof *p);
