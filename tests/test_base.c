@@ -3,6 +3,8 @@
 #include "base/base.h"
 #include "test.h"
 
+#include <time.h>
+
 #include <jansson.h>
 #include <stdatomic.h>
 
@@ -149,7 +151,7 @@ TEST(thread_pool) {
     int64_t n = 1 + (round * 7919) % 10007, grain = 1 + round % 17;
     for (int64_t i = 0; i < n; i++) atomic_store(&hits[i], 0);
     struct pool_ctx c = {hits, grain, 0, 0};
-    rlm__pool_for(p, n, grain, pool_fn, &c);
+    rlm__pool_for(p, n, grain, 0, pool_fn, &c);
     int bad = 0;
     for (int64_t i = 0; i < n; i++) bad += atomic_load(&hits[i]) != 1;
     test_note("round %d n=%lld grain=%lld", round, (long long)n, (long long)grain);
@@ -158,13 +160,60 @@ TEST(thread_pool) {
     if (bad) break;
   }
   struct pool_ctx c = {hits, 1, 0, 0};
-  rlm__pool_for(p, 0, 1, pool_fn, &c); /* empty range: no call */
-  rlm__pool_for(NULL, 10, 1, pool_fn, &c); /* inline */
+  rlm__pool_for(p, 0, 1, 0, pool_fn, &c); /* empty range: no call */
+  rlm__pool_for(NULL, 10, 1, 0, pool_fn, &c); /* inline */
+  rlm__pool_for(p, 100, 1, 10, pool_fn, &c); /* 1000 multiply-adds: inline */
   CHECK_EQ(atomic_load(&c.max_ith), 0);
   rlm__pool_free(p);
   rlm__pool_free(NULL);
   CHECK_EQ(rlm__pool_create(&p, 5000, &err), RLM_ERR_INVALID);
   CHECK(p == NULL);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* How wide a job goes for its work: nothing below RLM_POOL_MIN_WORK per
+ * thread, the whole pool for unknown (0) work. */
+TEST(thread_pool_sizes_jobs_by_work) {
+  rlm_pool *p;
+  CHECK_EQ(rlm__pool_create(&p, 4, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_threads_for(p, 0), 4);
+  CHECK_EQ(rlm__pool_threads_for(p, 1000), 1);
+  CHECK_EQ(rlm__pool_threads_for(p, 2.5 * RLM_POOL_MIN_WORK), 2);
+  CHECK_EQ(rlm__pool_threads_for(p, 1e12), 4);
+  CHECK_EQ(rlm__pool_threads_for(NULL, 1e12), 1);
+  rlm__pool_free(p);
+}
+
+/* Threads far beyond the CPUs: the old pool made every job wait for every
+ * worker's next time slice (-t 1000 made 2 tokens in 60 s). Now workers
+ * that are not running claim nothing, so small jobs cost about what they
+ * cost on one thread. 64 threads per CPU, 3000 jobs: must take well under
+ * a second (the old pool needed minutes). */
+TEST(thread_pool_oversubscribed_stays_fast) {
+  const int n_cpu = rlm_cpu_info_get().n_available;
+  rlm_pool *p;
+  CHECK_EQ(rlm__pool_create(&p, RLM_MIN(1024, 64 * n_cpu), NULL), RLM_OK);
+  static _Atomic int hits[4096];
+  struct pool_ctx c = {hits, 1, 0, 0};
+  const double t0 = now_s();
+  int bad = 0;
+  for (int job = 0; job < 3000 && !bad; job++) {
+    const int64_t n = 64 + job % 4000;
+    for (int64_t i = 0; i < n; i++) atomic_store(&hits[i], 0);
+    rlm__pool_for(p, n, 1, 0, pool_fn, &c); /* unknown work: as wide as it goes */
+    for (int64_t i = 0; i < n; i++) bad += atomic_load(&hits[i]) != 1;
+  }
+  const double dt = now_s() - t0;
+  test_note("%d threads, 3000 jobs in %.3f s", rlm__pool_size(p), dt);
+  CHECK_EQ(bad, 0);
+  CHECK_EQ(atomic_load(&c.misaligned), 0);
+  CHECK(dt < 3.0);
+  rlm__pool_free(p);
 }
 
 int main(void) {
@@ -175,5 +224,7 @@ int main(void) {
   RUN(files);
   RUN(json_errors_name_the_file);
   RUN(thread_pool);
+  RUN(thread_pool_sizes_jobs_by_work);
+  RUN(thread_pool_oversubscribed_stays_fast);
   return test_summary();
 }

@@ -101,12 +101,14 @@ rlm_attn_fused_fn rlm__attn_fused_isa(const char *isa);
 
 /* attn_split.c: one call over a pool's threads (by slots for decode, by
  * query rows for prefill; small calls stay on the caller's thread).
- * `scratch` holds rlm__attn_split_scratch_floats(rlm__pool_size(pool),
+ * `scratch` holds rlm__attn_split_scratch_floats(rlm__attn_split_parts(pool),
  * n_q, dim_k, dim_v) floats (n_parts 1 for a NULL pool). Agrees with
  * rlm__attn_fused within its rounding contract. Returns how it ran: 1 on
  * the caller's thread, P split by query rows over P threads, -P split by
  * slots. */
 size_t rlm__attn_split_scratch_floats(int n_parts, int n_q, int dim_k, int dim_v);
+/* The parts a call is cut into: the pool's threads, at most 32. */
+int rlm__attn_split_parts(const rlm_pool *pool);
 int rlm__attn_split(rlm_pool *pool, const rlm_attn_args *a, float *scratch);
 /* Tests: the work from which calls go wide (0: every call with P > 1). */
 void rlm__attn_split_set_min_work(double multiply_adds);

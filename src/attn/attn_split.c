@@ -33,7 +33,13 @@
 enum {
   SPLIT_POS_MAX_Q = 16,     /* query rows up to which slots are split      */
   SPLIT_MAX_SEGS = 4,       /* segments a slot split handles (else serial) */
+  SPLIT_MAX_PARTS = 32,     /* parts beyond this only add merging and
+                               scratch (-t far above the cores)            */
 };
+
+int rlm__attn_split_parts(const rlm_pool *pool) {
+  return RLM_MIN(rlm__pool_size(pool), SPLIT_MAX_PARTS);
+}
 
 /* Multiply-adds (slots x rows x (dim_k + dim_v)) from which a call goes
  * wide: about 50 us of work, ten times a pool wake-up. Tests lower it. */
@@ -157,7 +163,7 @@ static void queries_part(void *ctx, int64_t t0, int64_t t1, int ith, int nth) {
 }
 
 int rlm__attn_split(rlm_pool *pool, const rlm_attn_args *a, float *scratch) {
-  const int P = pool ? rlm__pool_size(pool) : 1;
+  const int P = rlm__attn_split_parts(pool);
   split_job j = {.a = a, .scratch = scratch, .n_parts = P};
   for (int s = 0; s < a->n_segs; s++) j.n_slots += RLM_MAX(a->segs[s].n, 0);
   const double work = (double)j.n_slots * a->n_q * (a->dim_k + a->dim_v);
@@ -165,15 +171,17 @@ int rlm__attn_split(rlm_pool *pool, const rlm_attn_args *a, float *scratch) {
     rlm__attn_fused(a, scratch);
     return 1;
   }
+  /* Tests force splits of small calls (min work 0): keep them wide too. */
+  const double part_work = split_min_work > 0 ? work / P : 0;
   if (a->n_q > SPLIT_POS_MAX_Q) {
-    rlm__pool_for(pool, P, 1, queries_part, &j);
+    rlm__pool_for(pool, P, 1, part_work, queries_part, &j);
     return P;
   }
   if (a->n_segs > SPLIT_MAX_SEGS) {
     rlm__attn_fused(a, scratch);
     return 1;
   }
-  rlm__pool_for(pool, P, 1, slots_part, &j);
+  rlm__pool_for(pool, P, 1, part_work, slots_part, &j);
   slots_merge(&j);
   return -P;
 }

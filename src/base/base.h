@@ -128,25 +128,38 @@ void rlm__writer_abort(rlm_file_writer *w); /* removes the temp file */
 
 /* ------------------------------------------------------------------------
  * Thread pool (pool.c). A fixed set of workers created once; work is a
- * parallel-for over [0, n) split into contiguous ranges, one per thread,
- * the caller's thread taking the first. Workers spin briefly then sleep on
- * a condition variable, so back-to-back calls in decode cost no syscalls.
+ * parallel-for over [0, n) cut into contiguous chunks that the threads,
+ * the caller's included, claim as they come, so a thread the kernel has
+ * not scheduled holds nothing up. Workers spin briefly, then block on a
+ * futex (no spinning at all when threads outnumber the CPUs), so
+ * back-to-back calls in decode cost no system calls. Work too small to
+ * pay for waking a thread stays on the caller's.
  * One caller at a time per pool (the pool is not re-entrant).
  * ---------------------------------------------------------------------- */
 typedef struct rlm_pool rlm_pool;
 
-/* fn processes [i0, i1) as thread ith of nth. */
+/* fn processes [i0, i1) on thread ith (0 = the caller) of the pool's nth
+ * (1 when run inline); one thread may get several ranges of a job, so ith
+ * may index per-thread scratch but not per-range results. */
 typedef void (*rlm_range_fn)(void *ctx, int64_t i0, int64_t i1, int ith,
                              int nth);
+
+/* Multiply-adds (or equally cheap steps) a thread must get to be worth
+ * waking: ~2 us of a decode product, several times what a hand-off costs. */
+#define RLM_POOL_MIN_WORK 65536.0
 
 /* n_threads <= 0: the physical cores (rlm__cpu_physical). */
 rlm_status rlm__pool_create(rlm_pool **out, int n_threads, rlm_error *err);
 void rlm__pool_free(rlm_pool *p);
 int rlm__pool_size(const rlm_pool *p);
-/* Splits [0, n) into at most nth ranges whose bounds are multiples of
- * `grain` (except the last). pool may be NULL: runs inline. */
-void rlm__pool_for(rlm_pool *p, int64_t n, int64_t grain, rlm_range_fn fn,
-                   void *ctx);
+/* Threads worth using for `work` multiply-adds in all (<= 0: unknown, the
+ * whole pool): at least 1, at most the pool's size. */
+int rlm__pool_threads_for(const rlm_pool *p, double work);
+/* Runs fn over [0, n) in chunks whose bounds are multiples of `grain`
+ * (except the last), on up to rlm__pool_threads_for(p, n * item_work)
+ * threads; returns when all are done. pool may be NULL: runs inline. */
+void rlm__pool_for(rlm_pool *p, int64_t n, int64_t grain, double item_work,
+                   rlm_range_fn fn, void *ctx);
 int rlm__cpu_count(void);    /* online logical CPUs */
 int rlm__cpu_physical(void); /* physical cores of the affinity mask */
 

@@ -197,7 +197,7 @@ static bool scratch_alloc(rlm_kv *kv) {
 
 rlm_status rlm__kv_use_pool(rlm_kv *kv, rlm_pool *pool, rlm_error *err) {
   const int64_t nq = (int64_t)kv->cfg.max_chunk * kv->cfg.q_per_kv;
-  const int P = pool ? rlm__pool_size(pool) : 1;
+  const int P = rlm__attn_split_parts(pool);
   const size_t n = rlm__attn_split_scratch_floats(P, (int)nq, kv->k.dim, kv->v.dim) * sizeof(float);
   float *s = rlm__malloc(n);
   if (!s) return rlm__err_nomem(err, "attention scratch", n);

@@ -108,7 +108,7 @@ static void dense_run(rlm_pool *pool, rlm_range_fn rows, const void *w, rlm_dtyp
     return;
   }
   dense_job j = {w, dtype, (size_t)in * rlm_dtype_size(dtype), out, in, m, x, y};
-  rlm__pool_for(pool, out, GRAIN, rows, &j);
+  rlm__pool_for(pool, out, GRAIN, (double)in * (double)m, rows, &j);
 }
 
 static void dense_scalar(rlm_pool *pool, const void *w, rlm_dtype dtype, int64_t out, int64_t in,

@@ -123,7 +123,7 @@ static rlm_status quantize_tensor(qm_ctx *c, const rlm_st_tensor *t, int bits, i
     src = x;
   }
   struct rows_job j = {rlm__quant_kernels(), src, t->dtype, cols, bits, gs, wq, scales, biases};
-  rlm__pool_for(c->pool, rows, 1, quantize_range, &j);
+  rlm__pool_for(c->pool, rows, 1, 0, quantize_range, &j);
   rlm__free(x);
   char name[1024];
   int64_t shape_wq[2] = {rows, cols * bits / 32}, shape_sb[2] = {rows, cols / gs};

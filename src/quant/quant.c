@@ -35,7 +35,7 @@ void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
                   float *xsum, float *y) {
   rlm__group_sums(x, m, w->cols, w->group_size, xsum);
   struct qmm_job j = {rlm__quant_kernels(), w, x, xsum, m, y};
-  rlm__pool_for(pool, w->rows, 16, qmm_range, &j);
+  rlm__pool_for(pool, w->rows, 16, (double)w->cols * (double)m, qmm_range, &j);
 }
 
 struct q8_job {
@@ -76,8 +76,8 @@ void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t 
   float *xsum = (float *)((char *)scratch + (size_t)m * stride);
   struct q8_job j = {rlm__qmv_q8_kernel(), rlm__qmm_q8_kernel(), w, x, scratch, stride, xsum, m, y};
   if (m == 1) q8_prepare(&j, 0, 1, 0, 1);
-  else rlm__pool_for(pool, m, 1, q8_prepare, &j);
-  rlm__pool_for(pool, w->rows, 16, q8_range, &j);
+  else rlm__pool_for(pool, m, 1, (double)w->cols, q8_prepare, &j);
+  rlm__pool_for(pool, w->rows, 16, (double)w->cols * (double)m, q8_range, &j);
 }
 
 /* ---- public API -------------------------------------------------------- */
