@@ -89,6 +89,7 @@ void rlm_model_get_info(const rlm_model *m, rlm_model_info *out) {
   out->arch = c->model_type;
   out->n_layers = c->n_layers, out->hidden = c->hidden, out->n_heads = c->n_heads, out->vocab = c->vocab;
   out->sliding_window = c->sliding_window;
+  out->max_positions = c->max_positions;
   for (int i = 0; i < c->n_layers; i++) out->n_kv_shared += c->kv_donor[i] >= 0;
   out->n_params = count_params(m);
   const rlm_linear *w = &m->layers[0].wq;

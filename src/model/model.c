@@ -4,6 +4,9 @@
  * Binding checks every tensor the architecture needs: present, float (or
  * an MLX triple whose shapes agree with the config), the right shape.
  * A missing tensor or a wrong shape is RLM_ERR_FORMAT naming the tensor.
+ * Session params are checked against the model before anything is
+ * allocated; a KV group size that does not divide a head names config.json
+ * (where the head dims come from) and the group size that would.
  */
 #include "model/model.h"
 
@@ -236,20 +239,23 @@ static void rope_freqs(const rlm_rope *r, int head_dim, float *inv) {
 }
 
 /* One frequency table per layer type, for that type's head dim (Gemma 4's
- * full layers have their own); every layer of a type must share it. */
+ * full layers have their own); every layer of a type must share it. The
+ * head dims come from config.json, so the message names it. */
 static rlm_status bind_rope(rlm_model *m, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
-  int hd[2] = {0, 0}; /* [sliding] */
+  int first[2] = {-1, -1}; /* [sliding]: the first layer of each type */
   for (int i = 0; i < c->n_layers; i++) {
-    int *h = &hd[c->sliding[i]];
-    if (*h && *h != c->layer_head_dim[i])
-      return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: layers of one type with head dims %d and %d",
-                      rlm__st_file_path(m->st, 0), *h, c->layer_head_dim[i]);
-    *h = c->layer_head_dim[i];
+    int *f = &first[c->sliding[i]];
+    if (*f < 0) *f = i;
+    if (c->layer_head_dim[*f] != c->layer_head_dim[i])
+      return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: %s layers %d and %d have head_dim %d and %d "
+                      "(layers of one type must share one)", m->config_path,
+                      c->sliding[i] ? "sliding" : "full-attention", *f, i,
+                      c->layer_head_dim[*f], c->layer_head_dim[i]);
   }
-  m->has_full = hd[0] != 0, m->has_sliding = hd[1] != 0;
-  if (hd[0]) rope_freqs(&c->rope, hd[0], m->inv_freq);
-  if (hd[1]) rope_freqs(&c->rope_local, hd[1], m->inv_freq_local);
+  m->has_full = first[0] >= 0, m->has_sliding = first[1] >= 0;
+  if (m->has_full) rope_freqs(&c->rope, c->layer_head_dim[first[0]], m->inv_freq);
+  if (m->has_sliding) rope_freqs(&c->rope_local, c->layer_head_dim[first[1]], m->inv_freq_local);
   return RLM_OK;
 }
 
@@ -294,7 +300,9 @@ rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   rlm_model *m = rlm__calloc(1, sizeof *m);
   if (!m) return rlm__err_nomem(err, "model", sizeof *m);
   rlm__arena_init(&m->arena, 1 << 16);
-  rlm_status rc = rlm__config_load(&m->cfg, dir, err);
+  m->config_path = rlm__path_join(dir, "config.json");
+  rlm_status rc = m->config_path ? RLM_OK : rlm__err_nomem(err, "path", strlen(dir));
+  if (!rc) rc = rlm__config_load(&m->cfg, dir, err);
   if (!rc) rc = rlm__gen_config_load(&m->cfg, dir, err);
   if (!rc) rc = rlm__st_open(&m->st, dir, err);
   if (!rc) rc = bind_all(m, err);
@@ -310,6 +318,7 @@ void rlm_model_free(rlm_model *m) {
   if (!m) return;
   rlm__st_free(m->st);
   rlm__arena_free(&m->arena);
+  rlm__free(m->config_path);
   rlm__free(m);
 }
 
@@ -348,22 +357,78 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   return RLM_OK;
 }
 
+/* The largest KV group size dividing the head dim of every layer with a
+ * cache of its own, or 0 when none does. */
+static int kv_group_fit(const rlm_model_config *c) {
+  static const int groups[] = {128, 64, 32};
+  for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
+    bool fits = true;
+    for (int i = 0; i < c->n_layers; i++)
+      fits = fits && (c->kv_donor[i] >= 0 || c->layer_head_dim[i] % groups[g] == 0);
+    if (fits) return groups[g];
+  }
+  return 0;
+}
+
+/* Quantized KV: bits and group size the quantizer takes, and a group size
+ * that divides every cached head (config.json's head dims, so the message
+ * names that file and says which group size would do). */
+static rlm_status check_kv_params(const rlm_model *m, const rlm_session_params *p,
+                                  rlm_error *err) {
+  const char *fn = "rlm_session_create";
+  const int bits[2] = {p->k_bits, p->v_bits};
+  for (int b = 0; b < 2; b++)
+    if (bits[b] && !rlm__quant_bits_ok(bits[b]))
+      return rlm__err(err, RLM_ERR_INVALID, "%s: %s %d is not supported (accepted: 0, 2, 3, 4, "
+                      "5, 6, 8)", fn, b ? "v_bits" : "k_bits", bits[b]);
+  if (!p->k_bits && !p->v_bits) return RLM_OK;
+  if (!rlm__quant_group_ok(p->kv_group_size))
+    return rlm__err(err, RLM_ERR_INVALID, "%s: kv_group_size %d is not supported (accepted: 32, "
+                    "64, 128)", fn, p->kv_group_size);
+  const rlm_model_config *c = &m->cfg;
+  const int fit = kv_group_fit(c);
+  char hint[96];
+  if (fit) snprintf(hint, sizeof hint, "use kv_group_size %d", fit);
+  else snprintf(hint, sizeof hint, "quantized KV needs head dims that are multiples of 32");
+  for (int i = 0; i < c->n_layers; i++) {
+    const int hd = c->layer_head_dim[i];
+    if (c->kv_donor[i] >= 0 || hd % p->kv_group_size == 0) continue;
+    char layer[32] = "";
+    if (hd != c->head_dim) snprintf(layer, sizeof layer, " (layer %d)", i);
+    return rlm__err(err, RLM_ERR_INVALID, "%s: head_dim %d%s is not a multiple of kv_group_size "
+                    "%d (%s)", m->config_path, hd, layer, p->kv_group_size, hint);
+  }
+  return RLM_OK;
+}
+
+/* Session params against the model, before anything is allocated. */
+static rlm_status check_params(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
+  const char *fn = "rlm_session_create";
+  if (p->prefill_chunk < 1 || p->prefill_chunk > 65536)
+    return rlm__err(err, RLM_ERR_INVALID, "%s: prefill_chunk %d is out of range [1, 65536]", fn,
+                    p->prefill_chunk);
+  if (p->max_kv < 0 || p->max_kv > (1 << 30))
+    return rlm__err(err, RLM_ERR_INVALID, "%s: max_kv %lld is out of range [0, %d]", fn,
+                    (long long)p->max_kv, 1 << 30);
+  if (p->act_bits != 0 && p->act_bits != 8)
+    return rlm__err(err, RLM_ERR_INVALID, "%s: act_bits %d: act_bits accepts only 0 or 8", fn,
+                    p->act_bits);
+  return check_kv_params(m, p, err);
+}
+
 rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session_params *p,
                               rlm_error *err) {
   if (!out || !m) return rlm__err(err, RLM_ERR_INVALID, "rlm_session_create: NULL argument");
   *out = NULL;
+  const rlm_session_params params = p ? *p : rlm_session_params_default();
+  rlm_status rc = check_params(m, &params, err);
+  if (rc) return rc;
   rlm_session *s = rlm__calloc(1, sizeof *s);
   if (!s) return rlm__err_nomem(err, "session", sizeof *s);
   s->m = m;
-  s->p = p ? *p : rlm_session_params_default();
-  if (s->p.prefill_chunk < 1 || s->p.prefill_chunk > 65536 || s->p.max_kv < 0 ||
-      (s->p.act_bits != 0 && s->p.act_bits != 8)) {
-    rlm_session_free(s);
-    return rlm__err(err, RLM_ERR_INVALID, "session: prefill chunk %d, max_kv or act_bits %d out of range",
-                    s->p.prefill_chunk, s->p.act_bits);
-  }
+  s->p = params;
   s->kv = rlm__calloc((size_t)m->cfg.n_layers, sizeof *s->kv);
-  rlm_status rc = s->kv ? RLM_OK : rlm__err_nomem(err, "session caches", 0);
+  rc = s->kv ? RLM_OK : rlm__err_nomem(err, "session caches", 0);
   for (int i = 0; !rc && i < m->cfg.n_layers; i++) rc = make_cache(s, i, err);
   if (!rc) rc = alloc_scratch(s, err);
   if (!rc) rc = rlm__pool_create(&s->pool, s->p.n_threads, err);

@@ -45,6 +45,7 @@ typedef struct rlm_model_config {
   rlm_rope rope;              /* full-attention layers                   */
   rlm_rope rope_local;        /* sliding layers (gemma); else = rope     */
   int sliding_window;         /* 0: none                                 */
+  int64_t max_positions;      /* max_position_embeddings; 0: not given   */
   bool sliding[RLM_MAX_LAYERS]; /* layer i slides (mistral: all)         */
   int layer_head_dim[RLM_MAX_LAYERS]; /* Gemma 4: full layers differ     */
   int layer_kv_heads[RLM_MAX_LAYERS];
@@ -100,6 +101,8 @@ typedef struct rlm_layer {
 
 struct rlm_model {
   rlm_model_config cfg;
+  char *config_path;          /* <dir>/config.json: what messages about
+                                 config values (also a session's) name   */
   rlm_safetensors *st;
   rlm_linear embed;           /* [vocab][hidden], rows looked up         */
   rlm_linear lm_head;         /* the embedding when tied                 */

@@ -18,6 +18,7 @@
 
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,8 @@ typedef struct shard_ctx {
   size_t hdr_len;
   const uint8_t *buf; /* data buffer, buf_len bytes, in the mapping */
   uint64_t buf_len;
+  bool ints_as_reals; /* the header holds an integer beyond 64 bits, so
+                         jansson read every integer as a real          */
   rlm_error *err;
 } shard_ctx;
 
@@ -206,6 +209,22 @@ static rlm_status parse_dtype(const shard_ctx *c, const char *name, const json_t
   return RLM_OK;
 }
 
+/* A non-negative integer of the header. Where the header was read with
+ * integers as reals, an integral real counts (exact below 2^53; anything
+ * larger is past any buffer). *big: the value is 2^63 or more. */
+static bool header_uint(const shard_ctx *c, const json_t *v, uint64_t *out, bool *big) {
+  *big = false;
+  if (json_is_integer(v)) {
+    *out = (uint64_t)json_integer_value(v);
+    return json_integer_value(v) >= 0;
+  }
+  const double d = json_real_value(v);
+  if (!c->ints_as_reals || !json_is_real(v) || d < 0 || d != floor(d)) return false;
+  *big = d >= 0x1p63;
+  *out = *big ? UINT64_MAX : (uint64_t)d;
+  return true;
+}
+
 static rlm_status parse_shape(const shard_ctx *c, const char *name, const json_t *v,
                               rlm_st_tensor *t) {
   if (!v) return bad_tensor(c, name, "missing \"shape\"");
@@ -214,10 +233,14 @@ static rlm_status parse_shape(const shard_ctx *c, const char *name, const json_t
   if (n > RLM_MAX_DIMS)
     return bad_tensor(c, name, "shape has %zu dimensions (at most %d)", n, RLM_MAX_DIMS);
   for (size_t d = 0; d < n; d++) {
-    const json_t *dim = json_array_get(v, d);
-    if (!json_is_integer(dim) || json_integer_value(dim) < 0)
+    uint64_t dim;
+    bool big;
+    if (!header_uint(c, json_array_get(v, d), &dim, &big))
       return bad_tensor(c, name, "shape[%zu] is not a non-negative integer", d);
-    t->shape[d] = json_integer_value(dim);
+    if (big)
+      return bad_tensor(c, name, "shape[%zu] %.0f is out of range (below 2^63)", d,
+                        json_real_value(json_array_get(v, d)));
+    t->shape[d] = (int64_t)dim;
   }
   t->ndim = (int)n;
   return RLM_OK;
@@ -227,11 +250,14 @@ static rlm_status parse_offsets(const shard_ctx *c, const char *name, const json
                                 uint64_t *begin, uint64_t *end) {
   if (!v) return bad_tensor(c, name, "missing \"data_offsets\"");
   const json_t *b = json_array_get(v, 0), *e = json_array_get(v, 1);
-  if (!json_is_array(v) || json_array_size(v) != 2 || !json_is_integer(b) ||
-      !json_is_integer(e) || json_integer_value(b) < 0 || json_integer_value(e) < 0)
+  bool big_b, big_e;
+  if (!json_is_array(v) || json_array_size(v) != 2 || !header_uint(c, b, begin, &big_b) ||
+      !header_uint(c, e, end, &big_e))
     return bad_tensor(c, name, "\"data_offsets\" is not two non-negative integers");
-  *begin = (uint64_t)json_integer_value(b);
-  *end = (uint64_t)json_integer_value(e);
+  if (big_b || big_e)
+    return bad_tensor(c, name, "data_offsets [%.0f, %.0f] out of range: past the end of the file "
+                      "(the data buffer has %" PRIu64 " bytes)", json_number_value(b),
+                      json_number_value(e), c->buf_len);
   if (*begin > *end)
     return bad_tensor(c, name, "data_offsets [%" PRIu64 ", %" PRIu64 "]: begin > end", *begin,
                       *end);
@@ -352,9 +378,12 @@ static rlm_status shard_load(rlm_safetensors *st, int fi, const char *path, rlm_
   shard_ctx c = {.st = st, .fi = fi, .err = err};
   rlm_status rc = shard_map(&c, path);
   if (rc) return rc;
-  json_t *root;
-  rc = rlm__json_load_buf(c.hdr, c.hdr_len, c.path, &root, err);
-  if (rc) return rc;
+  /* Strict first, to learn whether integers were read as reals; the
+   * shared reader then retries or reports. */
+  json_error_t je;
+  json_t *root = json_loadb(c.hdr, c.hdr_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+  c.ints_as_reals = !root && strstr(je.text, "too big integer");
+  if (!root && (rc = rlm__json_load_buf(c.hdr, c.hdr_len, c.path, &root, err))) return rc;
   if (!json_is_object(root)) {
     rc = rlm__err(err, RLM_ERR_FORMAT, "%s: header is not a JSON object", c.path);
     goto out_free_root;

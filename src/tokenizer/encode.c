@@ -295,12 +295,27 @@ static void ctx_free(tok_ctx *c) {
   rlm__free(c->ids);
 }
 
+/* Offset of the first byte of text that does not begin a valid UTF-8
+ * character (rlm__utf8_valid's rule), or len when the text is valid. */
+static size_t utf8_bad_at(const char *text, size_t len) {
+  const uint8_t *u = (const uint8_t *)text;
+  size_t i = 0;
+  uint32_t cp;
+  while (i < len) {
+    size_t k = u[i] < 0x80 ? 1 : rlm__utf8_decode(u + i, len - i, &cp);
+    if (!k) break;
+    i += k;
+  }
+  return i;
+}
+
 rlm_status rlm_tokenize(const rlm_tokenizer *t, const char *text, size_t len, bool add_special,
                         int32_t *ids, size_t max_ids, size_t *n_ids, rlm_error *err) {
   if (!t || (!text && len) || (!ids && max_ids) || !n_ids)
     return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenize: NULL tokenizer, text, ids or n_ids");
-  if (!rlm__utf8_valid(text, len))
-    return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenize: the text is not valid UTF-8");
+  const size_t bad = utf8_bad_at(text, len);
+  if (bad < len) /* a 0-based offset: callers prefix their file name */
+    return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenize: text is not valid UTF-8 at byte %zu", bad);
   tok_ctx c = {.t = t, .err = err};
   rlm_status rc = encode_all(&c, text ? text : "", len, add_special);
   if (!rc) {
