@@ -202,8 +202,16 @@ RLM_API rlm_status rlm_weights_find(const rlm_weights *w, const char *name,
  * is not a norm (and not an embedding unless asked) becomes the MLX triple
  * name.weight (u32), name.scales, name.biases; everything else is copied.
  * `in` is a .safetensors file or a Hugging Face model folder; for a folder,
- * `out` is a folder that receives model.safetensors, config.json with
- * "quantization": {"group_size", "bits"}, and copies of the other files.
+ * `out` is a folder that receives model.safetensors, config.json (the
+ * input's text with "quantization": {"group_size", "bits"} added, every
+ * other value spelled as it was), and copies of the other files. A file in
+ * gives a file out (or `out`/model.safetensors when `out` is a folder).
+ *
+ * The output appears whole or not at all: it is built under a temporary
+ * sibling name and renamed into place, and a failure leaves nothing. An
+ * existing output is refused (RLM_ERR_INVALID) unless `overwrite`, and then
+ * replaced only once the new one is complete. The output may never be the
+ * input, lie inside it, or contain it.
  * ---------------------------------------------------------------------- */
 /* A per-layer choice, as mlx-lm's mixed recipes make them: tensors whose
  * name contains `match` get these bits and group size (bits 0: left
@@ -216,22 +224,42 @@ typedef struct rlm_quantize_override {
   int group_size;            /* 0: the default group size              */
 } rlm_quantize_override;
 
+/* The most overrides one call takes (their hits are counted in the stats). */
+#define RLM_QUANTIZE_MAX_OVERRIDES 64
+
 typedef struct rlm_quantize_params {
   int bits;                  /* 2, 3, 4, 5, 6, 8 (default 4)          */
   int group_size;            /* 32, 64, 128 (default 64)              */
   bool quantize_embeddings;  /* also embed_tokens etc. (default false) */
-  int n_threads;             /* <= 0: all cores                        */
+  int n_threads;             /* <= 0: the physical cores               */
   const rlm_quantize_override *overrides;
-  int n_overrides;
+  int n_overrides;           /* <= RLM_QUANTIZE_MAX_OVERRIDES          */
+  bool overwrite;            /* replace an existing output (default false) */
 } rlm_quantize_params;
 
 RLM_API rlm_quantize_params rlm_quantize_params_default(void);
 
+/* Tensors quantized with one (bits, group size). */
+typedef struct rlm_quantize_format {
+  int bits;
+  int group_size;
+  int64_t n_tensors;
+} rlm_quantize_format;
+
 typedef struct rlm_quantize_stats {
   int64_t n_tensors;          /* tensors written                 */
   int64_t n_quantized;        /* of which quantized              */
+  int64_t n_kept_dense;       /* 2-D weights (not norms) left dense: embeddings,
+                                 overrides with bits 0, widths not a multiple of G */
   int64_t bytes_in;           /* tensor bytes read               */
   int64_t bytes_out;          /* tensor bytes written            */
+  /* The quantized tensors by format, in order of first use (at most 6 bits
+   * x 3 group sizes). */
+  rlm_quantize_format formats[18];
+  int n_formats;
+  /* 2-D weights (not norms) each override was the first match of; 0: it
+   * matched none, or only ones an earlier override took: [n_overrides]. */
+  int64_t n_override_hits[RLM_QUANTIZE_MAX_OVERRIDES];
 } rlm_quantize_stats;
 
 RLM_API rlm_status rlm_quantize_model(const char *in, const char *out,

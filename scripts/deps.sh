@@ -2,7 +2,7 @@
 # Installs the Debian packages ringlm needs to build and test, and only
 # those that are missing; says what it installs. Safe to run repeatedly.
 set -euo pipefail
-need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev libpcre2-dev)
+need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev libpcre2-dev libedit-dev)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,10 @@
 /* test_quantize_model.c -- `ringlm quantize` as a library call: which
  * tensors become MLX triples, their names, shapes, dtypes and bytes (equal
  * to the reference quantizer bit for bit), the config.json entry mlx-lm
- * writes, the files copied, and the errors. The comparison with an
- * independent implementation of MLX's GPU formula is test_mlx_fixture. */
+ * writes (added to the input's text, every other byte kept), the files
+ * copied, an existing output refused or replaced whole, the stats, and the
+ * errors. The comparison with an independent implementation of MLX's GPU
+ * formula is test_mlx_fixture. */
 #include "model/safetensors.h"
 #include "quant/quant.h"
 #include "test.h"
@@ -165,6 +167,71 @@ TEST(errors) {
   CHECK_STR_CONTAINS(err.msg, "already quantized");
 }
 
+/* The output never lands on an existing path unless overwrite, and the
+ * stats say what each tensor became. */
+TEST(existing_output_and_stats) {
+  char in[300], out[300], file[300];
+  snprintf(in, sizeof in, "%s/in-%d", g_dir, RLM_DTYPE_F32);
+  snprintf(out, sizeof out, "%s/out-%d-4-128-1", g_dir, RLM_DTYPE_F32); /* made above */
+  const rlm_quantize_override ov[] = {{"q_proj", 8, 32}, {"nothing", 2, 0}, {"lm_head", 0, 0}};
+  rlm_quantize_params p = rlm_quantize_params_default();
+  p.overrides = ov, p.n_overrides = 3;
+  rlm_quantize_stats st;
+  rlm_error err;
+  CHECK_EQ(rlm_quantize_model(in, out, &p, &st, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "already exists");
+  p.overwrite = true;
+  CHECK_EQ(rlm_quantize_model(in, out, &p, &st, &err), RLM_OK);
+  CHECK_EQ(st.n_quantized, 1);
+  CHECK_EQ(st.n_formats, 1);
+  CHECK_EQ(st.formats[0].bits, 8);
+  CHECK_EQ(st.formats[0].group_size, 32);
+  CHECK_EQ(st.formats[0].n_tensors, 1);
+  CHECK_EQ(st.n_kept_dense, 3); /* lm_head (override 0), the embedding, the odd width */
+  CHECK_EQ(st.n_override_hits[0], 1);
+  CHECK_EQ(st.n_override_hits[1], 0);
+  CHECK_EQ(st.n_override_hits[2], 1);
+  rlm_safetensors *b;
+  CHECK_EQ(rlm__st_open(&b, out, &err), RLM_OK);
+  CHECK(b && rlm__st_find(b, "model.layers.0.self_attn.q_proj.scales"));
+  CHECK(b && !rlm__st_find(b, "lm_head.scales"));
+  rlm__st_free(b);
+  /* A single file: refused, then replaced in place. */
+  snprintf(file, sizeof file, "%s/single.safetensors", g_dir); /* made above */
+  snprintf(in, sizeof in, "%s/in-%d/model.safetensors", g_dir, RLM_DTYPE_F32);
+  p.overwrite = false;
+  CHECK_EQ(rlm_quantize_model(in, file, &p, NULL, &err), RLM_ERR_INVALID);
+  p.overwrite = true;
+  CHECK_EQ(rlm_quantize_model(in, file, &p, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm_quantize_model(in, in, &p, NULL, &err), RLM_ERR_INVALID); /* never the input */
+  CHECK_STR_CONTAINS(err.msg, "is the input");
+}
+
+/* An input "quantization_config" gets the new value in its place; every
+ * other byte of a one-line config stays. */
+TEST(config_quantization_config_replaced) {
+  char in[300], out[300], path[400], want[512];
+  snprintf(in, sizeof in, "%s/in-%d", g_dir, RLM_DTYPE_BF16);
+  snprintf(out, sizeof out, "%s/qc-out", g_dir);
+  snprintf(path, sizeof path, "%s/config.json", in);
+  FILE *f = fopen(path, "w");
+  fputs("{\"model_type\": \"llama\", \"quantization_config\": {\"quant_method\": \"x\"}, "
+        "\"eps\": 1e-06}", f);
+  fclose(f);
+  rlm_quantize_params p = rlm_quantize_params_default();
+  rlm_error err;
+  CHECK_EQ(rlm_quantize_model(in, out, &p, NULL, &err), RLM_OK);
+  snprintf(path, sizeof path, "%s/config.json", out);
+  char *got = NULL;
+  size_t n;
+  CHECK_EQ(rlm__file_read_all(path, &got, &n, &err), RLM_OK);
+  snprintf(want, sizeof want, "{\"model_type\": \"llama\", \"quantization_config\": %s, "
+           "\"eps\": 1e-06, \"quantization\": %s}", "{\"group_size\": 64, \"bits\": 4, "
+           "\"mode\": \"affine\"}", "{\"group_size\": 64, \"bits\": 4, \"mode\": \"affine\"}");
+  CHECK_STR_EQ(got, want);
+  rlm__free(got);
+}
+
 /* ringlm quantize on the fixture input equals, bit for bit, the triples of
  * scripts/make_mlx_affine_fixture.py: an independent implementation of MLX's
  * GPU kernel formula, run in torch on CUDA and on the CPU. */
@@ -213,6 +280,8 @@ int main(void) {
   RUN(config_and_side_files);
   RUN(single_file_in_and_out);
   RUN(errors);
+  RUN(existing_output_and_stats);
+  RUN(config_quantization_config_replaced);
   RUN(matches_mlx_gpu_formula_fixture);
   int rc = test_summary();
   char cmd[300];

@@ -1,81 +1,296 @@
 /* cmd_chat.c -- `ringlm chat`: an interactive conversation. Each user line
- * joins the message list, the model's chat template renders the whole
- * conversation with the generation prompt, and only the tokens past what
- * the session already holds are fed (the session restarts when the new
- * rendering departs from them). Replies stream as they are generated and
- * end at an EOS id (generation_config.json), e.g. <end_of_turn>. */
-#include "model_cli.h"
+ * joins the message list, the chat template (the model's, or
+ * --chat-template FILE) renders the whole conversation with the
+ * generation prompt, and only the tokens past what the session already
+ * holds are fed (the session restarts when the new rendering departs from
+ * them). Replies stream as they are generated and end at an EOS id
+ * (generation_config.json), e.g. <end_of_turn>.
+ *
+ * As llama.cpp users expect: on a terminal the lines are read with
+ * libedit (line editing, history on the arrow keys), else from fd 0 as
+ * they come (pipes, tests). Ctrl-C while a reply streams ends that reply
+ * only (what came of it stays in the conversation); Ctrl-C while a line
+ * is awaited ends the chat. A line that is not UTF-8 is refused and the
+ * chat goes on. Lines starting with '/' are commands: /clear, /exit,
+ * /quit. Messages to the user go to stderr; stdout carries the replies. */
+#include "cli_chat.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <histedit.h>
+#include <langinfo.h>
+#include <locale.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 static const char chat_help[] =
-    "usage: ringlm chat [-m DIR] [--system TEXT] [-n N] [--temp T] [--top-k K] [--top-p P]\n"
-    "                   [--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]...\n"
-    "                   [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
-    "                   [--max-kv N] [--prefill-chunk N] [-t N] [--verbose-prompt]\n"
-    "Reads one user message per line from stdin and streams each reply (at most N\n"
-    "tokens, default 512). The conversation is rendered with the model's chat\n"
-    "template (tokenizer_config.json). --verbose-prompt prints each rendered prompt\n"
-    "on stderr. End with an empty line or end of input.\n";
+    "usage: ringlm chat [-m DIR] [--system TEXT] [--chat-template FILE] [options]\n"
+    "Reads one user message per line from stdin (with line editing and history on a\n"
+    "terminal) and streams each reply (at most -n tokens). The conversation is\n"
+    "rendered with the model's chat template (tokenizer_config.json), or with the\n"
+    "Jinja template of --chat-template FILE. Commands: /clear forgets the\n"
+    "conversation (the system prompt stays), /exit or /quit ends it, as do an empty\n"
+    "line and end of input (Ctrl-D). Ctrl-C stops a reply; at the prompt it ends the\n"
+    "chat (exit status 130).\n";
 
-/* A growing byte buffer. */
-typedef struct buf {
-  char *p;
-  size_t n, cap;
-} buf;
+/* Ctrl-C at the prompt: 128 + SIGINT, the status a shell reports for a
+ * program Ctrl-C ended and the one llama.cpp exits with. */
+enum { CHAT_INTERRUPTED = 128 + SIGINT };
 
-static bool buf_add(buf *b, const char *s, size_t n) {
-  if (b->n + n + 1 > b->cap) {
-    size_t cap = (b->n + n + 1) * 2;
-    char *p = realloc(b->p, cap);
-    if (!p) return false;
-    b->p = p, b->cap = cap;
-  }
-  memcpy(b->p + b->n, s, n);
-  b->n += n;
-  b->p[b->n] = 0;
+static int nomem(void) {
+  return cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
+}
+
+/* ------------------------------------------------------------------------
+ * Ctrl-C. The handler raises a flag, which mcli_generate polls between
+ * tokens (model_opts.interrupt), and writes a byte to a pipe, which wakes
+ * wait_input. A read cut short by EINTR would not do: the thread that
+ * runs the handler may be any of the session's workers, and a Ctrl-C
+ * just before the read began would be lost; its byte is not.
+ * ---------------------------------------------------------------------- */
+
+static volatile sig_atomic_t g_sigint;
+static int g_wake[2] = {-1, -1}; /* the pipe: [0] polled, [1] the handler's */
+
+static void on_sigint(int sig) {
+  int saved = errno;
+  (void)sig;
+  g_sigint = 1;
+  ssize_t r = write(g_wake[1], "", 1); /* full (EAGAIN): a byte waits already */
+  (void)r;
+  errno = saved;
+}
+
+/* The handler, with SA_RESTART so that the replies' writes go on, and
+ * its pipe (non-blocking: the handler must never wait); *old to restore. */
+static bool catch_sigint(struct sigaction *old) {
+  if (pipe2(g_wake, O_CLOEXEC | O_NONBLOCK)) return false;
+  struct sigaction sa = {.sa_handler = on_sigint, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, old);
   return true;
 }
 
-/* Appends {"role": role, "content": text} (JSON-escaped) to a messages
- * array held open as "[...": the caller closes it with "]". */
-static bool add_message(buf *b, const char *role, const char *text) {
-  const char *open = b->n > 1 ? ", {\"role\": \"" : "{\"role\": \"", *mid = "\", \"content\": \"";
-  bool ok = buf_add(b, open, strlen(open)) && buf_add(b, role, strlen(role)) && buf_add(b, mid, strlen(mid));
-  for (const unsigned char *c = (const unsigned char *)text; ok && *c; c++) {
-    char esc[8];
-    if (*c == '"' || *c == '\\') esc[0] = '\\', esc[1] = (char)*c, esc[2] = 0;
-    else if (*c < 0x20) snprintf(esc, sizeof esc, "\\u%04x", *c);
-    else esc[0] = (char)*c, esc[1] = 0;
-    ok = buf_add(b, esc, strlen(esc));
-  }
-  return ok && buf_add(b, "\"}", 2);
+static void release_sigint(const struct sigaction *old) {
+  sigaction(SIGINT, old, NULL);
+  close(g_wake[0]);
+  close(g_wake[1]);
+  g_wake[0] = g_wake[1] = -1;
 }
+
+static void drain_wake(void) {
+  char b[64];
+  while (read(g_wake[0], b, sizeof b) > 0) continue;
+}
+
+/* A reply is over: the Ctrl-C that ended it is spent, and one from now
+ * on is the prompt's (it ends the chat). */
+static void sigint_spent(void) {
+  g_sigint = 0;
+  drain_wake();
+}
+
+/* Waits for input on stdin; false when Ctrl-C came, before the wait or
+ * during it. */
+static bool wait_input(void) {
+  struct pollfd p[2] = {{.fd = STDIN_FILENO, .events = POLLIN},
+                        {.fd = g_wake[0], .events = POLLIN}};
+  while (!g_sigint) {
+    if (poll(p, 2, -1) < 0 && errno != EINTR) return true; /* the read will report it */
+    if (g_sigint) break;
+    if (p[0].revents) return true;
+    if (p[1].revents) drain_wake(); /* a byte whose flag sigint_spent cleared */
+  }
+  return false;
+}
+
+/* ------------------------------------------------------------------------
+ * Reading lines: libedit on a terminal, else blocks of fd 0 cut at the
+ * newlines (not stdio, whose buffer poll cannot see).
+ * ---------------------------------------------------------------------- */
+
+typedef struct line_in {
+  EditLine *el;    /* NULL: stdin is not a terminal              */
+  History *hist;   /* the lines typed so far, for the arrow keys  */
+  FILE *echo;      /* where libedit draws the prompt and the line */
+  char *line;      /* the line read, NUL-terminated               */
+  size_t cap;      /* bytes allocated at line                     */
+  char *buf;       /* not a terminal: bytes read past the line    */
+  size_t n_buf;    /* bytes at buf                                */
+  size_t cap_buf;  /* bytes allocated at buf                      */
+  bool eof;        /* fd 0 has no more                            */
+} line_in;
+
+enum { LINE_EOF = -1, LINE_INTERRUPTED = -2 };
+
+static bool grow(char **p, size_t *cap, size_t need) {
+  if (need <= *cap) return true;
+  char *q = realloc(*p, need * 2);
+  if (!q) return false;
+  *p = q;
+  *cap = need * 2;
+  return true;
+}
+
+static char *prompt_text(EditLine *el) {
+  static char prompt[] = "> ";
+  (void)el;
+  return prompt;
+}
+
+static void line_in_close(line_in *in) {
+  if (in->el) el_end(in->el);
+  if (in->hist) history_end(in->hist);
+  free(in->line);
+  free(in->buf);
+  memset(in, 0, sizeof *in);
+}
+
+/* libedit decodes keys in the locale's charset; the model reads UTF-8,
+ * so a C or POSIX locale falls back to C.UTF-8. */
+static void utf8_ctype(void) {
+  if (!setlocale(LC_CTYPE, "") || strcmp(nl_langinfo(CODESET), "UTF-8"))
+    setlocale(LC_CTYPE, "C.UTF-8");
+}
+
+/* libedit's read of one character (EL_GETCFN), so that Ctrl-C reaches
+ * it through wait_input: 1 with *wc, 0 at end of input, -1 for Ctrl-C.
+ * Decodes the locale's multibyte characters as libedit's own read does;
+ * a byte that cannot start one is dropped. */
+static int read_key(EditLine *el, wchar_t *wc) {
+  char b;
+  mbstate_t st;
+  (void)el;
+  memset(&st, 0, sizeof st);
+  for (;;) {
+    if (!wait_input()) return -1;
+    ssize_t got = read(STDIN_FILENO, &b, 1);
+    if (got <= 0) return got == 0 ? 0 : -1;
+    size_t r = mbrtowc(wc, &b, 1, &st);
+    if (r == (size_t)-2) continue; /* more bytes to come */
+    if (r != (size_t)-1) return 1;
+    memset(&st, 0, sizeof st);
+  }
+}
+
+static bool line_in_open(line_in *in) {
+  HistEvent ev;
+  memset(in, 0, sizeof *in);
+  if (!isatty(STDIN_FILENO)) return true;
+  utf8_ctype();
+  /* the echo goes where the user looks, also when the replies go to a file */
+  in->echo = isatty(STDOUT_FILENO) ? stdout : stderr;
+  in->el = el_init("ringlm", stdin, in->echo, stderr);
+  in->hist = history_init();
+  if (!in->el || !in->hist) {
+    line_in_close(in);
+    return false;
+  }
+  history(in->hist, &ev, H_SETSIZE, 1000);
+  el_set(in->el, EL_EDITOR, "emacs");
+  el_set(in->el, EL_PROMPT, prompt_text);
+  el_set(in->el, EL_HIST, history, in->hist);
+  el_set(in->el, EL_GETCFN, read_key);
+  el_source(in->el, NULL); /* ~/.editrc, as in other libedit programs */
+  return true;
+}
+
+/* libedit's line (its buffer) into in->line, where it can be trimmed. */
+static ssize_t edit_line(line_in *in) {
+  int count = 0;
+  const char *s = el_gets(in->el, &count);
+  size_t n = s && count > 0 ? strlen(s) : 0;
+  if (!n || !grow(&in->line, &in->cap, n + 1)) return -1;
+  memcpy(in->line, s, n + 1);
+  return (ssize_t)n;
+}
+
+/* The next line of fd 0, its newline included, into in->line; the bytes
+ * read past it wait in in->buf. -1 at the end of input or for Ctrl-C. */
+static ssize_t pipe_line(line_in *in) {
+  char *nl = NULL;
+  while (!(in->n_buf && (nl = memchr(in->buf, '\n', in->n_buf))) && !in->eof) {
+    if (!wait_input() || !grow(&in->buf, &in->cap_buf, in->n_buf + 4096)) return -1;
+    ssize_t got = read(STDIN_FILENO, in->buf + in->n_buf, 4096);
+    if (got > 0) in->n_buf += (size_t)got;
+    else if (got == 0 || errno != EINTR) in->eof = true;
+  }
+  size_t n = nl ? (size_t)(nl - in->buf) + 1 : in->n_buf;
+  if (!n || !grow(&in->line, &in->cap, n + 1)) return -1;
+  memcpy(in->line, in->buf, n);
+  in->line[n] = 0;
+  memmove(in->buf, in->buf + n, in->n_buf - n);
+  in->n_buf -= n;
+  return (ssize_t)n;
+}
+
+/* The next line in in->line without its line ending: its length, or
+ * LINE_EOF, or LINE_INTERRUPTED when Ctrl-C ended the wait. */
+static ssize_t line_in_read(line_in *in) {
+  ssize_t n = in->el ? edit_line(in) : pipe_line(in);
+  if (n < 0 && in->el) fputc('\n', in->echo); /* Ctrl-D or Ctrl-C left us on the prompt's line */
+  if (n < 0) return g_sigint ? LINE_INTERRUPTED : LINE_EOF;
+  while (n > 0 && (in->line[n - 1] == '\n' || in->line[n - 1] == '\r')) in->line[--n] = 0;
+  HistEvent ev;
+  if (in->hist && n > 0) history(in->hist, &ev, H_ENTER, in->line);
+  return n;
+}
+
+/* ------------------------------------------------------------------------
+ * The conversation.
+ * ---------------------------------------------------------------------- */
 
 typedef struct chat {
   model_ctx c;
   rlm_chat_template *tpl;
-  buf msgs;             /* "[{...}, {...}" */
-  int32_t *hist;        /* ids the session holds, in order */
-  size_t n_hist, cap_hist;
-  int32_t *gen;
+  cli_msgs msgs;   /* the conversation so far                          */
+  size_t n_sys;    /* msgs.n holding the system prompt alone (/clear)   */
+  int32_t *hist;   /* ids the session holds, in order                  */
+  size_t n_hist;   /* ids at hist                                      */
+  size_t cap_hist; /* room at hist                                     */
+  int32_t *gen;    /* the reply's ids (room for mcli_gen_room)         */
 } chat;
 
-/* Renders the conversation and returns its ids (malloc'd). */
-static int render_ids(chat *ch, const model_opts *o, int32_t **ids, size_t *n) {
+static int fresh_session(chat *ch, const model_opts *o) {
+  rlm_error err = {0};
+  rlm_session_free(ch->c.s);
+  ch->c.s = NULL;
+  ch->n_hist = 0;
+  return rlm_session_create(&ch->c.s, ch->c.m, &o->sp, &err) ? cli_fail(&err) : CLI_OK;
+}
+
+/* hist = what the session now holds: the rendering, then the reply's ids
+ * as far as they were fed (not the last one when -n, a stop string or
+ * Ctrl-C ended the reply). */
+static int remember(chat *ch, const int32_t *ids, size_t n, long n_gen) {
+  size_t total = n + (size_t)n_gen;
+  if (total > ch->cap_hist) {
+    int32_t *h = realloc(ch->hist, total * 2 * sizeof *h);
+    if (!h) return nomem();
+    ch->hist = h;
+    ch->cap_hist = total * 2;
+  }
+  memcpy(ch->hist, ids, n * sizeof *ids);
+  memcpy(ch->hist + n, ch->gen, (size_t)n_gen * sizeof *ids);
+  int64_t pos = rlm_session_position(ch->c.s);
+  ch->n_hist = pos >= 0 && (size_t)pos < total ? (size_t)pos : total;
+  return CLI_OK;
+}
+
+/* The reply's text joins the conversation. */
+static int add_reply(chat *ch, long n_gen) {
+  size_t len = 0;
   rlm_error err = {0};
   char *text = NULL;
-  size_t len;
-  if (!buf_add(&ch->msgs, "]", 1)) return cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-  rlm_status rc = rlm_chat_template_render(ch->tpl, ch->msgs.p, NULL, true, &text, &len, &err);
-  ch->msgs.p[--ch->msgs.n] = 0; /* reopen the array */
-  if (rc) return cli_fail(&err);
-  if (o->verbose_prompt) fprintf(stderr, "%s", text);
-  rc = cli_encode(ch->c.tok, text, len, false, ids, n, &err); /* the template wrote the specials */
-  rlm_free(text);
-  return rc ? cli_fail(&err) : CLI_OK;
+  rlm_status st = rlm_detokenize(ch->c.tok, ch->gen, (size_t)n_gen, true, NULL, 0, &len, &err);
+  if (st == RLM_ERR_INVALID && (text = malloc(len + 1)))
+    st = rlm_detokenize(ch->c.tok, ch->gen, (size_t)n_gen, true, text, len + 1, &len, &err);
+  bool ok = st == RLM_OK && cli_msgs_add(&ch->msgs, "assistant", text ? text : "");
+  free(text);
+  return ok ? CLI_OK : cli_fail(&(rlm_error){RLM_ERR_NOMEM, "cannot record the reply"});
 }
 
 /* Feeds ids past the common prefix with what the session holds (or the
@@ -83,54 +298,77 @@ static int render_ids(chat *ch, const model_opts *o, int32_t **ids, size_t *n) {
 static int reply(chat *ch, const model_opts *o, const int32_t *ids, size_t n) {
   size_t keep = 0;
   while (keep < ch->n_hist && keep < n && ch->hist[keep] == ids[keep]) keep++;
+  int rc = CLI_OK;
   if (keep < ch->n_hist || keep == n) { /* diverged: start over */
-    rlm_error err = {0};
-    rlm_session_free(ch->c.s), ch->c.s = NULL;
-    if (rlm_session_create(&ch->c.s, ch->c.m, &o->sp, &err)) return cli_fail(&err);
+    rc = fresh_session(ch, o);
     keep = 0;
   }
   long n_gen = 0;
-  int rc = mcli_generate(&ch->c, o, ids + keep, n - keep, ch->gen, &n_gen);
-  if (rc) return rc;
-  if (n + (size_t)n_gen > ch->cap_hist) {
-    int32_t *h = realloc(ch->hist, (n + (size_t)n_gen) * 2 * sizeof *h);
-    if (!h) return cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-    ch->hist = h, ch->cap_hist = (n + (size_t)n_gen) * 2;
+  if (!rc) rc = mcli_generate(&ch->c, o, ids + keep, n - keep, ch->gen, &n_gen);
+  sigint_spent();
+  if (!rc) rc = remember(ch, ids, n, n_gen);
+  return rc ? rc : add_reply(ch, n_gen);
+}
+
+/* A user message and its reply; a line that is not UTF-8 is refused
+ * before it joins the conversation. */
+static int user_turn(chat *ch, const model_opts *o, const char *line, size_t len) {
+  if (!cli_utf8_valid(line, len)) {
+    fputs("ringlm chat: that line is not valid UTF-8; type it again\n", stderr);
+    return CLI_OK;
   }
-  memcpy(ch->hist, ids, n * sizeof *ids);
-  memcpy(ch->hist + n, ch->gen, (size_t)n_gen * sizeof *ids);
-  ch->n_hist = n + (size_t)n_gen;
-  /* The reply's text joins the conversation. */
-  size_t len = 0;
-  rlm_error err = {0};
-  char *text = NULL;
-  rlm_status st = rlm_detokenize(ch->c.tok, ch->gen, (size_t)n_gen, true, NULL, 0, &len, &err);
-  if (st == RLM_ERR_INVALID && (text = malloc(len + 1)))
-    st = rlm_detokenize(ch->c.tok, ch->gen, (size_t)n_gen, true, text, len + 1, &len, &err);
-  bool ok = st == RLM_OK && add_message(&ch->msgs, "assistant", text ? text : "");
-  free(text);
-  return ok ? CLI_OK : cli_fail(&(rlm_error){RLM_ERR_NOMEM, "cannot record the reply"});
+  int32_t *ids = NULL;
+  size_t n;
+  int rc = cli_msgs_add(&ch->msgs, "user", line) ? CLI_OK : nomem();
+  if (!rc) rc = cli_chat_render_ids(&ch->c, o, ch->tpl, &ch->msgs, &ids, &n);
+  if (!rc) rc = reply(ch, o, ids, n);
+  free(ids);
+  return rc;
+}
+
+/* Whether line is the command name, trailing blanks allowed. */
+static bool is_command(const char *line, const char *name) {
+  size_t n = strlen(name);
+  return !strncmp(line, name, n) && !line[n + strspn(line + n, " \t")];
+}
+
+/* A line starting with '/'; *end for /exit and /quit. */
+static int command(chat *ch, const model_opts *o, const char *line, bool *end) {
+  if (is_command(line, "/exit") || is_command(line, "/quit")) {
+    *end = true;
+    return CLI_OK;
+  }
+  if (is_command(line, "/clear")) {
+    cli_msgs_cut(&ch->msgs, ch->n_sys);
+    return fresh_session(ch, o);
+  }
+  fprintf(stderr, "ringlm chat: '%.*s' is not a command; the commands are /clear (forget the "
+          "conversation), /exit and /quit\n", (int)strcspn(line, " \t"), line);
+  return CLI_OK;
 }
 
 static int converse(chat *ch, const model_opts *o) {
-  char *line = NULL;
-  size_t cap = 0;
-  ssize_t got;
+  struct sigaction old;
+  line_in in;
   int rc = CLI_OK;
-  bool tty = isatty(0);
-  while (!rc) {
-    if (tty) fputs("> ", stdout), fflush(stdout);
-    if ((got = getline(&line, &cap, stdin)) <= 0) break;
-    while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = 0;
-    if (!got) break;
-    int32_t *ids = NULL;
-    size_t n;
-    if (!add_message(&ch->msgs, "user", line)) rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-    if (!rc) rc = render_ids(ch, o, &ids, &n);
-    if (!rc) rc = reply(ch, o, ids, n);
-    free(ids);
+  bool end = false;
+  if (!catch_sigint(&old))
+    return cli_fail(&(rlm_error){RLM_ERR_IO, "cannot make the pipe that Ctrl-C wakes"});
+  if (!line_in_open(&in)) {
+    rc = cli_fail(&(rlm_error){RLM_ERR_IO, "cannot start line editing on the terminal"});
+    goto out_release_sigint;
   }
-  free(line);
+  if (in.el) fputs("type /clear to forget, /exit or Ctrl-D to end, Ctrl-C stops a reply\n", stderr);
+  while (!rc && !end) {
+    ssize_t n = line_in_read(&in);
+    if (n == LINE_INTERRUPTED) rc = CHAT_INTERRUPTED;
+    else if (n <= 0) end = true;
+    else if (in.line[0] == '/') rc = command(ch, o, in.line, &end);
+    else rc = user_turn(ch, o, in.line, (size_t)n);
+  }
+  line_in_close(&in);
+out_release_sigint:
+  release_sigint(&old);
   return rc;
 }
 
@@ -139,19 +377,25 @@ int cmd_chat(int argc, char **argv) {
   o.n_gen = 512;
   int rc = mcli_parse(argc, argv, &o, "chat", chat_help);
   if (rc) return rc == MCLI_HELP ? CLI_OK : rc;
-  if (o.ids_arg || o.prompt || o.print_ids) return cli_usage_error("chat", "reads its messages from stdin (no --ids, --prompt or --print-ids)");
+  if (o.ids_arg || o.prompt || o.print_ids)
+    return cli_usage_error("chat", "reads its messages from stdin "
+                                   "(no --ids, --prompt or --print-ids)");
+  if (o.system && !cli_utf8_valid(o.system, strlen(o.system)))
+    return cli_usage_error("chat", "--system is not valid UTF-8");
   chat ch = {0};
-  rlm_error err = {0};
-  if ((rc = mcli_open(&o, &ch.c, true))) return rc;
-  if (rlm_chat_template_load(&ch.tpl, o.dir, &err)) rc = cli_fail(&err);
-  else if (!(ch.gen = malloc(((size_t)o.n_gen + 1) * sizeof *ch.gen)) || !buf_add(&ch.msgs, "[", 1))
-    rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-  else if (o.system && !add_message(&ch.msgs, "system", o.system))
-    rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
+  if ((rc = cli_chat_load_template(&o, &ch.tpl))) return rc; /* before the model: fail fast */
+  if ((rc = mcli_open(&o, &ch.c, true))) goto out_free_template;
   o.no_stats = true; /* a conversation, not a benchmark */
+  o.interrupt = &g_sigint;
+  if (!(ch.gen = malloc(((size_t)mcli_gen_room(&ch.c, &o) + 1) * sizeof *ch.gen))) rc = nomem();
+  else if (o.system && !cli_msgs_add(&ch.msgs, "system", o.system)) rc = nomem();
+  ch.n_sys = ch.msgs.n;
   if (!rc) rc = converse(&ch, &o);
-  free(ch.msgs.p), free(ch.hist), free(ch.gen);
-  rlm_chat_template_free(ch.tpl);
+  cli_msgs_free(&ch.msgs);
+  free(ch.hist);
+  free(ch.gen);
   mcli_close(&ch.c);
+out_free_template:
+  rlm_chat_template_free(ch.tpl);
   return rc;
 }

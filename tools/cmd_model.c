@@ -1,7 +1,8 @@
-/* cmd_model.c -- `ringlm run` (generation from --prompt text or --ids,
- * streamed), `ringlm logits` (every position's logits of one forward pass,
+/* cmd_model.c -- `ringlm run` (raw completion, or one chat turn with
+ * --chat, of a prompt given as -p text, -f file or --ids, streamed),
+ * `ringlm logits` (every position's logits of one forward pass,
  * as a NumPy .npy file) and `ringlm perplexity` (of a text file, in
- * windows of --ctx tokens). Options and the generation loop: model_cli.c. */
+ * windows of -c tokens). Options and the generation loop: model_cli.c. */
 #include "model_cli.h"
 
 #include <errno.h>
@@ -12,8 +13,8 @@
 /* float32 [rows][cols] as NumPy's .npy version 1.0. */
 static bool write_npy(const char *path, const float *data, long rows, long cols) {
   char hdr[128];
-  int n = snprintf(hdr, sizeof hdr, "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld, %ld), }",
-                   rows, cols);
+  int n = snprintf(hdr, sizeof hdr,
+                   "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld, %ld), }", rows, cols);
   int total = 10 + n + 1, pad = (64 - total % 64) % 64;
   FILE *f = fopen(path, "wb");
   if (!f) return false;
@@ -27,11 +28,25 @@ static bool write_npy(const char *path, const float *data, long rows, long cols)
 }
 
 static const char logits_help[] =
-    "usage: ringlm logits -m DIR (--ids 1,2,3 | --prompt TEXT) -o FILE.npy [--prefill-chunk N]\n"
-    "                     [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
-    "                     [--max-kv N] [-t N]\n"
+    "usage: ringlm logits [-m DIR] (--ids 1,2,3 | -p TEXT | -f FILE) -o FILE.npy [options]\n"
     "Writes the logits of every position of one forward pass (prefill in chunks\n"
     "through the KV caches) as float32 [n_ids, vocab] in NumPy .npy format.\n";
+
+/* One forward pass over ids, every position's logits to o->out. */
+static int write_logits(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n) {
+  rlm_error err = {0};
+  int rc = CLI_OK;
+  mcli_warn_positions(c, o, (int64_t)n, "the prompt");
+  float *logits = malloc(n * (size_t)c->vocab * sizeof *logits);
+  if (!logits) rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory for the logits"});
+  else if (rlm_session_eval(c->s, ids, (int)n, logits, true, &err)) rc = cli_fail(&err);
+  else if (!write_npy(o->out, logits, (long)n, c->vocab)) {
+    fprintf(stderr, "ringlm: %s: cannot write the logits: %s\n", o->out, strerror(errno));
+    rc = CLI_FAIL;
+  }
+  free(logits);
+  return rc;
+}
 
 int cmd_logits(int argc, char **argv) {
   model_opts o = mcli_defaults();
@@ -42,32 +57,21 @@ int cmd_logits(int argc, char **argv) {
   int32_t *ids = NULL;
   size_t n;
   if ((rc = mcli_open(&o, &c, false))) return rc;
-  if ((rc = mcli_prompt_ids(&o, &c, "logits", &ids, &n))) goto out_close;
-  rlm_error err = {0};
-  float *logits = malloc(n * (size_t)c.vocab * sizeof *logits);
-  if (!logits) rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory for the logits"});
-  else if (rlm_session_eval(c.s, ids, (int)n, logits, true, &err)) rc = cli_fail(&err);
-  else if (!write_npy(o.out, logits, (long)n, c.vocab)) {
-    fprintf(stderr, "ringlm: %s: cannot write the logits: %s\n", o.out, strerror(errno));
-    rc = CLI_FAIL;
-  }
-  free(logits);
+  if (!(rc = mcli_prompt_ids(&o, &c, &ids, &n, NULL))) rc = write_logits(&c, &o, ids, n);
   free(ids);
-out_close:
   mcli_close(&c);
   return rc;
 }
 
 static const char run_help[] =
-    "usage: ringlm run -m DIR (--prompt TEXT | --ids 1,2,3) [-n N] [--print-ids]\n"
-    "                  [--temp T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R]\n"
-    "                  [--seed S] [--stop STR]... [--ignore-eos]\n"
-    "                  [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
-    "                  [--max-kv N] [--prefill-chunk N] [-t N]\n"
-    "Generates up to N tokens (default 128) after the prompt and streams the text;\n"
-    "--print-ids prints the generated ids on one line instead. Stops at an EOS id\n"
-    "(generation_config.json) or a --stop string. Greedy with --temp 0 (default).\n"
-    "Ends with a stats line on stderr.\n";
+    "usage: ringlm run [-m DIR] (-p TEXT | -f FILE | --ids 1,2,3) [options]\n"
+    "Raw completion, as llama-completion (llama-cli -no-cnv) and mlx_lm.generate\n"
+    "without a template: the prompt is fed as it is (BOS added as the tokenizer\n"
+    "says), echoed (unless --no-display-prompt), and the generated text streams\n"
+    "after it; --chat renders the prompt as one user turn of the chat template\n"
+    "instead (then only the reply is printed). Up to -n tokens, stopping at an EOS\n"
+    "id (generation_config.json), a --stop string or the context (-c). Greedy with\n"
+    "--temp 0 (the default). A stats line on stderr at the end.\n";
 
 int cmd_run(int argc, char **argv) {
   model_opts o = mcli_defaults();
@@ -75,13 +79,17 @@ int cmd_run(int argc, char **argv) {
   if (rc) return rc == MCLI_HELP ? CLI_OK : rc;
   model_ctx c;
   int32_t *ids = NULL, *gen = NULL;
+  char *text = NULL;
   size_t n;
   long n_out;
   if ((rc = mcli_open(&o, &c, false))) return rc;
-  if ((rc = mcli_prompt_ids(&o, &c, "run", &ids, &n))) goto out_close;
-  if (!(gen = malloc(((size_t)o.n_gen + 1) * sizeof *gen))) rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
+  if ((rc = mcli_prompt_ids(&o, &c, &ids, &n, &text))) goto out_close;
+  if (!o.no_display_prompt && !o.chat) o.echo = text;
+  if (!(gen = malloc(((size_t)mcli_gen_room(&c, &o) + 1) * sizeof *gen)))
+    rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
   else rc = mcli_generate(&c, &o, ids, n, gen, &n_out);
   free(gen);
+  free(text);
   free(ids);
 out_close:
   mcli_close(&c);
@@ -91,11 +99,9 @@ out_close:
 /* ---- perplexity ----------------------------------------------------------- */
 
 static const char ppl_help[] =
-    "usage: ringlm perplexity -m DIR -f TEXT_FILE [--ctx N] [--max-windows W] [--kl]\n"
-    "                         [--kv-bits B] [--k-bits B] [--v-bits B] [--kv-group-size G]\n"
-    "                         [--max-kv N] [--prefill-chunk N] [-t N]\n"
-    "Perplexity of the text: its tokens (no special tokens) in windows of --ctx\n"
-    "tokens (default 512), each window a fresh session that starts with BOS when\n"
+    "usage: ringlm perplexity [-m DIR] -f TEXT_FILE [options]\n"
+    "Perplexity of the text: its tokens (no special tokens) in windows of -c\n"
+    "tokens, each window a fresh session that starts with BOS when\n"
     "the model has one; every token after the first position is scored (the first\n"
     "W windows only, with --max-windows). --kl also runs a dense-KV session over\n"
     "the same windows and reports the mean KL divergence of the KV configuration's\n"
@@ -123,8 +129,8 @@ static long argmax(const double *v, long n) {
 }
 
 /* One position: NLL of the target; with a baseline row, KL and top-1. */
-static void score_row(const float *l, const float *base, long V, int32_t target, double *lp, double *lb,
-                      ppl_acc *a) {
+static void score_row(const float *l, const float *base, long V, int32_t target, double *lp,
+                      double *lb, ppl_acc *a) {
   log_softmax(l, V, lp);
   a->nll -= lp[target], a->n++;
   if (!base) return;
@@ -138,8 +144,9 @@ static void score_row(const float *l, const float *base, long V, int32_t target,
 
 static void progress(long done, long total, const ppl_acc *a) {
   int w = 30, k = total ? (int)(w * done / total) : w;
-  fprintf(stderr, "\rperplexity [%.*s%*s] %ld/%ld windows, ppl %.4f", k, "##############################", w - k, "",
-          done, total, a->n ? exp(a->nll / (double)a->n) : 0.0);
+  fprintf(stderr, "\rperplexity [%.*s%*s] %ld/%ld window%s, ppl %.4f", k,
+          "##############################", w - k, "", done, total, cli_s(total),
+          a->n ? exp(a->nll / (double)a->n) : 0.0);
   if (done == total) fputc('\n', stderr);
 }
 
@@ -159,23 +166,27 @@ static rlm_status score_window(ppl_run *r, const int32_t *w, long n, ppl_acc *a,
   bp.k_bits = bp.v_bits = 0;
   rlm_session_free(c->s), c->s = NULL;
   rlm_status rc = rlm_session_create(&c->s, c->m, &r->o->sp, err);
-  if (!rc && r->o->kl) rlm_session_free(r->base), r->base = NULL, rc = rlm_session_create(&r->base, c->m, &bp, err);
+  if (!rc && r->o->kl)
+    rlm_session_free(r->base), r->base = NULL, rc = rlm_session_create(&r->base, c->m, &bp, err);
   for (long j = 0; !rc && j < n - 1; j += r->piece) {
     long m = j + r->piece < n - 1 ? r->piece : n - 1 - j; /* positions j..j+m-1 predict j+1..j+m */
     rc = rlm_session_eval(c->s, w + j, (int)m, r->lg, true, err);
     if (!rc && r->base) rc = rlm_session_eval(r->base, w + j, (int)m, r->lgb, true, err);
     for (long k = 0; !rc && k < m; k++)
-      score_row(r->lg + k * c->vocab, r->base ? r->lgb + k * c->vocab : NULL, c->vocab, w[j + k + 1], r->lp, r->lb, a);
+      score_row(r->lg + k * c->vocab, r->base ? r->lgb + k * c->vocab : NULL, c->vocab,
+                w[j + k + 1], r->lp, r->lb, a);
   }
   return rc;
 }
 
 static void report(const ppl_acc *a, long n_win, long win_len, bool kl) {
-  printf("perplexity %.4f (mean nll %.6f over %ld tokens, %ld windows of %ld)\n", exp(a->nll / (double)a->n),
-         a->nll / (double)a->n, a->n, n_win, win_len);
+  printf("perplexity %.4f (mean nll %.6f over %ld token%s, %ld window%s of %ld)\n",
+         exp(a->nll / (double)a->n), a->nll / (double)a->n, a->n, cli_s(a->n), n_win, cli_s(n_win),
+         win_len);
   if (kl)
-    printf("vs dense KV: mean KL %.6f, top-1 agreement %.4f%%, dense-KV perplexity %.4f\n", a->kl / (double)a->n,
-           100.0 * (double)a->agree / (double)a->n, exp(a->base_nll / (double)a->n));
+    printf("vs dense KV: mean KL %.6f, top-1 agreement %.4f%%, dense-KV perplexity %.4f\n",
+           a->kl / (double)a->n, 100.0 * (double)a->agree / (double)a->n,
+           exp(a->base_nll / (double)a->n));
 }
 
 static int perplexity(model_ctx *c, const model_opts *o, const int32_t *toks, size_t n_toks) {
@@ -186,7 +197,9 @@ static int perplexity(model_ctx *c, const model_opts *o, const int32_t *toks, si
   long n_win = (long)n_toks / body, V = c->vocab;
   if (n_win == 0) n_win = 1, body = (long)n_toks;
   if (o->max_windows && n_win > o->max_windows) n_win = o->max_windows;
-  ppl_run r = {c, o, NULL, NULL, NULL, NULL, NULL, o->sp.prefill_chunk < 64 ? o->sp.prefill_chunk : 64};
+  mcli_warn_positions(c, o, bos >= 0 ? body + 1 : body, "the window (-c)");
+  ppl_run r = {c,    o,    NULL, NULL,
+               NULL, NULL, NULL, o->sp.prefill_chunk < 64 ? o->sp.prefill_chunk : 64};
   int32_t *w = malloc((size_t)(body + 1) * sizeof *w);
   r.lg = malloc((size_t)r.piece * (size_t)V * sizeof *r.lg);
   r.lgb = o->kl ? malloc((size_t)r.piece * (size_t)V * sizeof *r.lgb) : NULL;
@@ -215,13 +228,16 @@ int cmd_perplexity(int argc, char **argv) {
   if (!o.file) return cli_usage_error("perplexity", "needs -f TEXT_FILE");
   size_t len, n;
   char *text = cli_read_file(o.file, &len);
-  if (!text) return fprintf(stderr, "ringlm: %s: cannot read: %s\n", o.file, strerror(errno)), CLI_FAIL;
+  const char *name = cli_path_name(o.file);
+  if (!text)
+    return fprintf(stderr, "ringlm: %s: cannot read: %s\n", name, strerror(errno)), CLI_FAIL;
   model_ctx c;
   int32_t *toks = NULL;
   rlm_error err = {0};
   if (!(rc = mcli_open(&o, &c, true))) {
-    if (cli_encode(c.tok, text, len, false, &toks, &n, &err)) rc = cli_fail(&err);
-    else if (n < 2) rc = CLI_FAIL, fprintf(stderr, "ringlm: %s: fewer than 2 tokens to score\n", o.file);
+    if (cli_encode(c.tok, text, len, false, &toks, &n, &err)) rc = cli_fail_in(name, &err);
+    else if (n < 2)
+      rc = CLI_FAIL, fprintf(stderr, "ringlm: %s: fewer than 2 tokens to score\n", name);
     else rc = perplexity(&c, &o, toks, n);
     mcli_close(&c);
   }

@@ -1,28 +1,46 @@
-/* model_cli.h -- what the commands that run a model share (run, logits,
- * perplexity, chat): their options, opening model + session + tokenizer,
- * and the generation loop that streams text, stops on EOS and stop
- * strings, and ends with the stats line. */
+/* model_cli.h -- what the commands that use a model folder share (run,
+ * logits, perplexity, chat, bench, tokenize): ONE table of their options
+ * (model_cli.c) that parses, validates and prints --help; opening model +
+ * session + tokenizer; the prompt as ids; and the generation loop that
+ * streams text, stops on EOS, stop strings, the context limit or an
+ * interrupt, and ends with the stats line. */
 #ifndef RLM_MODEL_CLI_H
 #define RLM_MODEL_CLI_H
 
 #include "cli.h"
 
+#include <signal.h>
+
 enum { MCLI_MAX_STOPS = 16 };
 
+/* Every option of the table lands in one of these fields; the defaults
+ * are mcli_defaults()'s, and a command may change one before mcli_parse
+ * (chat: -n 512), which --help then shows. */
 typedef struct model_opts {
-  const char *dir;
+  const char *cmd;                           /* "run", ...: for messages  */
+  const char *dir;                           /* -m; NULL: embedded model  */
   const char *ids_arg, *prompt, *file, *out; /* inputs; logits: .npy path */
-  long n_gen;                                /* tokens to generate        */
-  long ctx;                                  /* perplexity window         */
+  long n_gen;                                /* -n; -1: until EOS         */
+  long n_ctx;                                /* run/chat -c; 0: model's   */
+  long ctx;                                  /* perplexity window (-c)    */
   long max_windows;                          /* perplexity: 0 = all       */
   bool kl;                                   /* perplexity vs dense KV    */
   rlm_sampler_params smp;
   bool print_ids, ignore_eos;
+  bool no_display_prompt;                    /* run: no prompt echo       */
   bool verbose_prompt, no_stats;             /* chat                      */
   const char *stops[MCLI_MAX_STOPS];
   int n_stops;
-  const char *system;                        /* chat: system prompt       */
+  const char *system;                        /* chat, run --chat          */
   rlm_session_params sp;
+  const char *chat_template;                 /* --chat-template FILE, or NULL */
+  bool chat;                                 /* run --chat: template the prompt */
+  volatile sig_atomic_t *interrupt;          /* set (SIGINT): the reply ends */
+  const char *echo;                          /* printed before the reply  */
+  long n_prompt, reps;                       /* bench -p, -r              */
+  const char *depths;                        /* bench -d "0,4096"         */
+  bool json;                                 /* bench --json              */
+  bool decode, no_special, skip_special;     /* tokenize                  */
 } model_opts;
 
 /* Everything a model command holds open; free with mcli_close. */
@@ -31,26 +49,45 @@ typedef struct model_ctx {
   rlm_session *s;
   rlm_tokenizer *tok;                        /* NULL without tokenizer.json */
   long vocab;
+  long n_ctx;           /* positions a session may reach: -c; without -c
+                           none, except that -n -1 stops at the model's
+                           max_position_embeddings (4096 if not given);
+                           0: no limit                                   */
+  int64_t max_positions;                     /* 0: config.json gives none */
+  bool warned_long;                          /* that warning printed once */
 } model_ctx;
 
 model_opts mcli_defaults(void);
 /* The embedded model's folder ($RINGLM_MODEL, else the installed copy,
  * else this source tree's models/), or NULL when none is there. */
 const char *mcli_default_model(void);
-/* CLI_OK, MCLI_HELP (help printed) or a usage exit code. */
+/* Parses argv[1:] with the option table for cmd; help is the command's
+ * usage line and paragraph, to which --help adds every option with its
+ * meaning and default. Options of other commands are ignored with a
+ * warning. Returns CLI_OK, MCLI_HELP (help printed) or CLI_USAGE. */
 enum { MCLI_HELP = -1 };
 int mcli_parse(int argc, char **argv, model_opts *o, const char *cmd, const char *help);
 /* need_tok: fail when the folder has no tokenizer. */
 int mcli_open(const model_opts *o, model_ctx *c, bool need_tok);
 void mcli_close(model_ctx *c);
-/* The prompt as ids: --ids, or --prompt / -f encoded (with BOS as the
- * tokenizer adds it). *ids malloc'd. */
-int mcli_prompt_ids(const model_opts *o, const model_ctx *c, const char *cmd, int32_t **ids, size_t *n);
+/* The prompt as ids: --ids, or the text of --prompt / -f (run --chat:
+ * through the chat template) encoded with BOS as the tokenizer adds it.
+ * *ids malloc'd; *text (may be NULL) the text, malloc'd, NULL for --ids. */
+int mcli_prompt_ids(const model_opts *o, const model_ctx *c, int32_t **ids, size_t *n, char **text);
+/* One warning per session when `n` positions exceed the model's
+ * max_position_embeddings; what: "the prompt", "the window", ... */
+void mcli_warn_positions(model_ctx *c, const model_opts *o, int64_t n, const char *what);
 
-/* Generates up to o->n_gen tokens after ids[0:n) fed at the session's
- * position: streams text (or ids with --print-ids) to stdout, stops at an
- * EOS id or a stop string, prints the stats line to stderr. The generated
- * ids land in gen (room for n_gen), their count in *n_out. */
+/* Room the gen array of mcli_generate needs: -n, or with -n -1 the
+ * context (no reply can be longer). */
+long mcli_gen_room(const model_ctx *c, const model_opts *o);
+/* Generates up to o->n_gen tokens (-1: until EOS) after ids[0:n) fed at
+ * the session's position: streams text (or ids with --print-ids) to
+ * stdout after o->echo, stops at an EOS id, a stop string, the context
+ * limit c->n_ctx or *o->interrupt (pending text flushed, no error), and
+ * prints the stats line to stderr unless o->no_stats. Fails when the
+ * prompt leaves no room in the context. The generated ids land in gen
+ * (room for mcli_gen_room), their count in *n_out. */
 int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n, int32_t *gen,
                   long *n_out);
 
