@@ -71,7 +71,7 @@ def main():
     ap.add_argument("-r", "--reps", type=int, default=1, help="ringlm bench -r per cell and round")
     ap.add_argument("--n-small", type=int, default=256, help="decode tokens, embedded model")
     ap.add_argument("--n-large", type=int, default=32, help="decode tokens, larger models")
-    ap.add_argument("--act-bits", type=int, default=8)
+    ap.add_argument("--act-bits", type=int, default=0)
     ap.add_argument("--json", help="also write the medians here")
     a = ap.parse_args()
     a.threads = [t if t == "default" else int(t) for t in a.threads.split(",")]

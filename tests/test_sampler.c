@@ -2,11 +2,19 @@
  * argmax; temperature draws follow the softmax (chi-square over 40k draws);
  * top-k, top-p and min-p keep exactly the sets their definitions give;
  * the repetition penalty divides positive and multiplies negative logits;
- * a seed reproduces a sequence; no allocation per call. Stop strings:
+ * a seed reproduces a sequence; no allocation per call. The fast paths
+ * (no full sort) against the sort-based reference: the same kept set and
+ * weights on thousands of random inputs, draw frequencies (chi-square)
+ * against the reference's weights and no draw outside its set, top-k draws
+ * bit-identical for one seed, Gemma 3's 262,144 ids, and a ratio against
+ * the full sort there. Parameter errors name the field. Stop strings:
  * text is cut exactly before the first stop string however the pieces
  * split it, and nothing that could begin one is emitted early. */
 #include "base/base.h"
+#include "generate/sampler_internal.h"
 #include "test.h"
+
+#include <time.h>
 
 static rlm_sampler *make(rlm_sampler_params p, int vocab) {
   rlm_sampler *s = NULL;
@@ -117,10 +125,434 @@ TEST(seed_reproduces_and_no_allocation) {
   rlm_sampler_free(NULL);
 }
 
+/* ---- the fast selection against the sort-based reference ------------------ */
+
+/* Logit shapes: Gaussian std 1 and 3; peaked Zipf (p ~ rank^-1.5, ranks
+ * shuffled over the ids); many exact ties (multiples of 0.5); and half
+ * distinct values in [0, 1e-6], which exp() maps onto a few equal weights
+ * (so the tie order by value matters), half exact ties at integers. */
+enum { D_GAUSS1, D_GAUSS3, D_ZIPF, D_TIES, D_NEAR_TIES, N_DIST };
+static const char *const DIST_NAME[N_DIST] = {"gauss1", "gauss3", "zipf", "ties", "near-ties"};
+
+static void fill(float *l, int V, int kind, uint64_t *rng) {
+  for (int i = 0; i < V; i++) {
+    float g = t_rng_normal(rng);
+    if (kind == D_GAUSS1) l[i] = g;
+    else if (kind == D_GAUSS3) l[i] = 3 * g;
+    else if (kind == D_TIES) l[i] = roundf(4 * g) / 2;
+    else if (kind == D_NEAR_TIES && i % 2) l[i] = roundf(2 * g); /* exact ties */
+    else if (kind == D_NEAR_TIES) l[i] = 1e-9f * (float)(t_rng_next(rng) % 1000);
+    else l[i] = -1.5f * logf((float)(i + 1));
+  }
+  if (kind != D_ZIPF) return;
+  for (int i = V - 1; i > 0; i--) { /* shuffle the ranks over the ids */
+    int j = (int)(t_rng_next(rng) % (uint64_t)(i + 1));
+    float t = l[i];
+    l[i] = l[j];
+    l[j] = t;
+  }
+}
+
+typedef struct pset {
+  const char *name;
+  float temp;
+  int top_k;
+  float top_p, min_p;
+} pset;
+
+static const pset PSETS[] = {
+    {"temp 0.8 top-p 0.95", 0.8f, 0, 0.95f, 0.0f}, {"top-p 0.5", 1.0f, 0, 0.5f, 0.0f},
+    {"min-p 0.05", 1.0f, 0, 1.0f, 0.05f},          {"top-k 40", 1.0f, 40, 1.0f, 0.0f},
+    {"top-k 40 top-p 0.9", 1.0f, 40, 0.9f, 0.0f},  {"top-k 1", 1.0f, 1, 1.0f, 0.0f},
+    {"temp 1.3 top-p 0.9 min-p 0.02", 1.3f, 0, 0.9f, 0.02f},
+};
+
+static rlm_sampler_params pset_params(const pset *q, uint64_t seed) {
+  rlm_sampler_params p = rlm_sampler_params_default();
+  p.temp = q->temp, p.top_k = q->top_k, p.top_p = q->top_p, p.min_p = q->min_p, p.seed = seed;
+  return p;
+}
+
+/* A kept set as (id, weight) pairs with weight > 0 (a zero weight is never
+ * drawn, and the fast path may leave it out), sorted by id. */
+typedef struct kw {
+  int32_t id;
+  float w;
+} kw;
+
+static int kw_by_id(const void *a, const void *b) {
+  const kw *x = a, *y = b;
+  return (x->id > y->id) - (x->id < y->id);
+}
+
+static int kept_set(rlm_sampler *s, const float *l, bool ref, int32_t *ids, float *w, kw *out) {
+  int n = ref ? rlm__sampler_kept_ref(s, l, ids, w) : rlm__sampler_kept(s, l, ids, w);
+  int m = 0;
+  for (int i = 0; i < n; i++)
+    if (w[i] > 0) out[m++] = (kw){ids[i], w[i]};
+  qsort(out, (size_t)m, sizeof *out, kw_by_id);
+  return m;
+}
+
+/* Scratch for one vocabulary size. */
+typedef struct scratch {
+  int V;
+  float *l, *buf, *w;
+  int32_t *ids;
+  kw *a, *b;
+  int *counts;
+} scratch;
+
+static scratch scratch_make(int V) {
+  return (scratch){V, xmalloc((size_t)V * 4), xmalloc((size_t)V * 4), xmalloc((size_t)V * 4),
+                   xmalloc((size_t)V * 4), xmalloc((size_t)V * sizeof(kw)),
+                   xmalloc((size_t)V * sizeof(kw)), xmalloc((size_t)V * sizeof(int))};
+}
+
+static void scratch_free(scratch *x) {
+  free(x->l), free(x->buf), free(x->w), free(x->ids), free(x->a), free(x->b), free(x->counts);
+}
+
+/* Whether fast is ref plus a tail of total weight below 1e-12 of the whole:
+ * with top_p = 1 the fast path keeps everything, while the reference's
+ * running sum can reach 1.0 by rounding before its last, tiniest tokens. */
+static int n_rounding_tails; /* how often that happened (reported) */
+
+static bool rounding_tail(const kw *fast, int na, const kw *ref, int nb) {
+  double extra = 0, total = 0;
+  int j = 0;
+  for (int i = 0; i < na; i++) {
+    total += fast[i].w;
+    if (j < nb && ref[j].id == fast[i].id && ref[j].w == fast[i].w) j++;
+    else extra += fast[i].w;
+  }
+  return j == nb && extra <= 1e-12 * total;
+}
+
+/* Whether both paths keep the same ids with the same weights (bit for bit:
+ * the weights are computed by the same expression) from logits x->l. */
+static bool kept_equal(rlm_sampler *fast, rlm_sampler *ref, const rlm_sampler_params *p,
+                       scratch *x) {
+  int na = kept_set(fast, x->l, false, x->ids, x->w, x->a);
+  int nb = kept_set(ref, x->l, true, x->ids, x->w, x->b);
+  bool same = na == nb && na > 0;
+  for (int i = 0; same && i < na; i++)
+    same = x->a[i].id == x->b[i].id && x->a[i].w == x->b[i].w;
+  bool all = p->top_p == 1.0f && (p->top_k == 0 || p->top_k >= x->V);
+  if (!same && all && nb > 0 && rounding_tail(x->a, na, x->b, nb)) {
+    n_rounding_tails++;
+    same = true;
+  }
+  return same;
+}
+
+static bool same_kept(const rlm_sampler_params *p, scratch *x) {
+  rlm_sampler *fast = make(*p, x->V), *ref = make(*p, x->V);
+  bool same = kept_equal(fast, ref, p, x);
+  rlm_sampler_free(fast), rlm_sampler_free(ref);
+  return same;
+}
+
+TEST(kept_set_matches_reference) {
+  scratch x = scratch_make(3000);
+  uint64_t rng = 2024;
+  int bad = 0, n = 3000;
+  for (int k = 0; k < n; k++) {
+    x.V = 20 + (int)(t_rng_next(&rng) % 2981);
+    int kind = (int)(t_rng_next(&rng) % N_DIST);
+    fill(x.l, x.V, kind, &rng);
+    rlm_sampler_params p = rlm_sampler_params_default();
+    p.temp = t_rng_float(&rng, 0.3f, 2.0f);
+    p.top_p = k % 5 == 0 ? 1.0f : t_rng_float(&rng, 0.02f, 1.0f);
+    p.min_p = k % 3 == 0 ? 0.0f : t_rng_float(&rng, 0.0f, 0.4f);
+    p.top_k = k % 7 == 0 ? 1 + (int)(t_rng_next(&rng) % (uint64_t)x.V) : 0;
+    if (!same_kept(&p, &x) && bad++ < 3)
+      fprintf(stderr, "  case %d: V %d %s temp %g top_k %d top_p %g min_p %g\n", k, x.V,
+              DIST_NAME[kind], p.temp, p.top_k, p.top_p, p.min_p);
+  }
+  test_note("%d of %d inputs differ", bad, n);
+  printf("  %d of %d inputs: the reference dropped a rounding tail at top_p 1\n",
+         n_rounding_tails, n);
+  CHECK_EQ(bad, 0);
+  scratch_free(&x);
+}
+
+/* Equal weights from different values, cut inside the group: only the
+ * order (value descending, id ascending) decides which ids stay. Also all
+ * logits equal (one group of the whole vocabulary, already in id order). */
+TEST(tie_group_order) {
+  scratch x = scratch_make(300);
+  uint64_t rng = 99;
+  for (int i = 0; i < 300; i++) x.l[i] = -1e-10f * (float)(t_rng_next(&rng) % 250);
+  rlm_sampler_params p = rlm_sampler_params_default();
+  p.temp = 1.0f;
+  /* Not 0.5 or 0.25: where top_p x V is an integer, the cut sits exactly
+   * on a running sum and either answer is within rounding. */
+  const float tops[] = {0.01f, 0.3f, 0.45f, 0.77f, 0.999f};
+  for (int j = 0; j < N_OF(tops); j++) {
+    p.top_p = tops[j];
+    CHECK(same_kept(&p, &x));
+  }
+  for (int i = 0; i < 300; i++) x.l[i] = 1.5f;
+  for (int j = 0; j < N_OF(tops); j++) {
+    p.top_p = tops[j];
+    CHECK(same_kept(&p, &x));
+  }
+  p.top_p = 0.1f; /* 0.1f x 300 = 30.0000004: ids 0..30, the first by id */
+  rlm_sampler *s = make(p, 300);
+  CHECK_EQ(rlm__sampler_kept(s, x.l, x.ids, x.w), 31);
+  CHECK(x.ids[0] == 0 && x.ids[30] == 30);
+  rlm_sampler_free(s);
+  scratch_free(&x);
+}
+
+/* Masked logits (-inf) are never drawn on any path; an infinite or NaN
+ * logit gives no defined distribution, but every path still returns an id
+ * in range and reads nothing out of bounds (the sanitizer build checks). */
+TEST(masked_and_non_finite_logits) {
+  scratch x = scratch_make(5000);
+  uint64_t rng = 4;
+  for (int j = 0; j < N_OF(PSETS); j++) {
+    rlm_sampler *s = make(pset_params(&PSETS[j], 11), x.V);
+    int bad = 0;
+    for (int k = 0; k < 200; k++) {
+      fill(x.l, x.V, k % N_DIST, &rng);
+      for (int i = 0; i < x.V; i += 2) x.l[i] = -INFINITY;
+      int32_t id = rlm_sampler_sample(s, x.l);
+      bad += id < 0 || id >= x.V || id % 2 == 0;
+    }
+    test_note("%s", PSETS[j].name);
+    CHECK_EQ(bad, 0);
+    const float odd[] = {INFINITY, NAN, -INFINITY};
+    for (int k = 0; k < 3; k++) {
+      fill(x.l, x.V, D_GAUSS1, &rng);
+      x.l[17] = odd[k];
+      if (k == 2)
+        for (int i = 0; i < x.V; i++) x.l[i] = -INFINITY;
+      int32_t id = rlm_sampler_sample(s, x.l);
+      CHECK(id >= 0 && id < x.V);
+    }
+    rlm_sampler_free(s);
+  }
+  scratch_free(&x);
+}
+
+/* The chi-square upper tail at z standard deviations (Wilson-Hilferty). */
+static double chi2_bound(int df, double z) {
+  double a = 2.0 / (9.0 * df), c = 1 - a + z * sqrt(a);
+  return df * c * c * c;
+}
+
+typedef struct bin {
+  double e;
+  int c;
+} bin;
+
+static int bin_by_e(const void *a, const void *b) {
+  const bin *x = a, *y = b;
+  return (x->e > y->e) - (x->e < y->e);
+}
+
+/* Chi-square of counts against the kept set's weights; ids expected fewer
+ * than 5 times are pooled (smallest first) into bins of at least 5. */
+static double chi2_kept(const kw *k, int n, const int *counts, int draws, int *df) {
+  double total = 0, chi2 = 0, last = 0;
+  bin *b = xmalloc((size_t)n * sizeof *b), cur = {0, 0}, prev = {0, 0};
+  for (int i = 0; i < n; i++) total += k[i].w;
+  for (int i = 0; i < n; i++) b[i] = (bin){draws * k[i].w / total, counts[k[i].id]};
+  qsort(b, (size_t)n, sizeof *b, bin_by_e);
+  int bins = 0;
+  for (int i = 0; i < n; i++) {
+    cur.e += b[i].e, cur.c += b[i].c;
+    if (cur.e < 5 && i < n - 1) continue;
+    if (cur.e < 5 && bins > 0) { /* the leftover joins the previous bin */
+      chi2 -= last, cur.e += prev.e, cur.c += prev.c, bins--;
+    }
+    last = (cur.c - cur.e) * (cur.c - cur.e) / cur.e;
+    chi2 += last, prev = cur, cur = (bin){0, 0}, bins++;
+  }
+  free(b);
+  *df = bins - 1;
+  return chi2;
+}
+
+/* n draws with the fast sampler; expected frequencies from the reference's
+ * kept set and weights. Returns how many draws fell outside that set. */
+static int draws_vs_reference(const pset *q, scratch *x, int draws, double *chi2, int *df) {
+  rlm_sampler_params p = pset_params(q, 77);
+  rlm_sampler *s = make(p, x->V), *ref = make(p, x->V);
+  int n = kept_set(ref, x->l, true, x->ids, x->w, x->b), outside = 0;
+  for (int i = 0; i < x->V; i++) x->counts[i] = 0;
+  for (int k = 0; k < draws; k++) {
+    memcpy(x->buf, x->l, (size_t)x->V * sizeof *x->buf);
+    int32_t id = rlm_sampler_sample(s, x->buf);
+    if (id >= 0 && id < x->V) x->counts[id]++;
+  }
+  for (int i = 0, j = 0; i < x->V; i++) {
+    while (j < n && x->b[j].id < i) j++;
+    if (!(j < n && x->b[j].id == i)) outside += x->counts[i];
+  }
+  *chi2 = chi2_kept(x->b, n, x->counts, draws, df);
+  rlm_sampler_free(s), rlm_sampler_free(ref);
+  return outside;
+}
+
+TEST(frequencies_follow_reference) {
+  scratch x = scratch_make(800);
+  uint64_t rng = 5;
+  const int draws = 20000;
+  for (int d = 0; d < N_DIST; d++) {
+    fill(x.l, x.V, d, &rng);
+    for (int j = 0; j < N_OF(PSETS); j++) {
+      double chi2;
+      int df;
+      int outside = draws_vs_reference(&PSETS[j], &x, draws, &chi2, &df);
+      test_note("%s, %s: chi2 %.1f, df %d, %d outside", DIST_NAME[d], PSETS[j].name, chi2, df,
+                outside);
+      CHECK_EQ(outside, 0);
+      if (df > 0) CHECK(chi2 < chi2_bound(df, 4.0)); /* p ~ 3e-5 per case */
+    }
+  }
+  scratch_free(&x);
+}
+
+/* Two samplers, one seed: the fast top-k path and the reference must keep
+ * the same set (the whole top k when top_p = 1 and min_p = 0, so a wrong
+ * tie at the k-th place shows) and draw the same token every time, with the
+ * penalty history fed by the draws. */
+static int top_k_mismatches(rlm_sampler_params p, scratch *x, int calls, uint64_t *rng) {
+  rlm_sampler *fast = make(p, x->V), *ref = make(p, x->V);
+  int bad = 0;
+  for (int k = 0; k < calls; k++) {
+    fill(x->l, x->V, k % N_DIST, rng);
+    bad += !kept_equal(fast, ref, &p, x);
+    memcpy(x->buf, x->l, (size_t)x->V * sizeof *x->buf);
+    int32_t a = rlm_sampler_sample(fast, x->buf);
+    int32_t b = rlm__sampler_sample_ref(ref, x->l);
+    bad += a != b;
+    rlm_sampler_accept(fast, a);
+    rlm_sampler_accept(ref, b);
+  }
+  rlm_sampler_free(fast), rlm_sampler_free(ref);
+  return bad;
+}
+
+TEST(top_k_bit_identical_to_reference) {
+  scratch x = scratch_make(1500);
+  uint64_t rng = 31337;
+  const int ks[] = {1, 2, 40, 100, 1499};
+  const float tops[] = {1.0f, 0.9f, 0.5f};
+  int bad = 0, calls = 0;
+  for (int a = 0; a < N_OF(ks); a++)
+    for (int b = 0; b < N_OF(tops); b++) {
+      rlm_sampler_params p = rlm_sampler_params_default();
+      p.top_k = ks[a], p.top_p = tops[b], p.min_p = b == 0 ? 0.0f : 0.05f;
+      p.temp = 0.5f + 0.4f * (float)b, p.seed = (uint64_t)(a * 10 + b);
+      p.repeat_penalty = a % 2 ? 1.3f : 1.0f;
+      bad += top_k_mismatches(p, &x, 300, &rng);
+      calls += 300;
+    }
+  test_note("%d of %d calls differ", bad, calls);
+  CHECK_EQ(bad, 0);
+  scratch_free(&x);
+}
+
+/* Gemma 3's vocabulary: Gaussian logits (std 2.5) and a few large ones. */
+static void fill_big(float *l, int V, uint64_t *rng) {
+  for (int i = 0; i < V; i++) l[i] = 2.5f * t_rng_normal(rng);
+  for (int i = 0; i < 8; i++) l[t_rng_next(rng) % (uint64_t)V] = 12.0f + (float)i;
+}
+
+TEST(full_vocabulary_262144) {
+  scratch x = scratch_make(262144);
+  uint64_t rng = 8;
+  fill_big(x.l, x.V, &rng);
+  for (int j = 0; j < N_OF(PSETS); j++) {
+    rlm_sampler_params p = pset_params(&PSETS[j], 3);
+    test_note("%s", PSETS[j].name);
+    CHECK(same_kept(&p, &x));
+  }
+  rlm_sampler_params p = pset_params(&PSETS[0], 3);
+  p.top_p = 1.0f; /* temperature alone: the whole vocabulary */
+  CHECK(same_kept(&p, &x));
+  p = pset_params(&PSETS[3], 3);
+  CHECK_EQ(top_k_mismatches(p, &x, 12, &rng), 0);
+  scratch_free(&x);
+}
+
+static double ms_per_call(rlm_sampler *s, float *l, bool ref, int reps) {
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int32_t id = ref ? rlm__sampler_sample_ref(s, l) : rlm_sampler_sample(s, l);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    CHECK(id >= 0);
+    double ms = 1e3 * (double)(t1.tv_sec - t0.tv_sec) + 1e-6 * (double)(t1.tv_nsec - t0.tv_nsec);
+    best = ms < best ? ms : best;
+  }
+  return best;
+}
+
+/* The defect: every draw sorted the whole vocabulary. Not a benchmark
+ * (bench_sampler is): a ratio against the sort in the same process, with
+ * a wide margin (measured 20-35x for top-p and min-p, 150-450x for top-k
+ * 40; the sanitizer build about 13x and 100x). */
+TEST(no_full_sort_262144) {
+  scratch x = scratch_make(262144);
+  uint64_t rng = 9;
+  fill_big(x.l, x.V, &rng);
+  const pset *cases[] = {&PSETS[0], &PSETS[2], &PSETS[3]};
+  for (int j = 0; j < N_OF(cases); j++) {
+    rlm_sampler *s = make(pset_params(cases[j], 1), x.V);
+    double ref = ms_per_call(s, x.l, true, 3), fast = ms_per_call(s, x.l, false, 5);
+    test_note("%s: reference %.2f ms, fast %.3f ms", cases[j]->name, ref, fast);
+    printf("  %-22s reference %7.2f ms  fast %7.3f ms\n", cases[j]->name, ref, fast);
+    CHECK(fast * 5 < ref);
+    uint64_t before = rlm__alloc_count();
+    for (int k = 0; k < 3; k++) CHECK(rlm_sampler_sample(s, x.l) >= 0);
+    CHECK_EQ(rlm__alloc_count() - before, 0);
+    rlm_sampler_free(s);
+  }
+  scratch_free(&x);
+}
+
+/* One line naming the bad field and its valid range. */
+static void check_param_error(rlm_sampler_params p, int vocab, const char *want) {
+  rlm_sampler *s = (rlm_sampler *)&s; /* not NULL: create must clear it */
+  rlm_error err = {0};
+  CHECK_EQ(rlm_sampler_create(&s, &p, vocab, &err), RLM_ERR_INVALID);
+  CHECK(s == NULL);
+  CHECK_STR_CONTAINS(err.msg, want);
+  CHECK(strchr(err.msg, '\n') == NULL);
+}
+
+TEST(param_errors_name_the_field) {
+  const rlm_sampler_params d = rlm_sampler_params_default();
+  rlm_sampler_params p = d;
+  p.top_p = 2;
+  check_param_error(p, 6, "sampler: top_p 2 is out of range (0, 1]");
+  p = d, p.temp = -1;
+  check_param_error(p, 6, "sampler: temp -1 is out of range [0, inf]");
+  p = d, p.top_k = -3;
+  check_param_error(p, 6, "sampler: top_k -3 is out of range [0, inf)");
+  p = d, p.min_p = 1;
+  check_param_error(p, 6, "sampler: min_p 1 is out of range [0, 1)");
+  p = d, p.repeat_penalty = 0;
+  check_param_error(p, 6, "sampler: repeat_penalty 0 is out of range (0, inf]");
+  p = d, p.repeat_last_n = -1;
+  check_param_error(p, 6, "sampler: repeat_last_n -1 is out of range [0, 1048576]");
+  p = d, p.repeat_last_n = 2000000;
+  check_param_error(p, 6, "sampler: repeat_last_n 2000000 is out of range [0, 1048576]");
+  p = d, p.top_p = NAN;
+  check_param_error(p, 6, "sampler: top_p nan is out of range (0, 1]");
+  check_param_error(d, 0, "sampler: vocabulary size 0 is out of range");
+}
+
 /* Streams `pieces` through a matcher; returns what was emitted (flushed at
  * the end unless stopped) and whether a stop string was hit. */
-static bool stream(const char *const *stops, int n_stops, const char *const *pieces, int n, char *out,
-                   size_t cap) {
+static bool stream(const char *const *stops, int n_stops, const char *const *pieces, int n,
+                   char *out, size_t cap) {
   rlm_stop *st = NULL;
   rlm_error err;
   CHECK_EQ(rlm_stop_create(&st, stops, n_stops, &err), RLM_OK);
@@ -166,7 +598,8 @@ TEST(stop_strings) {
   CHECK_EQ(rlm_stop_push(st, "ab<e", 4, &e, &el, &stopped, &err), RLM_OK);
   CHECK(!stopped && el == 2 && !memcmp(e, "ab", 2));
   uint64_t before = rlm__alloc_count();
-  for (int i = 0; i < 100; i++) CHECK_EQ(rlm_stop_push(st, "xyz ", 4, &e, &el, &stopped, &err), RLM_OK);
+  for (int i = 0; i < 100; i++)
+    CHECK_EQ(rlm_stop_push(st, "xyz ", 4, &e, &el, &stopped, &err), RLM_OK);
   CHECK_EQ(rlm__alloc_count() - before, 0);
   rlm_stop_free(st);
   static const char *const empty[] = {""};
@@ -179,6 +612,14 @@ int main(void) {
   RUN(top_k_top_p_min_p_sets);
   RUN(repetition_penalty);
   RUN(seed_reproduces_and_no_allocation);
+  RUN(param_errors_name_the_field);
+  RUN(kept_set_matches_reference);
+  RUN(tie_group_order);
+  RUN(masked_and_non_finite_logits);
+  RUN(frequencies_follow_reference);
+  RUN(top_k_bit_identical_to_reference);
+  RUN(full_vocabulary_262144);
+  RUN(no_full_sort_262144);
   RUN(stop_strings);
   return test_summary();
 }
