@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--json", help="also write the medians here")
     a = ap.parse_args()
     a.threads = [t if t == "default" else int(t) for t in a.threads.split(",")]
+    if "default" not in a.threads:
+        a.threads.append("default")  # every check compares against it
     binaries = [a.bin] + ([a.baseline] if a.baseline else [])
     res = {"idle": measure(a, binaries, False), "loaded": measure(a, [a.bin], True)}
     checks = []
