@@ -178,6 +178,16 @@ static inline void t_tmpdir(char *out, size_t n, const char *tag) {
   }
 }
 
+/* The suite's exit status (test_summary); its temp folder `dir` is
+ * removed when every test passed, kept for a look otherwise. */
+static inline int t_finish(const char *dir) {
+  int rc = test_summary();
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  if (!rc && system(cmd) != 0) return 1;
+  return rc;
+}
+
 /* Runs a shell command, captures its stdout and stderr (merged) into out,
  * returns its exit status (-1 if it did not exit). */
 static inline int t_run_cmd(char *out, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

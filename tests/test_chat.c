@@ -595,9 +595,5 @@ int main(void) {
   RUN(out_of_memory_paths);
   RUN(concurrent_renders);
   run_real();
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_dir);
 }

@@ -834,9 +834,5 @@ int main(void) {
   RUN(invalid_utf8_names_the_input);
   RUN(threads_warning);
   RUN(run_chat_applies_the_template);
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_dir);
 }

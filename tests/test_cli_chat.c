@@ -354,9 +354,5 @@ int main(void) {
   RUN(ctrl_c_stops_only_the_reply);
   RUN(ctrl_c_at_the_prompt_ends_the_chat);
   RUN(terminal_edits_lines);
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_dir);
 }

@@ -290,9 +290,5 @@ int main(void) {
   RUN(overrides_warned_and_summarised);
   RUN(config_values_kept_as_written);
   RUN(inspect_usage_columns_and_help);
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_dir);
 }

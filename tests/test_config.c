@@ -394,9 +394,5 @@ int main(void) {
   RUN(nan_values_are_refused);
   RUN(max_positions_from_config);
   RUN(tokenize_reports_the_bad_byte);
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_tmp);
 }

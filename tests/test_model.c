@@ -343,9 +343,5 @@ int main(void) {
   RUN(quantized_weights_match_dequantized_transformers);
   RUN(per_layer_quantization);
   RUN(bad_inputs);
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_tmp);
 }

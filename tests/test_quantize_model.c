@@ -283,9 +283,5 @@ int main(void) {
   RUN(existing_output_and_stats);
   RUN(config_quantization_config_replaced);
   RUN(matches_mlx_gpu_formula_fixture);
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_dir);
 }

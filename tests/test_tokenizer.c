@@ -705,9 +705,5 @@ int main(void) {
   if (access(g_bin, X_OK) == 0) RUN(cli_tokenize);
   else printf("skipped: cli_tokenize (%s not built)\n", g_bin);
   run_real();
-  int rc = test_summary();
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  if (!rc && system(cmd) != 0) return 1;
-  return rc;
+  return t_finish(g_dir);
 }

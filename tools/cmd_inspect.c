@@ -8,13 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* n bytes as "1.5 MiB" (binary units); "" below 1 KiB, where the bytes say it. */
+/* n bytes as "1.5 MiB" (cli_bytes); "" below 1 KiB, where the bytes say it. */
 static const char *human(char *buf, size_t n, double bytes) {
-  static const char *unit[] = {"KiB", "MiB", "GiB", "TiB"};
-  int u = -1;
-  for (double v = bytes; v >= 1024 && u < 3; v /= 1024) u++;
-  if (u < 0) snprintf(buf, n, "%s", "");
-  else snprintf(buf, n, "%.1f %s", bytes / (double)(1ull << (10 * (u + 1))), unit[u]);
+  if (bytes >= 1024) return cli_bytes(bytes, buf, n);
+  buf[0] = 0;
   return buf;
 }
 
