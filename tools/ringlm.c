@@ -9,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef RLM_GIT_COMMIT
-#define RLM_GIT_COMMIT "unknown" /* CMake defines it from `git rev-parse` */
-#endif
+#include "rlm_commit.h" /* RLM_GIT_COMMIT, written at build time (cmake/git_commit.cmake) */
 
 static const char usage[] =
     "usage: ringlm <command> [options]\n"
