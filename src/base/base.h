@@ -155,7 +155,8 @@ rlm_status rlm__pool_create(rlm_pool **out, int n_threads, rlm_error *err);
 void rlm__pool_free(rlm_pool *p);
 int rlm__pool_size(const rlm_pool *p);
 /* Threads worth using for `work` multiply-adds in all (<= 0: unknown, the
- * whole pool): at least 1, at most the pool's size. */
+ * whole pool): at least 1, at most the pool's size and the CPUs of the
+ * affinity mask (threads beyond them cannot run at once). */
 int rlm__pool_threads_for(const rlm_pool *p, double work);
 /* Runs fn over [0, n) in chunks whose bounds are multiples of `grain`
  * (except the last), on up to rlm__pool_threads_for(p, n * item_work)
