@@ -14,6 +14,8 @@
 #include "generate/sampler_internal.h"
 #include "test.h"
 
+#include <math.h>
+#include <string.h>
 #include <time.h>
 
 static rlm_sampler *make(rlm_sampler_params p, int vocab) {
@@ -527,6 +529,38 @@ static void check_param_error(rlm_sampler_params p, int vocab, const char *want)
   CHECK(strchr(err.msg, '\n') == NULL);
 }
 
+/* The vector weights are expf's bit for bit (where this libm passed the
+ * start-up sweep; otherwise both sides are the expf loop): random logits,
+ * the underflow edge (expf is 0 below -103.97), -inf, NaN and lengths
+ * that leave a tail. The sums add the same partial sums. */
+TEST(vector_weights_equal_expf) {
+  test_note("vector exp %s", rlm__sampler_exp_exact() ? "in use" : "not exact here: expf loop");
+#if defined(__x86_64__) && defined(__GLIBC__)
+  CHECK(rlm__sampler_exp_exact() || !rlm__cpu_avx2()); /* glibc's algorithm: must be in use */
+#endif
+  enum { N = 4099 };
+  static float logits[N];
+  static uint32_t fast[N], ref[N];
+  uint64_t seed = 7;
+  for (int round = 0; round < 50; round++) {
+    for (int i = 0; i < N; i++) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      logits[i] = (float)((double)(seed >> 11) * 0x1p-53 * 240.0 - 200.0);
+    }
+    logits[round] = -INFINITY;
+    logits[N - 1 - round] = round % 2 ? NAN : -103.97f * 0.5f;
+    const float temp = 0.5f + 0.05f * (float)round, mx = 40.0f / temp;
+    const int32_t n = N - round % 4;
+    const double sf = rlm__sampler_weigh(logits, n, temp, mx, fast);
+    const double sr = rlm__sampler_weigh_ref(logits, n, temp, mx, ref);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += fast[i] != ref[i];
+    CHECK_EQ(bad, 0);
+    CHECK(memcmp(&sf, &sr, sizeof sf) == 0 || (isnan(sf) && isnan(sr)));
+    if (bad) break;
+  }
+}
+
 TEST(param_errors_name_the_field) {
   const rlm_sampler_params d = rlm_sampler_params_default();
   rlm_sampler_params p = d;
@@ -613,6 +647,7 @@ int main(void) {
   RUN(repetition_penalty);
   RUN(seed_reproduces_and_no_allocation);
   RUN(param_errors_name_the_field);
+  RUN(vector_weights_equal_expf);
   RUN(kept_set_matches_reference);
   RUN(tie_group_order);
   RUN(masked_and_non_finite_logits);

@@ -259,20 +259,10 @@ static float max_logit(const float *x, int32_t n) {
   return m[0];
 }
 
-/* Every weight, computed as the reference computes it, into wbits; returns
- * the sum. Locals, so that the stores (no strict aliasing here) do not
- * reload the sampler's fields. */
+/* Every weight, bit for bit as the reference computes it (expf), into
+ * wbits; returns the sum (sampler_exp.c). */
 static double weigh(rlm_sampler *s, const float *logits, float mx) {
-  const float t = s->p.temp;
-  const int32_t V = s->vocab;
-  uint32_t *restrict wbits = s->wbits;
-  double sum = 0;
-  for (int32_t i = 0; i < V; i++) {
-    float w = expf(logits[i] / t - mx);
-    wbits[i] = f2u(w);
-    sum += w;
-  }
-  return sum;
+  return rlm__sampler_weigh(logits, s->vocab, s->p.temp, mx, s->wbits);
 }
 
 /* The first-level histogram: the weight in each bucket of the top 12 bits

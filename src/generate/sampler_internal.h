@@ -41,6 +41,16 @@ struct rlm_sampler {
                          * the level being refined                        */
 };
 
+/* sampler_exp.c: wbits[i] = the float bits of expf(logits[i] / temp - mx)
+ * for i < n, and their sum; four at a time where the vector code is known
+ * to equal this process's expf bit for bit (rlm__sampler_exp_exact), else
+ * the _ref loop of expf calls. */
+double rlm__sampler_weigh(const float *logits, int32_t n, float temp, float mx,
+                          uint32_t *wbits);
+double rlm__sampler_weigh_ref(const float *logits, int32_t n, float temp, float mx,
+                              uint32_t *wbits);
+bool rlm__sampler_exp_exact(void);
+
 /* sampler.c: the steps both paths share. */
 void rlm__sampler_penalize(rlm_sampler *s, float *logits);
 int32_t rlm__sampler_argmax(const float *x, int32_t n);
