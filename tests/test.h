@@ -178,6 +178,17 @@ static inline void t_tmpdir(char *out, size_t n, const char *tag) {
   }
 }
 
+/* A variable ctest sets for the suites (RINGLM_BIN, RINGLM_MAKE_MODEL,
+ * RINGLM_SOURCE_DIR); a test program run without it says so and exits 1. */
+static inline const char *t_env(const char *name) {
+  const char *v = getenv(name);
+  if (!v || !*v) {
+    fprintf(stderr, "%s must be set (ctest sets it)\n", name);
+    exit(1);
+  }
+  return v;
+}
+
 /* The suite's exit status (test_summary); its temp folder `dir` is
  * removed when every test passed, kept for a look otherwise. */
 static inline int t_finish(const char *dir) {

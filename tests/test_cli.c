@@ -804,12 +804,8 @@ TEST(run_chat_applies_the_template) {
 }
 
 int main(void) {
-  g_bin = getenv("RINGLM_BIN");
-  g_make = getenv("RINGLM_MAKE_MODEL");
-  if (!g_bin || !g_make) {
-    fprintf(stderr, "RINGLM_BIN and RINGLM_MAKE_MODEL must be set (ctest sets them)\n");
-    return 1;
-  }
+  g_bin = t_env("RINGLM_BIN");
+  g_make = t_env("RINGLM_MAKE_MODEL");
   t_tmpdir(g_dir, sizeof g_dir, "cli");
   RUN(usage_errors);
   RUN(bad_files_one_line_errors);

@@ -335,12 +335,8 @@ TEST(terminal_edits_lines) {
 }
 
 int main(void) {
-  g_bin = getenv("RINGLM_BIN");
-  const char *src = getenv("RINGLM_SOURCE_DIR");
-  if (!g_bin || !src) {
-    fprintf(stderr, "RINGLM_BIN and RINGLM_SOURCE_DIR must be set (ctest sets them)\n");
-    return 1;
-  }
+  g_bin = t_env("RINGLM_BIN");
+  const char *src = t_env("RINGLM_SOURCE_DIR");
   signal(SIGPIPE, SIG_IGN); /* a chat that died must fail a check, not end the test */
   snprintf(g_model, sizeof g_model, "%s/models/brown-15m-4bit", src);
   t_tmpdir(g_dir, sizeof g_dir, "cli-chat");

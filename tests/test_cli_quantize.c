@@ -277,12 +277,8 @@ TEST(inspect_usage_columns_and_help) {
 }
 
 int main(void) {
-  g_bin = getenv("RINGLM_BIN");
-  g_make = getenv("RINGLM_MAKE_MODEL");
-  if (!g_bin || !g_make) {
-    fprintf(stderr, "RINGLM_BIN and RINGLM_MAKE_MODEL must be set (ctest sets them)\n");
-    return 1;
-  }
+  g_bin = t_env("RINGLM_BIN");
+  g_make = t_env("RINGLM_MAKE_MODEL");
   t_tmpdir(g_dir, sizeof g_dir, "cliq");
   RUN(refuses_the_input_and_an_existing_output);
   RUN(a_failed_run_leaves_nothing);

@@ -382,11 +382,7 @@ TEST(tokenize_reports_the_bad_byte) {
 }
 
 int main(void) {
-  g_src = getenv("RINGLM_SOURCE_DIR");
-  if (!g_src) {
-    fprintf(stderr, "RINGLM_SOURCE_DIR must be set (ctest sets it)\n");
-    return 1;
-  }
+  g_src = t_env("RINGLM_SOURCE_DIR");
   t_tmpdir(g_tmp, sizeof g_tmp, "config");
   RUN(session_params_errors);
   RUN(config_errors_name_the_field);

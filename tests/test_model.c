@@ -326,11 +326,7 @@ TEST(bad_inputs) {
 }
 
 int main(void) {
-  g_src = getenv("RINGLM_SOURCE_DIR");
-  if (!g_src) {
-    fprintf(stderr, "RINGLM_SOURCE_DIR must be set (ctest sets it)\n");
-    return 1;
-  }
+  g_src = t_env("RINGLM_SOURCE_DIR");
   t_tmpdir(g_tmp, sizeof g_tmp, "model");
   RUN(llama_matches_transformers);
   RUN(qwen3_matches_transformers);
