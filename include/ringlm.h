@@ -318,7 +318,7 @@ typedef struct rlm_kv_config {
   int window;          /* rotating kinds: positions one query sees          */
   int keep;            /* rotating kinds: sink positions, 0 <= keep < window */
   int max_chunk;       /* most tokens one append step or rollback spans     */
-  int64_t reserve;     /* slots to allocate up front (0: grow by 256)       */
+  int64_t reserve;     /* slots to allocate up front (0: grow on demand)    */
   bool dense_first;    /* ROTATING_QUANT only: see above                    */
   int q_per_kv;        /* largest Hq / H a read will use (scratch sizing)   */
 } rlm_kv_config;
@@ -431,7 +431,8 @@ RLM_API rlm_status rlm_kv_commit_decode(rlm_kv *kv, const rlm_kv_decode_plan *pl
  * (RLM_ERR_INVALID if it exceeds max). */
 RLM_API rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots,
                                         int64_t max, int64_t *n, rlm_error *err);
-/* Slots allocated per row now (growth is in steps of 256 up to capacity). */
+/* Slots allocated per row now (growth at least doubles, in whole steps of
+ * 256, up to capacity). */
 RLM_API int64_t rlm_kv_slots_allocated(const rlm_kv *kv);
 RLM_API int64_t rlm_kv_capacity(const rlm_kv *kv);
 

@@ -122,6 +122,19 @@ rlm_status rlm__kv_reserve(rlm_kv *kv, int64_t n, rlm_error *err) {
   return RLM_OK;
 }
 
+rlm_status rlm__kv_grow(rlm_kv *kv, int64_t need, rlm_error *err) {
+  need = RLM_MIN(need, kv->capacity);
+  if (need <= kv->n_alloc) return RLM_OK;
+  int64_t n = RLM_MAX(need, 2 * kv->n_alloc);
+  return rlm__kv_reserve(kv, (n + KV_STEP - 1) / KV_STEP * KV_STEP, err);
+}
+
+void rlm__kv_reset(rlm_kv *kv) {
+  for (int64_t i = 0; i < (int64_t)kv->n_rows * kv->n_alloc; i++) kv->pos[i] = -1;
+  for (int b = 0; b < kv->n_rows; b++) kv->offset[b] = 0, kv->wrapped[b] = false;
+  kv->dense_pending = kv->cfg.dense_first;
+}
+
 int64_t rlm__kv_slot(const rlm_kv *kv, int64_t p) {
   int64_t keep = kv->cfg.keep;
   if (!kv->ring || p < keep) return p;
@@ -165,6 +178,7 @@ void rlm__kv_store_write(const rlm_kv *kv, rlm_kv_store *s, int b, int64_t n_all
 /* ---- create / free ------------------------------------------------------ */
 
 static void scratch_free(rlm_kv *kv) {
+  if (kv->borrowed) return;
   store_free(&kv->blk_k), store_free(&kv->blk_v);
   store_free(&kv->den_k), store_free(&kv->den_v);
   rlm__free(kv->blk_pos), rlm__free(kv->q_rows), rlm__free(kv->q_pos);
@@ -196,6 +210,7 @@ static bool scratch_alloc(rlm_kv *kv) {
 }
 
 rlm_status rlm__kv_use_pool(rlm_kv *kv, rlm_pool *pool, rlm_error *err) {
+  if (kv->borrowed) return rlm__err(err, RLM_ERR_INTERNAL, "rlm__kv_use_pool: the scratch is borrowed");
   const int64_t nq = (int64_t)kv->cfg.max_chunk * kv->cfg.q_per_kv;
   const int P = rlm__attn_split_parts(pool);
   const size_t n = rlm__attn_split_scratch_floats(P, (int)nq, kv->k.dim, kv->v.dim) * sizeof(float);
@@ -256,6 +271,40 @@ rlm_status rlm_kv_create(rlm_kv **out, const rlm_kv_config *cfg, rlm_error *err)
     return rlm__err_nomem(err, "kv cache scratch", 0);
   }
   if ((rc = rlm__kv_reserve(kv, cfg->reserve, err))) {
+    rlm_kv_free(kv);
+    return rc;
+  }
+  *out = kv;
+  return RLM_OK;
+}
+
+/* The scratch fields that scratch_alloc and rlm__kv_use_pool set. */
+static void scratch_borrow(rlm_kv *kv, const rlm_kv *o) {
+  kv->blk_k = o->blk_k, kv->blk_v = o->blk_v, kv->den_k = o->den_k, kv->den_v = o->den_v;
+  kv->blk_pos = o->blk_pos, kv->q_rows = o->q_rows, kv->q_pos = o->q_pos, kv->o_rows = o->o_rows;
+  kv->attn_scratch = o->attn_scratch, kv->pool = o->pool, kv->conv = o->conv;
+  kv->borrowed = true;
+}
+
+rlm_status rlm__kv_create_sharing(rlm_kv **out, const rlm_kv_config *cfg, const rlm_kv *owner,
+                                  rlm_error *err) {
+  if (!out || !cfg || !owner) return rlm__err(err, RLM_ERR_INVALID, "rlm__kv_create_sharing: NULL argument");
+  *out = NULL;
+  rlm_kv_config a = *cfg, b = owner->cfg;
+  a.reserve = b.reserve = 0;
+  if (memcmp(&a, &b, sizeof a))
+    return rlm__err(err, RLM_ERR_INTERNAL, "rlm__kv_create_sharing: configuration differs from the owner's");
+  rlm_kv *kv = rlm__calloc(1, sizeof *kv);
+  if (!kv) return rlm__err_nomem(err, "kv cache", sizeof *kv);
+  kv->cfg = *cfg;
+  kv->n_rows = cfg->n_rows;
+  init_layout(kv);
+  scratch_borrow(kv, owner);
+  kv->offset = rlm__calloc((size_t)kv->n_rows, sizeof *kv->offset);
+  kv->wrapped = rlm__calloc((size_t)kv->n_rows, sizeof *kv->wrapped);
+  rlm_status rc = kv->offset && kv->wrapped ? RLM_OK : rlm__err_nomem(err, "kv cache rows", 0);
+  if (!rc) rc = rlm__kv_reserve(kv, cfg->reserve, err);
+  if (rc) {
     rlm_kv_free(kv);
     return rc;
   }

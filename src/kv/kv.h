@@ -1,7 +1,7 @@
 /* kv.h -- the KV-state layer's internals: one struct for every cache kind.
  *
- * THE RING. Each row owns `n_alloc` slots (growing by 256 up to
- * `capacity`). A token at position p always lives in slot
+ * THE RING. Each row owns `n_alloc` slots (growing geometrically, in
+ * whole steps of 256, up to `capacity`). A token at position p always lives in slot
  *
  *     slot(p) = p                                  plain kinds
  *     slot(p) = p                  if p < keep     rotating kinds (sinks)
@@ -30,7 +30,7 @@
  * Scratch: everything an operation needs besides the storage (the block of
  * a read, gathered queries, attention tiles) is allocated at create time,
  * sized by max_chunk and q_per_kv; operations do not allocate except when
- * the slots grow (at most once per 256 positions, never after reserve).
+ * the slots grow (geometrically: O(log n) times, never after reserve).
  */
 #ifndef RLM_KV_H
 #define RLM_KV_H
@@ -70,12 +70,27 @@ struct rlm_kv {
   float *attn_scratch;         /* rlm__attn_split_scratch_floats(...)        */
   rlm_pool *pool;              /* attention's threads (NULL: the caller's)  */
   void *conv;                  /* [max(Dk, Dv)] one row rounded to dtype     */
+  bool borrowed;               /* the scratch and pool are another cache's  */
 };
 
 /* ---- kv.c: lifetime, storage, rows, accounting ------------------------- */
 rlm_status rlm__kv_check_config(const rlm_kv_config *c, rlm_error *err);
 /* Grows every row to at least n slots (capped at capacity). */
 rlm_status rlm__kv_reserve(rlm_kv *kv, int64_t n, rlm_error *err);
+/* Growth for `need` slots: nothing if they exist, else at least doubling
+ * (whole steps of 256, capped at capacity), so a long context copies its
+ * slots O(log n) times rather than once per 256 positions. */
+rlm_status rlm__kv_grow(rlm_kv *kv, int64_t need, rlm_error *err);
+/* Forgets every position of every row (as created; slots are kept). */
+void rlm__kv_reset(rlm_kv *kv);
+/* A cache like rlm_kv_create's that uses `owner`'s operation scratch and
+ * pool instead of its own: caches of one layer's rows, used one at a time
+ * by one thread, need one scratch between them. cfg must equal owner's
+ * but for reserve; owner must outlive it. */
+rlm_status rlm__kv_create_sharing(rlm_kv **out, const rlm_kv_config *cfg, const rlm_kv *owner,
+                                  rlm_error *err);
+/* Could `row` go back to position `to` (rollback or trim feasibility)? */
+bool rlm__kv_can_rewind(const rlm_kv *kv, int row, int64_t to);
 int64_t rlm__kv_slot(const rlm_kv *kv, int64_t p);
 /* View of (row, head) of a store as an attention matrix. */
 rlm_attn_mat rlm__kv_mat(const rlm_kv *kv, const rlm_kv_store *s, int b, int h,

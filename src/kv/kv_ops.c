@@ -49,10 +49,7 @@ static rlm_status grow_for(rlm_kv *kv, const rlm_kv_batch *bt, int add, rlm_erro
     int64_t end = kv->offset[b] + add - (bt ? row_pad(bt, b) : 0);
     need = RLM_MAX(need, end);
   }
-  need = RLM_MIN(need, kv->capacity);
-  if (need <= kv->n_alloc) return RLM_OK;
-  int64_t step = 256;
-  return rlm__kv_reserve(kv, (need + step - 1) / step * step, err);
+  return rlm__kv_grow(kv, need, err);
 }
 
 static void write_token(rlm_kv *kv, int b, int64_t p, const float *k, const float *v) {
@@ -247,6 +244,10 @@ rlm_status rlm_kv_attend_last(rlm_kv *kv, const rlm_kv_batch *bt, rlm_error *err
  * `to` sees (other than its own) still in their slots? */
 static bool row_can_resume(const rlm_kv *kv, int b, int64_t to) {
   return row_holds(kv, b, window_lo(kv, to), to);
+}
+
+bool rlm__kv_can_rewind(const rlm_kv *kv, int row, int64_t to) {
+  return to >= 0 && to <= kv->offset[row] && row_can_resume(kv, row, to);
 }
 
 static void row_forget(rlm_kv *kv, int b, int64_t to) {
