@@ -536,10 +536,14 @@ RLM_API rlm_status rlm_chat_template_render(const rlm_chat_template *t, const ch
 
 /* ------------------------------------------------------------------------
  * Models and sessions. A model is the immutable weights (mmap'd) and
- * configuration of a Hugging Face folder; a session is one inference
- * timeline over it: the KV caches of every layer, scratch, a position.
- * A model may be shared by sessions on different threads; a session has
- * one owner. Architectures: llama, qwen3, mistral, gemma3_text, gemma4_text
+ * configuration of a Hugging Face folder; a session holds n_rows
+ * independent sequences (rows) over it, each with the KV caches of every
+ * layer and a position, plus the scratch and thread pool the rows share.
+ * One forward pass (rlm_session_decode) takes a ragged batch: any rows,
+ * each feeding its next tokens, prefill chunks beside decode steps, and
+ * reads every weight once for all of them. A model may be shared by
+ * sessions on different threads; a session has one owner (one thread at a
+ * time); sessions share one process-wide set of worker threads. Architectures: llama, qwen3, mistral, gemma3_text, gemma4_text
  * (dense; its MoE variant is refused as unsupported).
  * ---------------------------------------------------------------------- */
 typedef struct rlm_model rlm_model;
@@ -588,6 +592,12 @@ typedef struct rlm_session_params {
                          to int8 per block of 32 and use integer dot
                          products (llama.cpp's Q8_0 way: faster, about
                          0.4% activation error)                           */
+  int n_rows;         /* independent sequences (default 1, at most 4096)   */
+  int64_t n_ctx;      /* > 0: a row holds at most n_ctx positions (a feed
+                         past it is RLM_KV_FULL, nothing changed), and its
+                         growing caches reserve n_ctx slots at first use,
+                         as llama.cpp sizes its cache; 0 (default): no
+                         limit, the caches grow geometrically             */
 } rlm_session_params;
 
 RLM_API rlm_session_params rlm_session_params_default(void);
@@ -599,7 +609,41 @@ RLM_API void rlm_session_free(rlm_session *s);
  * position's [vocab]; NULL for none. All or nothing on bad input. */
 RLM_API rlm_status rlm_session_eval(rlm_session *s, const int32_t *ids, int n,
                                     float *logits, bool all_logits, rlm_error *err);
+/* Row 0's position. */
 RLM_API int64_t rlm_session_position(const rlm_session *s);
+
+/* A ragged batch for one call of rlm_session_decode: token i is ids[i]
+ * fed to row rows[i] at that row's next position. A row's tokens are
+ * consecutive in the batch and in their order (a row appears in at most
+ * one run); rows not in the batch are untouched. */
+typedef struct rlm_batch {
+  int n_tokens;            /* >= 1                                          */
+  const int32_t *ids;      /* [n_tokens]                                    */
+  const int32_t *rows;     /* [n_tokens]; NULL: every token to row 0        */
+  const bool *logits;      /* [n_tokens] whose logits are wanted; NULL: the
+                              last token of each row's run                  */
+} rlm_batch;
+
+/* Runs the batch through the model in passes of at most prefill_chunk
+ * tokens, each pass sharing every weight product among all its tokens.
+ * logits: [wanted][vocab] in batch order (NULL: none). All or nothing:
+ * every check and every cache's growth happens before any row changes,
+ * so an error (a bad id or row, out of memory, RLM_KV_FULL past n_ctx)
+ * leaves the session as it was. Allocates nothing once the caches have
+ * room. */
+RLM_API rlm_status rlm_session_decode(rlm_session *s, const rlm_batch *b, float *logits,
+                                      rlm_error *err);
+RLM_API int rlm_session_rows(const rlm_session *s);
+/* Next position of a row (the tokens it holds); -1 for a bad row. */
+RLM_API int64_t rlm_session_row_position(const rlm_session *s, int row);
+/* Empties a row for a new sequence; its storage is kept for reuse. */
+RLM_API rlm_status rlm_session_row_clear(rlm_session *s, int row, rlm_error *err);
+/* Forgets the last n tokens of a row in every layer, as if never fed,
+ * also after its rings wrapped (no recomputation): what speculative
+ * decoding needs after a verification. A ring can forget at most
+ * prefill_chunk tokens fed since (its slack); a rollback it cannot cover,
+ * or n beyond the row's position, is RLM_ERR_INVALID and changes nothing. */
+RLM_API rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *err);
 /* KV bytes held by all layers' caches. */
 RLM_API size_t rlm_session_kv_bytes(const rlm_session *s);
 /* The KV footprint a session with params p would have: bytes per token of

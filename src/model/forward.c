@@ -1,5 +1,6 @@
-/* forward.c -- the forward pass over one chunk of tokens, attention through
- * the KV-state layer, for the llama family (llama with llama3 RoPE scaling,
+/* forward.c -- the forward pass over one pass of tokens (runs of several
+ * rows: every product shared by all tokens, attention per row's run through
+ * the KV-state layer), for the llama family (llama with llama3 RoPE scaling,
  * qwen3 with q/k norms, mistral with a sliding window), Gemma 3 ((1+w)
  * norms folded in at load, post-norms, GELU, scaled embeddings, per-type
  * RoPE) and Gemma 4 (per-layer head dims, V norm, KV sharing, per-layer
@@ -67,17 +68,35 @@ static void project_qkv(rlm_session *s, int li, int n) {
   }
 }
 
-static rlm_status attention_block(rlm_session *s, int li, int n, rlm_error *err) {
+/* Each run's tokens attend their own row's cache of layer li (a KV-shared
+ * layer: the donor layer's cache of that row, which this pass has just
+ * appended to). */
+static rlm_status attend_runs(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
+  const rlm_model_config *c = &s->m->cfg;
+  const int donor = c->kv_donor[li], hd = c->layer_head_dim[li];
+  const size_t qd = (size_t)c->n_heads * hd, kd = (size_t)c->layer_kv_heads[li] * hd;
+  for (int r = 0; r < ps->n_runs; r++) {
+    const rlm_run *run = &ps->runs[r];
+    rlm_kv **kv = s->rows[run->row].kv;
+    const size_t j0 = (size_t)run->j0;
+    rlm_kv_batch b = {run->n, s->k + j0 * kd, s->v + j0 * kd, s->q + j0 * qd, c->n_heads,
+                      (float)c->attn_scale, NULL, s->att + j0 * qd};
+    rlm_status rc = donor >= 0   ? rlm_kv_attend_last(kv[donor], &b, err)
+                    : run->n == 1 ? rlm_kv_append_decode(kv[li], &b, err)
+                                  : rlm_kv_append_window(kv[li], &b, err);
+    if (rc) return rc;
+  }
+  return RLM_OK;
+}
+
+static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
   const rlm_layer *L = &m->layers[li];
-  const int H = c->hidden, donor = c->kv_donor[li];
+  const int H = c->hidden, n = ps->n;
   for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->attn_norm, H, c->rms_eps);
   project_qkv(s, li, n);
-  rlm_kv_batch b = {n, s->k, s->v, s->q, c->n_heads, (float)c->attn_scale, NULL, s->att};
-  rlm_status rc = donor >= 0 ? rlm_kv_attend_last(s->kv[donor], &b, err)
-                  : n == 1   ? rlm_kv_append_decode(s->kv[li], &b, err)
-                             : rlm_kv_append_window(s->kv[li], &b, err);
+  rlm_status rc = attend_runs(s, ps, li, err);
   if (rc) return rc;
   lin(s, &L->wo, s->att, n, s->h);
   add_residual(s, L->post_attn_norm, n, H, c->rms_eps);
@@ -203,36 +222,38 @@ static void per_layer_inputs(rlm_session *s, const int32_t *ids, int n) {
   }
 }
 
-static void output_logits(rlm_session *s, int n, float *logits, bool all) {
-  const rlm_model *m = s->m;
-  const int H = m->cfg.hidden, j0 = all ? 0 : n - 1;
-  for (int j = j0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, m->final_norm, H, m->cfg.rms_eps);
-  lin(s, &m->lm_head, s->h + (size_t)j0 * H, n - j0, logits);
-  const float cap = (float)m->cfg.final_softcap;
-  for (size_t i = 0; cap > 0 && i < (size_t)(n - j0) * m->cfg.vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
-}
-
-rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits, bool all,
-                        rlm_error *err) {
+/* Logits of the wanted tokens only: their final norms gathered into rows
+ * [0, n_want) of s->h, one lm_head product over them. */
+static void output_logits(rlm_session *s, const rlm_pass *ps, float *logits) {
   const rlm_model *m = s->m;
   const int H = m->cfg.hidden;
+  for (int i = 0; i < ps->n_want; i++)
+    rlm__rmsnorm(s->h + (size_t)i * H, s->x + (size_t)ps->want[i] * H, m->final_norm, H, m->cfg.rms_eps);
+  lin(s, &m->lm_head, s->h, ps->n_want, logits);
+  const float cap = (float)m->cfg.final_softcap;
+  for (size_t i = 0; cap > 0 && i < (size_t)ps->n_want * m->cfg.vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+}
+
+rlm_status rlm__forward(rlm_session *s, const rlm_pass *ps, float *logits, rlm_error *err) {
+  const rlm_model *m = s->m;
+  const int H = m->cfg.hidden, n = ps->n;
   for (int j = 0; j < n; j++) {
-    rlm__embed_row(&m->embed, ids[j], s->x + (size_t)j * H);
+    rlm__embed_row(&m->embed, ps->ids[j], s->x + (size_t)j * H);
     for (int i = 0; m->embed_scale != 1.0f && i < H; i++) s->x[(size_t)j * H + i] *= m->embed_scale;
   }
-  if (m->cfg.ple_dim) per_layer_inputs(s, ids, n);
+  if (m->cfg.ple_dim) per_layer_inputs(s, ps->ids, n);
   const int half = m->cfg.max_head_dim / 2;
-  for (int j = 0; j < n; j++) { /* the chunk's RoPE angles, once for all layers of a kind */
-    if (m->has_full) rlm__rope_angles(rope_row(s, false, j), m->inv_freq, half, s->pos + j);
-    if (m->has_sliding) rlm__rope_angles(rope_row(s, true, j), m->inv_freq_local, half, s->pos + j);
+  for (int j = 0; j < n; j++) { /* the pass's RoPE angles, once for all layers of a kind */
+    if (m->has_full) rlm__rope_angles(rope_row(s, false, j), m->inv_freq, half, ps->tok_pos[j]);
+    if (m->has_sliding) rlm__rope_angles(rope_row(s, true, j), m->inv_freq_local, half, ps->tok_pos[j]);
   }
   for (int li = 0; li < m->cfg.n_layers; li++) {
-    rlm_status rc = attention_block(s, li, n, err);
+    rlm_status rc = attention_block(s, ps, li, err);
     if (rc) return rc;
     mlp_block(s, li, n);
     if (m->cfg.arch == RLM_ARCH_GEMMA4) ple_block(s, li, n);
   }
-  s->pos += n;
-  if (logits) output_logits(s, n, logits, all);
+  for (int r = 0; r < ps->n_runs; r++) s->rows[ps->runs[r].row].pos += ps->runs[r].n;
+  if (logits && ps->n_want) output_logits(s, ps, logits);
   return RLM_OK;
 }

@@ -1,5 +1,6 @@
 /* model.h -- a loaded model (configuration + weights bound to mmap'd
- * safetensors) and a session (KV caches + scratch + position).
+ * safetensors) and a session (rows of KV caches and positions, the
+ * scratch of one forward pass, the pass plan).
  *
  * Weights stay in the mapping: a linear layer is a view of a dense
  * [out][in] matrix (f32, f16, bf16) or of an MLX affine triple; only norm
@@ -7,7 +8,8 @@
  * activations and reads the weights where they lie.
  *
  * Read next: config.c (config.json), model.c (loading and binding),
- * forward.c (the layers), ops.c (CPU kernels), dense.c (dense products).
+ * session.c (rows, batches, rollback), forward.c (the layers), ops.c (CPU
+ * kernels), dense.c (dense products).
  */
 #ifndef RLM_MODEL_H
 #define RLM_MODEL_H
@@ -120,19 +122,51 @@ struct rlm_model {
   rlm_arena arena;            /* f32 copies of norms, inv_freq, layers   */
 };
 
+/* One sequence of a session: its own caches (KV-shared layers have none:
+ * they attend their donor layer's cache of the same row) and position. */
+typedef struct rlm_row {
+  rlm_kv **kv;                /* [n_layers]                              */
+  int64_t pos;                /* next position                           */
+} rlm_row;
+
+/* A row's consecutive tokens [j0, j0 + n) within one pass. */
+typedef struct rlm_run {
+  int row, j0, n;
+} rlm_run;
+
+/* What a forward pass consumes (session.c plans it, forward.c runs it):
+ * n tokens in runs of rows, each token's position, and which tokens'
+ * logits are written (want[0..n_want) ascending token indices). */
+typedef struct rlm_pass {
+  const int32_t *ids;         /* [n]                                     */
+  int n;
+  const rlm_run *runs;
+  int n_runs;
+  const int64_t *tok_pos;     /* [n]                                     */
+  const int *want;
+  int n_want;
+} rlm_pass;
+
 struct rlm_session {
   rlm_model *m;
   rlm_session_params p;
-  rlm_kv **kv;                /* [n_layers]                              */
-  rlm_pool *pool;
-  int64_t pos;                /* next position                           */
-  /* scratch for one chunk of up to p.prefill_chunk tokens */
-  float *x, *h, *q, *k, *v, *att, *g, *u, *xsum, *logits_tmp;
+  rlm_row *rows;              /* [p.n_rows]; row 0's caches own the
+                                 operation scratch the others borrow     */
+  rlm_pool *pool;             /* a handle on the process's workers       */
+  /* scratch for one pass of up to p.prefill_chunk tokens */
+  float *x, *h, *q, *k, *v, *att, *g, *u, *xsum;
   float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
   float *moe;                 /* MoE: one token's router and expert work */
   void *q8;                   /* act_bits 8: quantized activation rows   */
   float *rope;                /* [2][chunk][max_head_dim/2][cos, sin]:    */
-                              /* the chunk's angles, full then sliding    */
+                              /* the pass's angles, full then sliding     */
+  /* the pass plan (session.c) */
+  rlm_run *runs;              /* [n_rows]                                */
+  int64_t *tok_pos;           /* [chunk]                                 */
+  int *want;                  /* [chunk]                                 */
+  int64_t *row_mark;          /* [n_rows] batch stamp: a row seen twice  */
+  int64_t *row_need;          /* [n_rows] tokens a batch feeds each row  */
+  int64_t stamp;
 };
 
 /* ---- config.c ---------------------------------------------------------- */
@@ -199,9 +233,11 @@ typedef void (*rlm_dense_fn)(rlm_pool *pool, const void *w, rlm_dtype dtype, int
 rlm_dense_fn rlm__dense_matmul_isa(const char *isa);
 
 /* ---- forward.c ---------------------------------------------------------- */
-/* Runs n <= prefill_chunk tokens through every layer; writes logits of
- * every token (all) or the last into `logits` (NULL: none). */
-rlm_status rlm__forward(rlm_session *s, const int32_t *ids, int n, float *logits, bool all,
-                        rlm_error *err);
+/* Runs one pass (n <= prefill_chunk tokens) through every layer, advances
+ * the rows of its runs, and writes the wanted tokens' logits [n_want][vocab]
+ * into `logits` (NULL: none). The caches must already have room (the
+ * session reserved it), so only a broken invariant can fail here. */
+rlm_status rlm__forward(rlm_session *s, const rlm_pass *ps, float *logits, rlm_error *err);
+
 
 #endif /* RLM_MODEL_H */
