@@ -592,6 +592,10 @@ typedef struct rlm_session_params {
                          to int8 per block of 32 and use integer dot
                          products (llama.cpp's Q8_0 way: faster, about
                          0.4% activation error)                           */
+  int kv_sinks;       /* rings made by max_kv keep their first kv_sinks
+                         positions ("attention sinks", as mlx-lm's
+                         --max-kv-size keeps 4); < max_kv; sliding layers
+                         stay exact (no sinks)                             */
   int n_rows;         /* independent sequences (default 1, at most 4096)   */
   int64_t n_ctx;      /* > 0: a row holds at most n_ctx positions (a feed
                          past it is RLM_KV_FULL, nothing changed), and its

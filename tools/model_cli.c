@@ -149,6 +149,8 @@ static const opt_def opts[] = {
      .help = "quantization group of the KV cache"},
     {{"--max-kv"}, "N", OPT_I64, C_SESSION, F(sp.max_kv), .lo = 0, .hi = 1099511627776.0,
      .help = "full-attention layers become rings of N positions; 0: off"},
+    {{"--kv-sinks"}, "N", OPT_INT, C_SESSION, F(sp.kv_sinks), .lo = 0, .hi = BIG,
+     .help = "rings made by --max-kv keep their first N positions (attention sinks)"},
     {{"--prefill-chunk"}, "N", OPT_INT, C_SESSION, F(sp.prefill_chunk), .lo = 1, .hi = 65536,
      .help = "tokens per prefill step"},
     {{"--act-bits"}, "B", OPT_INT, C_SESSION, F(sp.act_bits), SET(0, 8),

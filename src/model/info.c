@@ -53,6 +53,7 @@ void rlm__layer_kv_config(const rlm_model_config *c, const rlm_session_params *p
   k->k_bits = p->k_bits ? p->k_bits : p->v_bits, k->v_bits = p->v_bits ? p->v_bits : p->k_bits;
   k->group_size = p->kv_group_size;
   k->window = ring ? window : 1, k->max_chunk = p->prefill_chunk;
+  k->keep = ring && !c->sliding[i] ? p->kv_sinks : 0;
   k->q_per_kv = c->n_heads / c->layer_kv_heads[i];
 }
 

@@ -86,6 +86,9 @@ static rlm_status check_params(const rlm_model *m, const rlm_session_params *p, 
   if (p->act_bits != 0 && p->act_bits != 8)
     return rlm__err(err, RLM_ERR_INVALID, "%s: act_bits %d: act_bits accepts only 0 or 8", fn,
                     p->act_bits);
+  if (p->kv_sinks < 0 || (p->kv_sinks && p->kv_sinks >= p->max_kv))
+    return rlm__err(err, RLM_ERR_INVALID, "%s: kv_sinks %d needs max_kv above it (max_kv %lld)", fn,
+                    p->kv_sinks, (long long)p->max_kv);
   if (p->n_rows < 1 || p->n_rows > MAX_ROWS)
     return rlm__err(err, RLM_ERR_INVALID, "%s: n_rows %d is out of range [1, %d]", fn, p->n_rows,
                     MAX_ROWS);
