@@ -5,13 +5,27 @@
  * reply but not the program, and the terminal path (libedit) driven
  * through a pseudo-terminal: arrow keys edit the line and recall history,
  * Ctrl-C at the prompt ends the chat. --verbose-prompt shows each
- * rendering on stderr, which is what most checks read. */
+ * rendering on stderr, which is what most checks read.
+ *
+ * What the chat's session holds is not visible from outside, so the
+ * turns themselves (cli_conv, tools/cli_chat.c) also run in this process,
+ * the tool sources compiled in: after replies that end at a stop string,
+ * at -n and at EOS, the session's logits must be those of a fresh session
+ * fed the whole rendered conversation. */
 #include "test.h"
+
+/* The tool sources (cmd_chat.c, with libedit, stays out); their embedded
+ * model is found through RINGLM_SOURCE_DIR here, never the default. */
+#define RLM_DEFAULT_MODEL_DIRS ""
+#include "../tools/cli_chat.c"
+#include "../tools/cli_text.c"
+#include "../tools/model_cli.c"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -19,6 +33,37 @@ static char g_dir[256], g_model[512], g_tpl[600];
 static const char *g_bin;
 
 #define run t_run_cmd
+
+/* ringlm.c's message helpers, which the tool sources call (ringlm.c holds
+ * main, so it stays out): the same lines on stderr. */
+int cli_fail(const rlm_error *err) {
+  fprintf(stderr, "ringlm: %s\n", err->msg[0] ? err->msg : rlm_status_str(err->code));
+  return CLI_FAIL;
+}
+
+int cli_fail_in(const char *what, const rlm_error *err) {
+  fprintf(stderr, "ringlm: %s: %s\n", what, err->msg[0] ? err->msg : rlm_status_str(err->code));
+  return CLI_FAIL;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ringlm %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  return CLI_USAGE;
+}
+
+void cli_warn(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ringlm %s: warning: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
 
 static int count(const char *hay, const char *needle) {
   int n = 0;
@@ -60,11 +105,11 @@ static char *slurp(const char *path) {
   return s;
 }
 
-/* printf LINES | ringlm chat -n 4 --verbose-prompt OPTS: its stderr (the
+/* printf LINES | ringlm chat -n 4 --verbose-prompt FLAGS: its stderr (the
  * renderings and the messages) into out; its exit status. */
-static int chat_stderr(char *out, size_t n, const char *lines, const char *opts) {
+static int chat_stderr(char *out, size_t n, const char *lines, const char *flags) {
   return run(out, n, "(printf '%s' | %s chat -m %s -n 4 --verbose-prompt %s 2>&1 >/dev/null)",
-             lines, g_bin, g_model, opts);
+             lines, g_bin, g_model, flags);
 }
 
 /* A line that is not UTF-8 gets one error line and changes nothing: the
@@ -110,21 +155,21 @@ TEST(exit_ends_the_chat) {
  * tokenizer's BOS as bos_token; a missing or malformed file is one line
  * naming it, status 1. */
 TEST(chat_template_file) {
-  char out[16384], bad[700], opts[800];
-  snprintf(opts, sizeof opts, "--chat-template %s --system Be", g_tpl);
-  CHECK_EQ(chat_stderr(out, sizeof out, "Hi\\nAgain\\n", opts), 0);
+  char out[16384], bad[700], flags[800];
+  snprintf(flags, sizeof flags, "--chat-template %s --system Be", g_tpl);
+  CHECK_EQ(chat_stderr(out, sizeof out, "Hi\\nAgain\\n", flags), 0);
   CHECK_STR_CONTAINS(out, "<bos>[system] Be\n[user] Hi\n[assistant] ");
   CHECK_STR_CONTAINS(out, "\n[user] Again\n[assistant] ");
   CHECK(!strstr(out, "<start_of_turn>"));
   snprintf(bad, sizeof bad, "%s/missing.jinja", g_dir);
-  snprintf(opts, sizeof opts, "--chat-template %s", bad);
-  CHECK_EQ(chat_stderr(out, sizeof out, "Hi\\n", opts), 1);
+  snprintf(flags, sizeof flags, "--chat-template %s", bad);
+  CHECK_EQ(chat_stderr(out, sizeof out, "Hi\\n", flags), 1);
   CHECK_STR_CONTAINS(out, bad);
   CHECK_EQ(count_lines(out), 1);
   snprintf(bad, sizeof bad, "%s/bad.jinja", g_dir);
   write_file(bad, "{% for m in messages %}{{ m.content }}\n");
-  snprintf(opts, sizeof opts, "--chat-template %s", bad);
-  CHECK_EQ(chat_stderr(out, sizeof out, "Hi\\n", opts), 1);
+  snprintf(flags, sizeof flags, "--chat-template %s", bad);
+  CHECK_EQ(chat_stderr(out, sizeof out, "Hi\\n", flags), 1);
   CHECK_STR_CONTAINS(out, bad);
   CHECK_EQ(count_lines(out), 1);
 }
@@ -266,6 +311,183 @@ TEST(ctrl_c_at_the_prompt_ends_the_chat) {
 }
 
 /* ------------------------------------------------------------------------
+ * What the session holds: the turns in this process. The streamed
+ * replies go to a file (stdout moved there for each turn), which is also
+ * what the user saw.
+ * ---------------------------------------------------------------------- */
+
+/* The id of a text that encodes to one id, or -1. */
+static int32_t one_id(const rlm_tokenizer *tok, const char *text) {
+  int32_t *ids = NULL;
+  size_t n = 0;
+  rlm_error err = {0};
+  rlm_status st = cli_encode(tok, text, strlen(text), false, &ids, &n, &err);
+  int32_t id = st == RLM_OK && n == 1 ? ids[0] : -1;
+  free(ids);
+  return id;
+}
+
+/* The embedded model in dir (links to its files) with "\n", "." and ","
+ * added to its EOS ids: a reply the tiny model rarely ends at
+ * <end_of_turn> then ends at EOS within a few dozen ids. */
+static void eos_model(char *dir, size_t n) {
+  static const char *const files[] = {"config.json", "model.safetensors", "tokenizer.json",
+                                      "tokenizer_config.json"};
+  snprintf(dir, n, "%s/eos-model", g_dir);
+  CHECK(mkdir(dir, 0755) == 0);
+  for (int i = 0; i < N_OF(files); i++) {
+    char from[800], to[800];
+    snprintf(from, sizeof from, "%s/%s", g_model, files[i]);
+    snprintf(to, sizeof to, "%s/%s", dir, files[i]);
+    CHECK(symlink(from, to) == 0);
+  }
+  rlm_tokenizer *tok = NULL;
+  rlm_error err = {0};
+  CHECK_EQ(rlm_tokenizer_load(&tok, g_model, &err), RLM_OK);
+  int32_t nl = tok ? one_id(tok, "\n") : -1, dot = tok ? one_id(tok, ".") : -1;
+  int32_t comma = tok ? one_id(tok, ",") : -1;
+  CHECK(nl >= 0 && dot >= 0 && comma >= 0);
+  char path[800], cfg[256]; /* the embedded model's, plus the three */
+  snprintf(path, sizeof path, "%s/generation_config.json", dir);
+  snprintf(cfg, sizeof cfg, "{\"bos_token_id\": 2, \"eos_token_id\": [1, 4, %d, %d, %d], "
+           "\"pad_token_id\": 0}\n", (int)nl, (int)dot, (int)comma);
+  write_file(path, cfg);
+  rlm_tokenizer_free(tok);
+}
+
+/* ids as text, special ones dropped (malloc'd). */
+static char *detok(const rlm_tokenizer *tok, const int32_t *ids, size_t n) {
+  char *text = xmalloc(4096);
+  size_t len = 0;
+  rlm_error err = {0};
+  CHECK_EQ(rlm_detokenize(tok, ids, n, true, text, 4096, &len, &err), RLM_OK);
+  return text;
+}
+
+/* One turn: -n n_gen, ending at EOS only when eos, at stop when given.
+ * Returns the reply as it was streamed (malloc'd). */
+static char *turn(cli_conv *v, model_opts *o, const char *line, long n_gen, bool eos,
+                  const char *stop, const char *out_path) {
+  o->n_gen = n_gen;
+  o->ignore_eos = !eos;
+  o->stops[0] = stop;
+  o->n_stops = stop != NULL;
+  fflush(stdout);
+  int saved = dup(STDOUT_FILENO), fd = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  CHECK(saved >= 0 && fd >= 0);
+  dup2(fd, STDOUT_FILENO);
+  close(fd);
+  int rc = cli_conv_turn(v, o, line);
+  fflush(stdout);
+  dup2(saved, STDOUT_FILENO);
+  close(saved);
+  CHECK_EQ(rc, CLI_OK);
+  char *said = slurp(out_path);
+  size_t len = strlen(said);
+  if (len && said[len - 1] == '\n') said[len - 1] = 0; /* mcli_generate ends the line */
+  return said;
+}
+
+/* Whether the conversation's last message is the assistant's text. */
+static bool last_reply_is(const cli_conv *v, const char *text) {
+  cli_msgs one = {0};
+  bool ok = cli_msgs_add(&one, "assistant", text);
+  size_t n = ok ? one.n - 1 : 0; /* without its "[" */
+  ok = ok && v->msgs.n >= n && !memcmp(v->msgs.p + v->msgs.n - n, one.p + 1, n);
+  if (!ok) test_note("the reply streamed: '%s'; the conversation: ...%s", text,
+                     v->msgs.n > 120 ? v->msgs.p + v->msgs.n - 120 : v->msgs.p);
+  cli_msgs_free(&one);
+  return ok;
+}
+
+/* The next turn's rendering fed past what the session holds must give
+ * the logits a fresh session gives for the whole rendering. The held
+ * prefix must be reused, not fed again: a session started over would
+ * pass trivially. */
+static void check_holds_conversation(cli_conv *v, const model_opts *o) {
+  int32_t *ids = NULL;
+  size_t n = 0, keep = 0, held = v->n_held;
+  long restarts = v->n_restarts;
+  CHECK(cli_msgs_add(&v->msgs, "user", "Bye"));
+  CHECK_EQ(cli_chat_render_ids(v->c, o, v->tpl, &v->msgs, &ids, &n), CLI_OK);
+  CHECK_EQ(cli_conv_sync(v, o, ids, n, &keep), CLI_OK);
+  CHECK_EQ(v->n_restarts, restarts);
+  CHECK(keep > 0 && keep == held && keep < n);
+  float *got = xmalloc((size_t)v->c->vocab * sizeof *got);
+  float *want = xmalloc((size_t)v->c->vocab * sizeof *want);
+  rlm_error err = {0};
+  rlm_session *fresh = NULL;
+  CHECK_EQ(rlm_session_eval(v->c->s, ids + keep, (int)(n - keep), got, false, &err), RLM_OK);
+  CHECK_EQ(rlm_session_position(v->c->s), (long long)n);
+  CHECK_EQ(rlm_session_create(&fresh, v->c->m, &o->sp, &err), RLM_OK);
+  if (fresh) CHECK_EQ(rlm_session_eval(fresh, ids, (int)n, want, false, &err), RLM_OK);
+  double max_want = 0, max_diff = 0;
+  for (long i = 0; i < v->c->vocab; i++) {
+    max_want = fmax(max_want, fabs(want[i]));
+    max_diff = fmax(max_diff, fabs((double)got[i] - want[i]));
+  }
+  test_note("%zu ids, %zu held, max |diff| %g, max |logit| %g", n, held, max_diff, max_want);
+  CHECK(max_want > 0 && max_diff <= 1e-5 * max_want);
+  rlm_session_free(fresh);
+  free(want);
+  free(got);
+  free(ids);
+}
+
+/* Replies that end at a stop string (two ids: the first fed, and cut
+ * from the text), at -n (the last id never fed) and at EOS, then one more
+ * at -n: each reply joins the conversation as it was streamed, and the
+ * session holds the rendered conversation. */
+TEST(session_holds_the_conversation) {
+  char dir[700], out[800];
+  eos_model(dir, sizeof dir);
+  snprintf(out, sizeof out, "%s/streamed.txt", g_dir);
+  model_opts o = mcli_defaults();
+  o.cmd = "chat";
+  o.dir = dir;
+  o.system = "Be brief.";
+  o.no_stats = true;
+  o.n_gen = 60; /* the most any turn asks: the room cli_conv_init gives gen */
+  model_ctx c;
+  rlm_chat_template *t = NULL;
+  cli_conv v;
+  CHECK_EQ(mcli_open(&o, &c, true), CLI_OK);
+  CHECK_EQ(cli_chat_load_template(&o, &t), CLI_OK);
+  CHECK_EQ(cli_conv_init(&v, &c, &o, t), CLI_OK);
+  if (!c.s || !t || !v.gen) return;
+  free(turn(&v, &o, "Hi", 3, false, NULL, out)); /* the stop string: ids 1 and 2 of this reply */
+  char *stop = detok(c.tok, v.gen + 1, 2), *said;
+  test_note("stop '%s'", stop);
+  CHECK(strlen(stop) > 0);
+  CHECK_EQ(cli_conv_clear(&v, &o), CLI_OK);
+  said = turn(&v, &o, "Hi", 40, false, stop, out);
+  CHECK_EQ(v.n_gen, 3);
+  CHECK(!strstr(said, stop));
+  CHECK(last_reply_is(&v, said));
+  free(said);
+  said = turn(&v, &o, "Tell me more", 6, false, NULL, out);
+  CHECK_EQ(v.n_restarts, 0);  /* the stop string's first id: held, not rendered, */
+  CHECK_EQ(v.n_rollbacks, 1); /* so forgotten                                   */
+  CHECK_EQ(v.n_gen, 6);
+  CHECK(last_reply_is(&v, said));
+  free(said);
+  said = turn(&v, &o, "And then?", 60, true, NULL, out);
+  test_note("EOS reply of %ld ids: '%s'", v.n_gen, said);
+  CHECK(v.n_gen < 60);
+  CHECK(last_reply_is(&v, said));
+  free(said);
+  said = turn(&v, &o, "Go on", 6, false, NULL, out);
+  CHECK_EQ(v.n_gen, 6);
+  CHECK(last_reply_is(&v, said));
+  free(said);
+  check_holds_conversation(&v, &o);
+  free(stop);
+  cli_conv_free(&v);
+  rlm_chat_template_free(t);
+  mcli_close(&c);
+}
+
+/* ------------------------------------------------------------------------
  * The terminal: libedit through a pseudo-terminal.
  * ---------------------------------------------------------------------- */
 
@@ -350,5 +572,6 @@ int main(void) {
   RUN(ctrl_c_stops_only_the_reply);
   RUN(ctrl_c_at_the_prompt_ends_the_chat);
   RUN(terminal_edits_lines);
+  RUN(session_holds_the_conversation);
   return t_finish(g_dir);
 }

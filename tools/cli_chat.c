@@ -199,3 +199,136 @@ int cli_chat_prompt_ids(const model_ctx *c, const model_opts *o, const char *use
   rlm_chat_template_free(t);
   return rc;
 }
+
+/* ------------------------------------------------------------------------
+ * The conversation's turns (see cli_conv in cli_chat.h).
+ * ---------------------------------------------------------------------- */
+
+int cli_conv_init(cli_conv *v, model_ctx *c, const model_opts *o, const rlm_chat_template *t) {
+  memset(v, 0, sizeof *v);
+  v->c = c;
+  v->tpl = t;
+  v->gen = malloc(((size_t)mcli_gen_room(c, o) + 1) * sizeof *v->gen);
+  if (!v->gen || (o->system && !cli_msgs_add(&v->msgs, "system", o->system))) {
+    cli_conv_free(v);
+    return nomem();
+  }
+  v->n_sys = v->msgs.n;
+  return CLI_OK;
+}
+
+void cli_conv_free(cli_conv *v) {
+  cli_msgs_free(&v->msgs);
+  free(v->held);
+  free(v->gen);
+  memset(v, 0, sizeof *v);
+}
+
+static int fresh_session(cli_conv *v, const model_opts *o) {
+  rlm_error err = {0};
+  rlm_session_free(v->c->s);
+  v->c->s = NULL;
+  v->n_held = 0;
+  return rlm_session_create(&v->c->s, v->c->m, &o->sp, &err) ? cli_fail(&err) : CLI_OK;
+}
+
+int cli_conv_clear(cli_conv *v, const model_opts *o) {
+  cli_msgs_cut(&v->msgs, v->n_sys);
+  return fresh_session(v, o);
+}
+
+int cli_conv_sync(cli_conv *v, const model_opts *o, const int32_t *ids, size_t n, size_t *keep) {
+  size_t k = 0;
+  while (k < v->n_held && k < n && v->held[k] == ids[k]) k++;
+  *keep = k;
+  /* held is trusted only while the session's position agrees with it */
+  bool holds = rlm_session_position(v->c->s) == (int64_t)v->n_held;
+  if (holds && k == v->n_held && k < n) return CLI_OK;
+  /* The session holds ids the rendering lacks (a stop string cut from
+   * the reply, a reply the template trims or encodes otherwise): forget
+   * them (the last id is fed again in any case), or start over when a
+   * ring cannot (more than prefill_chunk ids to forget). */
+  const size_t to = k < n ? k : n - 1;
+  if (holds && rlm_session_rollback(v->c->s, 0, (int64_t)(v->n_held - to), NULL) == RLM_OK) {
+    v->n_held = *keep = to;
+    v->n_rollbacks++;
+    return CLI_OK;
+  }
+  *keep = 0;
+  v->n_restarts++;
+  return fresh_session(v, o);
+}
+
+/* held = what the session now holds: the rendering, then the reply's ids
+ * as far as they were fed. The session's position says how far: all of
+ * them after EOS or Ctrl-C, all but the last after -n, a stop string or
+ * the context limit. A position that fits neither empties held, and the
+ * next cli_conv_sync starts over. */
+static int remember(cli_conv *v, const int32_t *ids, size_t n) {
+  int64_t pos = rlm_session_position(v->c->s);
+  v->n_held = 0;
+  if (pos < (int64_t)n || pos > (int64_t)(n + (size_t)v->n_gen)) return CLI_OK;
+  size_t total = (size_t)pos;
+  if (total > v->cap_held) {
+    int32_t *h = realloc(v->held, total * 2 * sizeof *h);
+    if (!h) return nomem();
+    v->held = h;
+    v->cap_held = total * 2;
+  }
+  memcpy(v->held, ids, n * sizeof *ids);
+  memcpy(v->held + n, v->gen, (total - n) * sizeof *ids);
+  v->n_held = total;
+  return CLI_OK;
+}
+
+/* The reply as mcli_generate streamed it: its ids through the same
+ * detokenizer and stop strings, cut before a stop string that completed,
+ * else with the held-back tail. Appended to out as bytes. */
+static rlm_status shown_text(const cli_conv *v, const model_opts *o, cli_msgs *out,
+                             rlm_error *err) {
+  rlm_detok_stream *ds = NULL;
+  rlm_stop *stop = NULL;
+  char piece[1024];
+  const char *e = "";
+  size_t len, el = 0;
+  bool stopped = false;
+  rlm_status rc = rlm_detok_stream_create(&ds, v->c->tok, true, err);
+  if (!rc) rc = rlm_stop_create(&stop, o->stops, o->n_stops, err);
+  for (long i = 0; !rc && !stopped && i < v->n_gen; i++) {
+    rc = rlm_detok_stream_push(ds, v->gen[i], piece, sizeof piece, &len, err);
+    if (!rc) rc = rlm_stop_push(stop, piece, len, &e, &el, &stopped, err);
+    if (!rc && !put(out, e, el)) rc = RLM_ERR_NOMEM;
+  }
+  if (!rc && !stopped) rlm_stop_flush(stop, &e, &el);
+  if (!rc && !stopped && !put(out, e, el)) rc = RLM_ERR_NOMEM;
+  rlm_stop_free(stop);
+  rlm_detok_stream_free(ds);
+  return rc;
+}
+
+/* The reply joins the conversation as the user saw it: a stop string
+ * and what followed it were never shown, so the model does not see them
+ * next turn either (llama.cpp's server drops them from the message). */
+static int add_reply(cli_conv *v, const model_opts *o) {
+  rlm_error err = {0};
+  cli_msgs text = {0}; /* a byte buffer here, not a messages array */
+  rlm_status st = shown_text(v, o, &text, &err);
+  bool ok = st == RLM_OK && cli_msgs_add(&v->msgs, "assistant", text.p ? text.p : "");
+  cli_msgs_free(&text);
+  if (st && st != RLM_ERR_NOMEM) return cli_fail(&err);
+  return ok ? CLI_OK : cli_fail(&(rlm_error){RLM_ERR_NOMEM, "cannot record the reply"});
+}
+
+int cli_conv_turn(cli_conv *v, const model_opts *o, const char *line) {
+  int32_t *ids = NULL;
+  size_t n, keep = 0;
+  v->n_gen = 0;
+  int rc = cli_msgs_add(&v->msgs, "user", line) ? CLI_OK : nomem();
+  if (!rc) rc = cli_chat_render_ids(v->c, o, v->tpl, &v->msgs, &ids, &n);
+  if (!rc) rc = cli_conv_sync(v, o, ids, n, &keep);
+  if (!rc) rc = mcli_generate(v->c, o, ids + keep, n - keep, v->gen, &v->n_gen);
+  if (!rc) rc = remember(v, ids, n);
+  if (!rc) rc = add_reply(v, o);
+  free(ids);
+  return rc;
+}

@@ -2,9 +2,11 @@
  * joins the message list, the chat template (the model's, or
  * --chat-template FILE) renders the whole conversation with the
  * generation prompt, and only the tokens past what the session already
- * holds are fed (the session restarts when the new rendering departs from
- * them). Replies stream as they are generated and end at an EOS id
- * (generation_config.json), e.g. <end_of_turn>.
+ * holds are fed (cli_conv in cli_chat.h: the session restarts when it
+ * holds ids the new rendering lacks). Replies stream as they are
+ * generated and end at an EOS id (generation_config.json), e.g.
+ * <end_of_turn>, or at -n or a stop string, which is not shown and not
+ * kept in the conversation.
  *
  * As llama.cpp users expect: on a terminal the lines are read with
  * libedit (line editing, history on the arrow keys), else from fd 0 as
@@ -39,10 +41,6 @@ static const char chat_help[] =
 /* Ctrl-C at the prompt: 128 + SIGINT, the status a shell reports for a
  * program Ctrl-C ended and the one llama.cpp exits with. */
 enum { CHAT_INTERRUPTED = 128 + SIGINT };
-
-static int nomem(void) {
-  return cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-}
 
 /* ------------------------------------------------------------------------
  * Ctrl-C. The handler raises a flag, which mcli_generate polls between
@@ -246,69 +244,8 @@ static ssize_t line_in_read(line_in *in) {
 typedef struct chat {
   model_ctx c;
   rlm_chat_template *tpl;
-  cli_msgs msgs;   /* the conversation so far                          */
-  size_t n_sys;    /* msgs.n holding the system prompt alone (/clear)   */
-  int32_t *hist;   /* ids the session holds, in order                  */
-  size_t n_hist;   /* ids at hist                                      */
-  size_t cap_hist; /* room at hist                                     */
-  int32_t *gen;    /* the reply's ids (room for mcli_gen_room)         */
+  cli_conv conv; /* the messages and what the session holds of them */
 } chat;
-
-static int fresh_session(chat *ch, const model_opts *o) {
-  rlm_error err = {0};
-  rlm_session_free(ch->c.s);
-  ch->c.s = NULL;
-  ch->n_hist = 0;
-  return rlm_session_create(&ch->c.s, ch->c.m, &o->sp, &err) ? cli_fail(&err) : CLI_OK;
-}
-
-/* hist = what the session now holds: the rendering, then the reply's ids
- * as far as they were fed (not the last one when -n, a stop string or
- * Ctrl-C ended the reply). */
-static int remember(chat *ch, const int32_t *ids, size_t n, long n_gen) {
-  size_t total = n + (size_t)n_gen;
-  if (total > ch->cap_hist) {
-    int32_t *h = realloc(ch->hist, total * 2 * sizeof *h);
-    if (!h) return nomem();
-    ch->hist = h;
-    ch->cap_hist = total * 2;
-  }
-  memcpy(ch->hist, ids, n * sizeof *ids);
-  memcpy(ch->hist + n, ch->gen, (size_t)n_gen * sizeof *ids);
-  int64_t pos = rlm_session_position(ch->c.s);
-  ch->n_hist = pos >= 0 && (size_t)pos < total ? (size_t)pos : total;
-  return CLI_OK;
-}
-
-/* The reply's text joins the conversation. */
-static int add_reply(chat *ch, long n_gen) {
-  size_t len = 0;
-  rlm_error err = {0};
-  char *text = NULL;
-  rlm_status st = rlm_detokenize(ch->c.tok, ch->gen, (size_t)n_gen, true, NULL, 0, &len, &err);
-  if (st == RLM_ERR_INVALID && (text = malloc(len + 1)))
-    st = rlm_detokenize(ch->c.tok, ch->gen, (size_t)n_gen, true, text, len + 1, &len, &err);
-  bool ok = st == RLM_OK && cli_msgs_add(&ch->msgs, "assistant", text ? text : "");
-  free(text);
-  return ok ? CLI_OK : cli_fail(&(rlm_error){RLM_ERR_NOMEM, "cannot record the reply"});
-}
-
-/* Feeds ids past the common prefix with what the session holds (or the
- * whole rendering on a fresh session), then generates the reply. */
-static int reply(chat *ch, const model_opts *o, const int32_t *ids, size_t n) {
-  size_t keep = 0;
-  while (keep < ch->n_hist && keep < n && ch->hist[keep] == ids[keep]) keep++;
-  int rc = CLI_OK;
-  if (keep < ch->n_hist || keep == n) { /* diverged: start over */
-    rc = fresh_session(ch, o);
-    keep = 0;
-  }
-  long n_gen = 0;
-  if (!rc) rc = mcli_generate(&ch->c, o, ids + keep, n - keep, ch->gen, &n_gen);
-  sigint_spent();
-  if (!rc) rc = remember(ch, ids, n, n_gen);
-  return rc ? rc : add_reply(ch, n_gen);
-}
 
 /* A user message and its reply; a line that is not UTF-8 is refused
  * before it joins the conversation. */
@@ -317,12 +254,8 @@ static int user_turn(chat *ch, const model_opts *o, const char *line, size_t len
     fputs("ringlm chat: that line is not valid UTF-8; type it again\n", stderr);
     return CLI_OK;
   }
-  int32_t *ids = NULL;
-  size_t n;
-  int rc = cli_msgs_add(&ch->msgs, "user", line) ? CLI_OK : nomem();
-  if (!rc) rc = cli_chat_render_ids(&ch->c, o, ch->tpl, &ch->msgs, &ids, &n);
-  if (!rc) rc = reply(ch, o, ids, n);
-  free(ids);
+  int rc = cli_conv_turn(&ch->conv, o, line);
+  sigint_spent();
   return rc;
 }
 
@@ -338,10 +271,7 @@ static int command(chat *ch, const model_opts *o, const char *line, bool *end) {
     *end = true;
     return CLI_OK;
   }
-  if (is_command(line, "/clear")) {
-    cli_msgs_cut(&ch->msgs, ch->n_sys);
-    return fresh_session(ch, o);
-  }
+  if (is_command(line, "/clear")) return cli_conv_clear(&ch->conv, o);
   fprintf(stderr, "ringlm chat: '%.*s' is not a command; the commands are /clear (forget the "
           "conversation), /exit and /quit\n", (int)strcspn(line, " \t"), line);
   return CLI_OK;
@@ -387,13 +317,8 @@ int cmd_chat(int argc, char **argv) {
   if ((rc = mcli_open(&o, &ch.c, true))) goto out_free_template;
   o.no_stats = true; /* a conversation, not a benchmark */
   o.interrupt = &g_sigint;
-  if (!(ch.gen = malloc(((size_t)mcli_gen_room(&ch.c, &o) + 1) * sizeof *ch.gen))) rc = nomem();
-  else if (o.system && !cli_msgs_add(&ch.msgs, "system", o.system)) rc = nomem();
-  ch.n_sys = ch.msgs.n;
-  if (!rc) rc = converse(&ch, &o);
-  cli_msgs_free(&ch.msgs);
-  free(ch.hist);
-  free(ch.gen);
+  if (!(rc = cli_conv_init(&ch.conv, &ch.c, &o, ch.tpl))) rc = converse(&ch, &o);
+  cli_conv_free(&ch.conv);
   mcli_close(&ch.c);
 out_free_template:
   rlm_chat_template_free(ch.tpl);
