@@ -703,6 +703,114 @@ RLM_API rlm_status rlm_stop_push(rlm_stop *s, const char *piece, size_t len,
                                  rlm_error *err);
 RLM_API void rlm_stop_flush(rlm_stop *s, const char **emit, size_t *emit_len);
 
+/* ------------------------------------------------------------------------
+ * Generation: one engine that advances many requests at once (continuous
+ * batching), each with its own sampler, stop ids and strings, token budget
+ * and streamed text, optionally with speculative decoding: a draft model's
+ * session (same vocabulary) or n-gram lookup in the request's own history
+ * proposes up to draft_max tokens per row, one batched pass of the target
+ * verifies every row's proposal, and each row keeps its own number of them
+ * (greedy: the longest agreeing prefix plus the target's own next token;
+ * temp > 0: the speculative sampling rule, so the output follows the
+ * target's distribution exactly); the rest are rolled back in the KV,
+ * rings included, without recomputation.
+ *
+ * Thread contract: an engine, its target session and its draft session
+ * are driven by ONE thread at a time: rlm_gen_add, rlm_gen_step and
+ * rlm_gen_cancel must not overlap, and nobody else may use the sessions
+ * while the engine holds them (between rlm_gen_create and rlm_gen_free).
+ * Different engines over different sessions may run on different threads;
+ * they share the process's worker threads (one job at a time, never more
+ * busy threads than cores). The engine creates no threads.
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_gen rlm_gen;
+
+typedef struct rlm_gen_params {
+  int draft_max;     /* most tokens proposed per row and step, 1..32 (8)  */
+  int lookup_n;      /* > 0 and no draft session: n-gram prompt lookup
+                        matching the last lookup_n tokens                 */
+  bool adaptive;     /* per-row proposal length: +2 after a step that kept
+                        every proposal, -1 after one that did not (the
+                        heuristic schedule of transformers' assisted
+                        generation), within 1..draft_max                  */
+} rlm_gen_params;
+
+RLM_API rlm_gen_params rlm_gen_params_default(void);
+/* Rows are the target session's (the draft session needs at least as
+ * many). tok: for streamed text and stop strings (NULL: ids only). A draft
+ * with another vocabulary size is RLM_ERR_INVALID naming both sizes. */
+RLM_API rlm_status rlm_gen_create(rlm_gen **out, rlm_session *target, rlm_session *draft,
+                                  const rlm_tokenizer *tok, const rlm_gen_params *p,
+                                  rlm_error *err);
+RLM_API void rlm_gen_free(rlm_gen *g);
+
+typedef struct rlm_gen_request {
+  const int32_t *prompt;      /* n_prompt >= 1 ids                        */
+  int64_t n_prompt;
+  int row;                    /* -1: any free row; else that (free) row   */
+  int64_t n_cached;           /* the row's KV already holds prompt[0, n):
+                                 kept, not fed again (0: the row is
+                                 cleared)                                 */
+  rlm_sampler_params sampler;
+  int64_t max_tokens;         /* < 0: until EOS or the context            */
+  int64_t max_context;        /* > 0: prompt + output stop at this many
+                                 positions (else the session's n_ctx, if
+                                 any)                                     */
+  bool ignore_eos;            /* else an EOS id ends the request (and is
+                                 not part of its text)                    */
+  const char *const *stops;   /* stop strings (copied), cut from the text */
+  int n_stops;
+  bool speculate;             /* use the engine's proposer for this row   */
+} rlm_gen_request;
+
+RLM_API rlm_gen_request rlm_gen_request_default(void);
+/* Starts a request; *row is where it runs. RLM_KV_FULL when no row is
+ * free; RLM_ERR_INVALID for a bad request (ids, sampler, row, a prompt
+ * that leaves no room in the context). */
+RLM_API rlm_status rlm_gen_add(rlm_gen *g, const rlm_gen_request *r, int *row, rlm_error *err);
+
+typedef enum rlm_finish {
+  RLM_FINISH_NONE = 0,        /* still running                            */
+  RLM_FINISH_STOP = 1,        /* an EOS id or a stop string               */
+  RLM_FINISH_LENGTH = 2,      /* max_tokens or the context                */
+} rlm_finish;
+
+/* What one step did to one row; valid until the next call on the engine. */
+typedef struct rlm_gen_event {
+  int row;
+  const int32_t *ids;         /* the tokens this step generated (an EOS
+                                 that ended the request is not among them) */
+  int n_ids;
+  const char *text;           /* their text, safe to show: stop strings
+                                 held back until they cannot match (NULL
+                                 without a tokenizer)                     */
+  size_t text_len;
+  rlm_finish finish;          /* != NONE: the request is over and its row
+                                 free; the row's KV holds the prompt and
+                                 every output id but the last one         */
+} rlm_gen_event;
+
+/* One step: every running request advances (prefill chunks and decode or
+ * verification steps share one pass of the target). *events: one per row
+ * that generated tokens or finished. Allocates nothing. An error leaves
+ * the requests where they were. */
+RLM_API rlm_status rlm_gen_step(rlm_gen *g, const rlm_gen_event **events, int *n_events,
+                                rlm_error *err);
+/* Ends a request now (no event); its row is free. */
+RLM_API void rlm_gen_cancel(rlm_gen *g, int row);
+/* Requests running. */
+RLM_API int rlm_gen_active(const rlm_gen *g);
+
+typedef struct rlm_gen_stats {
+  int64_t n_prompt;           /* prompt ids fed (not cached)              */
+  int64_t n_gen;              /* ids generated                            */
+  int64_t drafted, accepted;  /* proposals verified, and kept             */
+  int64_t steps;              /* target passes                            */
+} rlm_gen_stats;
+
+/* Totals since rlm_gen_create (row < 0), or of the request on a row. */
+RLM_API void rlm_gen_get_stats(const rlm_gen *g, int row, rlm_gen_stats *out);
+
 #ifdef __cplusplus
 }
 #endif

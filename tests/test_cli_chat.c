@@ -427,7 +427,12 @@ static void check_holds_conversation(cli_conv *v, const model_opts *o) {
     max_diff = fmax(max_diff, fabs((double)got[i] - want[i]));
   }
   test_note("%zu ids, %zu held, max |diff| %g, max |logit| %g", n, held, max_diff, max_want);
-  CHECK(max_want > 0 && max_diff <= 1e-5 * max_want);
+  /* Not bit-equal: the chat session decoded its replies one id at a time,
+   * which sums in another order than a prefill (about 1e-6), and the
+   * embedded model keeps its KV in bf16, whose rounding turns that into
+   * about 1e-4 x max |logit| after a few dozen decoded ids; a lost id
+   * shows as 2.5e-2. */
+  CHECK(max_want > 0 && max_diff <= 1e-3 * max_want);
   rlm_session_free(fresh);
   free(want);
   free(got);

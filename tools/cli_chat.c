@@ -326,7 +326,7 @@ int cli_conv_turn(cli_conv *v, const model_opts *o, const char *line) {
   int rc = cli_msgs_add(&v->msgs, "user", line) ? CLI_OK : nomem();
   if (!rc) rc = cli_chat_render_ids(v->c, o, v->tpl, &v->msgs, &ids, &n);
   if (!rc) rc = cli_conv_sync(v, o, ids, n, &keep);
-  if (!rc) rc = mcli_generate(v->c, o, ids + keep, n - keep, v->gen, &v->n_gen);
+  if (!rc) rc = mcli_generate(v->c, o, ids, n, keep, v->gen, &v->n_gen);
   if (!rc) rc = remember(v, ids, n);
   if (!rc) rc = add_reply(v, o);
   free(ids);

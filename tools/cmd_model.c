@@ -87,7 +87,7 @@ int cmd_run(int argc, char **argv) {
   if (!o.no_display_prompt && !o.chat) o.echo = text;
   if (!(gen = malloc(((size_t)mcli_gen_room(&c, &o) + 1) * sizeof *gen)))
     rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-  else rc = mcli_generate(&c, &o, ids, n, gen, &n_out);
+  else rc = mcli_generate(&c, &o, ids, n, 0, gen, &n_out);
   free(gen);
   free(text);
   free(ids);

@@ -30,11 +30,14 @@ enum {
   C_CHAT = 1 << 3,
   C_BENCH = 1 << 4,
   C_TOK = 1 << 5,
-  C_GEN = C_RUN | C_CHAT,                                  /* they sample text     */
-  C_SESSION = C_RUN | C_LOGITS | C_PPL | C_CHAT | C_BENCH, /* they hold a session */
+  C_BATCH = 1 << 6,
+  C_GEN = C_RUN | C_CHAT | C_BATCH,                                  /* they sample text */
+  C_SESSION = C_RUN | C_LOGITS | C_PPL | C_CHAT | C_BENCH | C_BATCH, /* hold a session   */
+  C_SPEC = C_RUN | C_BENCH | C_BATCH,                                /* speculate        */
   C_ALL = C_SESSION | C_TOK,
 };
-static const char *const cmd_names[] = {"run", "logits", "perplexity", "chat", "bench", "tokenize"};
+static const char *const cmd_names[] = {"run", "logits", "perplexity", "chat", "bench", "tokenize",
+                                        "batch"};
 
 typedef enum opt_kind {
   OPT_FLAG,  /* bool, no value                          */
@@ -153,6 +156,18 @@ static const opt_def opts[] = {
      .help = "rings made by --max-kv keep their first N positions (attention sinks)"},
     {{"--prefill-chunk"}, "N", OPT_INT, C_SESSION, F(sp.prefill_chunk), .lo = 1, .hi = 65536,
      .help = "tokens per prefill step"},
+    {{"--draft"}, "DIR", OPT_STR, C_SPEC, F(draft_dir),
+     .help = "speculative decoding with this draft model (same vocabulary)"},
+    {{"--lookup"}, "N", OPT_INT, C_SPEC, F(lookup_n), .lo = 1, .hi = 64,
+     .help = "speculative decoding by n-gram lookup: match the last N tokens in the history"},
+    {{"--draft-max"}, "K", OPT_INT, C_SPEC, F(draft_max), .lo = 1, .hi = 32,
+     .help = "most tokens proposed per step (--draft, --lookup)"},
+    {{"-f", "--file"}, "FILE", OPT_STR, C_BATCH, F(file),
+     .help = "prompts, one per line: text, or JSON {\"prompt\"|\"ids\", \"max_tokens\"}; required"},
+    {{"-np", "--parallel"}, "P", OPT_INT, C_BATCH, F(parallel), .lo = 1, .hi = 4096,
+     .help = "rows: most prompts generating at once"},
+    {{"--batch"}, "B1,B2", OPT_STR, C_BENCH, F(batch_sizes),
+     .help = "aggregate decode tokens/s of B sequences at once (llama-batched-bench)"},
     {{"--act-bits"}, "B", OPT_INT, C_SESSION, F(sp.act_bits), SET(0, 8),
      .help = "8: int8 activations in 4-bit decode products (faster, ~0.4% error); 0: exact"},
 };
@@ -160,7 +175,8 @@ enum { N_OPTS = sizeof opts / sizeof *opts };
 
 model_opts mcli_defaults(void) {
   return (model_opts){.sp = rlm_session_params_default(), .smp = rlm_sampler_params_default(),
-                      .n_gen = 128, .ctx = 512, .n_prompt = 512, .reps = 5};
+                      .n_gen = 128, .ctx = 512, .n_prompt = 512, .reps = 5, .draft_max = 8,
+                      .parallel = 4};
 }
 
 static unsigned cmd_bit(const char *cmd) {
@@ -442,9 +458,17 @@ int mcli_open(const model_opts *o, model_ctx *c, bool need_tok) {
   memset(c, 0, sizeof *c);
   if ((need_tok || has_tokenizer(o->dir)) && rlm_tokenizer_load(&c->tok, o->dir, &err))
     return cli_fail(&err);
-  if (rlm_model_load(&c->m, o->dir, &err) || rlm_session_create(&c->s, c->m, &o->sp, &err)) {
+  if (rlm_model_load(&c->m, o->dir, &err) || rlm_session_create(&c->s, c->m, &o->sp, &err) ||
+      (o->draft_dir && (rlm_model_load(&c->dm, o->draft_dir, &err) ||
+                        rlm_session_create(&c->ds, c->dm, &o->sp, &err)))) {
     mcli_close(c);
     return cli_fail(&err);
+  }
+  if (c->dm && rlm_model_vocab_size(c->dm) != rlm_model_vocab_size(c->m)) {
+    fprintf(stderr, "ringlm: %s: the draft model's vocabulary has %d ids, the target's (%s) %d\n",
+            o->draft_dir, rlm_model_vocab_size(c->dm), o->dir, rlm_model_vocab_size(c->m));
+    mcli_close(c);
+    return CLI_FAIL;
   }
   rlm_model_info mi;
   rlm_model_get_info(c->m, &mi);
@@ -458,6 +482,8 @@ int mcli_open(const model_opts *o, model_ctx *c, bool need_tok) {
 }
 
 void mcli_close(model_ctx *c) {
+  rlm_session_free(c->ds);
+  rlm_model_free(c->dm);
   rlm_session_free(c->s);
   rlm_model_free(c->m);
   rlm_tokenizer_free(c->tok);
@@ -514,77 +540,78 @@ long mcli_gen_room(const model_ctx *c, const model_opts *o) {
   return o->n_gen >= 0 ? o->n_gen : c->n_ctx;
 }
 
-/* The text streaming side of generation: detokenizer + stop strings. */
-typedef struct text_out {
-  rlm_detok_stream *ds;
-  rlm_stop *stop;
-  char piece[1024];
-} text_out;
-
-/* Prints what id completes; *stopped when a stop string completes. */
-static rlm_status emit_token(text_out *t, int32_t id, bool *stopped, rlm_error *err) {
-  size_t len;
-  const char *e;
-  size_t el;
-  rlm_status rc = rlm_detok_stream_push(t->ds, id, t->piece, sizeof t->piece, &len, err);
-  if (!rc) rc = rlm_stop_push(t->stop, t->piece, len, &e, &el, stopped, err);
-  if (!rc) fwrite(e, 1, el, stdout), fflush(stdout);
-  return rc;
+rlm_gen_params mcli_gen_params(const model_opts *o) {
+  rlm_gen_params p = rlm_gen_params_default();
+  p.draft_max = o->draft_max, p.lookup_n = o->draft_dir ? 0 : o->lookup_n;
+  return p;
 }
 
-static void emit_rest(text_out *t) {
-  const char *e;
-  size_t el;
-  rlm_stop_flush(t->stop, &e, &el);
-  fwrite(e, 1, el, stdout), fflush(stdout);
+rlm_gen_request mcli_request(const model_ctx *c, const model_opts *o, const int32_t *ids, size_t n) {
+  rlm_gen_request r = rlm_gen_request_default();
+  r.prompt = ids, r.n_prompt = (int64_t)n, r.sampler = o->smp, r.max_tokens = o->n_gen;
+  r.max_context = c->n_ctx, r.ignore_eos = o->ignore_eos, r.stops = o->stops, r.n_stops = o->n_stops;
+  return r;
 }
 
-/* Whether another token may be sampled: -n, the context (the token would
- * take the session's position) and the interrupt flag. */
-static bool may_continue(const model_ctx *c, const model_opts *o, long k) {
-  if (o->interrupt && *o->interrupt) return false;
-  if (o->n_gen >= 0 && k >= o->n_gen) return false;
-  return !c->n_ctx || rlm_session_position(c->s) < c->n_ctx;
-}
+/* What one generation measured, for the stats line. */
+typedef struct gen_times {
+  double t0, t_first, t_end; /* start, first token, end (seconds)   */
+  rlm_gen_stats st;
+} gen_times;
 
-/* The token loop; returns a status and the count of generated ids. The
- * last token is not fed: nothing would read its logits. */
-static rlm_status token_loop(model_ctx *c, const model_opts *o, rlm_sampler *smp, text_out *t,
-                             float *logits, int32_t *gen, long *k, rlm_error *err) {
-  bool stopped = false;
-  rlm_status rc = RLM_OK;
-  for (*k = 0; !rc && !stopped && may_continue(c, o, *k);) {
-    int32_t next = rlm_sampler_sample(smp, logits);
-    if (!o->ignore_eos && rlm_model_is_eos(c->m, next)) break;
-    rlm_sampler_accept(smp, next);
-    gen[(*k)++] = next;
-    if (o->print_ids || !t->ds)
-      printf(*k > 1 ? " %d" : "%d", next), fflush(stdout); /* no tokenizer: ids */
-    else rc = emit_token(t, next, &stopped, err);
-    int64_t pos = rlm_session_position(c->s);
-    bool more = !stopped && (o->n_gen < 0 || *k < o->n_gen) && (!c->n_ctx || pos + 1 < c->n_ctx);
-    if (!rc && more) rc = rlm_session_eval(c->s, &next, 1, logits, false, err);
-    else break;
+/* Prints one step's event for row 0: ids (--print-ids, no tokenizer) or
+ * text; appends the ids to gen. */
+static void show_event(const model_opts *o, const rlm_gen_event *e, int32_t *gen, long *k) {
+  for (int i = 0; i < e->n_ids; i++) {
+    if (o->print_ids || !e->text) printf(*k > 0 ? " %d" : "%d", e->ids[i]);
+    gen[(*k)++] = e->ids[i];
   }
-  if (!rc && t->ds && !o->print_ids && !stopped) emit_rest(t);
+  if (!o->print_ids && e->text) fwrite(e->text, 1, e->text_len, stdout);
+  fflush(stdout);
+}
+
+/* The step loop on row 0 until the request ends or the interrupt. */
+static rlm_status gen_loop(rlm_gen *g, const model_opts *o, int32_t *gen, long *k, gen_times *tm,
+                           rlm_error *err) {
+  rlm_status rc = RLM_OK;
+  for (bool done = false; !rc && !done;) {
+    if (o->interrupt && *o->interrupt) {
+      rlm_gen_cancel(g, 0);
+      break;
+    }
+    const rlm_gen_event *ev;
+    int n_ev;
+    if ((rc = rlm_gen_step(g, &ev, &n_ev, err))) break;
+    for (int i = 0; i < n_ev; i++) {
+      if (!tm->t_first && ev[i].n_ids) tm->t_first = cli_now_s();
+      show_event(o, &ev[i], gen, k);
+      done = done || ev[i].finish != RLM_FINISH_NONE;
+    }
+  }
+  tm->t_end = cli_now_s();
+  rlm_gen_get_stats(g, 0, &tm->st);
   return rc;
 }
 
-static void print_stats(const model_ctx *c, size_t n, long n_out, double t_prefill,
-                        double t_decode) {
-  char kv[32], rss[32];
+static void print_stats(const model_ctx *c, size_t n, long n_out, const gen_times *tm) {
+  char kv[32], rss[32], spec[96] = "";
+  const double t_pre = (tm->t_first ? tm->t_first : tm->t_end) - tm->t0;
+  const double t_dec = tm->t_first ? tm->t_end - tm->t_first : 0;
+  if (tm->st.drafted)
+    snprintf(spec, sizeof spec, ", drafted %lld accepted %lld (%.1f%%)", (long long)tm->st.drafted,
+             (long long)tm->st.accepted, 100.0 * (double)tm->st.accepted / (double)tm->st.drafted);
   fprintf(stderr,
-          "prompt %zu token%s, prefill %.1f tok/s, generated %ld token%s, decode %.1f tok/s, "
+          "prompt %zu token%s, prefill %.1f tok/s, generated %ld token%s, decode %.1f tok/s%s, "
           "KV %s, peak RSS %s\n",
-          n, cli_s((long)n), (double)n / (t_prefill + 1e-12), n_out, cli_s(n_out),
-          n_out > 1 ? (double)(n_out - 1) / (t_decode + 1e-12) : 0.0,
+          n, cli_s((long)n), (double)n / (t_pre + 1e-12), n_out, cli_s(n_out),
+          n_out > 1 ? (double)(n_out - 1) / (t_dec + 1e-12) : 0.0, spec,
           cli_bytes((double)rlm_session_kv_bytes(c->s), kv, sizeof kv),
           cli_bytes(cli_peak_rss(), rss, sizeof rss));
 }
 
 /* The prompt must leave the context room for one generated token. */
 static int check_room(model_ctx *c, const model_opts *o, size_t n) {
-  int64_t end = rlm_session_position(c->s) + (int64_t)n;
+  int64_t end = (int64_t)n; /* the whole prompt, cached ids included */
   if (c->n_ctx && end >= c->n_ctx) {
     fprintf(stderr,
             "ringlm: %s: the prompt reaches position %lld, no room in the context of %ld (-c)\n",
@@ -595,41 +622,25 @@ static int check_room(model_ctx *c, const model_opts *o, size_t n) {
   return CLI_OK;
 }
 
-/* Prefill, then the loop; *t_pre and *t_dec the seconds each took. */
-static rlm_status generate(model_ctx *c, const model_opts *o, rlm_sampler *smp, text_out *t,
-                           float *logits, const int32_t *ids, size_t n, int32_t *gen, long *n_out,
-                           double *t_pre, double *t_dec, rlm_error *err) {
-  for (size_t i = 0; i < n; i++) rlm_sampler_accept(smp, ids[i]);
-  if (t->ds && !o->print_ids && o->echo) fputs(o->echo, stdout), fflush(stdout); /* as llama.cpp */
-  double t0 = cli_now_s();
-  rlm_status rc = rlm_session_eval(c->s, ids, (int)n, logits, false, err);
-  double t1 = cli_now_s();
-  if (!rc) rc = token_loop(c, o, smp, t, logits, gen, n_out, err);
-  *t_pre = t1 - t0, *t_dec = cli_now_s() - t1;
-  if (!rc && (o->print_ids || !t->ds || *n_out || o->echo)) printf("\n");
-  fflush(stdout);
-  return rc;
-}
-
-int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n, int32_t *gen,
-                  long *n_out) {
+int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n, size_t n_cached,
+                  int32_t *gen, long *n_out) {
   *n_out = 0;
   if (check_room(c, o, n)) return CLI_FAIL;
   rlm_error err = {0};
-  rlm_sampler *smp = NULL;
-  text_out t = {0};
-  float *logits = malloc((size_t)c->vocab * sizeof *logits);
-  rlm_status rc = logits ? RLM_OK : RLM_ERR_NOMEM;
-  double t_pre = 0, t_dec = 0;
-  if (!rc) rc = rlm_sampler_create(&smp, &o->smp, (int32_t)c->vocab, &err);
-  if (!rc && c->tok) rc = rlm_detok_stream_create(&t.ds, c->tok, true, &err);
-  if (!rc) rc = rlm_stop_create(&t.stop, o->stops, o->n_stops, &err);
-  if (!rc) rc = generate(c, o, smp, &t, logits, ids, n, gen, n_out, &t_pre, &t_dec, &err);
-  if (!rc && !o->no_stats) print_stats(c, n, *n_out, t_pre, t_dec);
+  rlm_gen *g = NULL;
+  const rlm_gen_params gp = mcli_gen_params(o);
+  rlm_gen_request rq = mcli_request(c, o, ids, n);
+  rq.row = 0, rq.n_cached = (int64_t)n_cached;
+  gen_times tm = {.t0 = cli_now_s()};
+  int row;
+  rlm_status rc = rlm_gen_create(&g, c->s, c->ds, c->tok, &gp, &err);
+  if (!rc) rc = rlm_gen_add(g, &rq, &row, &err);
+  if (!rc && c->tok && !o->print_ids && o->echo) fputs(o->echo, stdout), fflush(stdout); /* as llama.cpp */
+  if (!rc) rc = gen_loop(g, o, gen, n_out, &tm, &err);
+  if (!rc && (o->print_ids || !c->tok || *n_out || o->echo)) printf("\n");
+  fflush(stdout);
+  if (!rc && !o->no_stats) print_stats(c, n - n_cached, *n_out, &tm);
   if (rc == RLM_ERR_NOMEM && !err.msg[0]) snprintf(err.msg, sizeof err.msg, "out of memory");
-  rlm_stop_free(t.stop);
-  rlm_detok_stream_free(t.ds);
-  rlm_sampler_free(smp);
-  free(logits);
+  rlm_gen_free(g);
   return rc ? cli_fail(&err) : CLI_OK;
 }

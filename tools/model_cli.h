@@ -41,6 +41,11 @@ typedef struct model_opts {
   const char *depths;                        /* bench -d "0,4096"         */
   bool json;                                 /* bench --json              */
   bool decode, no_special, skip_special;     /* tokenize                  */
+  const char *draft_dir;                     /* --draft: a draft model    */
+  int draft_max;                             /* --draft-max               */
+  int lookup_n;                              /* --lookup: n-gram size     */
+  int parallel;                              /* batch --parallel          */
+  const char *batch_sizes;                   /* bench --batch "1,4,8"     */
 } model_opts;
 
 /* Everything a model command holds open; free with mcli_close. */
@@ -48,6 +53,8 @@ typedef struct model_ctx {
   rlm_model *m;
   rlm_session *s;
   rlm_tokenizer *tok;                        /* NULL without tokenizer.json */
+  rlm_model *dm;                             /* --draft's model, or NULL  */
+  rlm_session *ds;                           /* its session               */
   long vocab;
   long n_ctx;           /* positions a session may reach: -c; without -c
                            none, except that -n -1 stops at the model's
@@ -81,14 +88,21 @@ void mcli_warn_positions(model_ctx *c, const model_opts *o, int64_t n, const cha
 /* Room the gen array of mcli_generate needs: -n, or with -n -1 the
  * context (no reply can be longer). */
 long mcli_gen_room(const model_ctx *c, const model_opts *o);
-/* Generates up to o->n_gen tokens (-1: until EOS) after ids[0:n) fed at
- * the session's position: streams text (or ids with --print-ids) to
- * stdout after o->echo, stops at an EOS id, a stop string, the context
- * limit c->n_ctx or *o->interrupt (pending text flushed, no error), and
- * prints the stats line to stderr unless o->no_stats. Fails when the
- * prompt leaves no room in the context. The generated ids land in gen
- * (room for mcli_gen_room), their count in *n_out. */
-int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n, int32_t *gen,
-                  long *n_out);
+/* Generates up to o->n_gen tokens (-1: until EOS) after the prompt
+ * ids[0:n), of which the session already holds the first n_cached, through
+ * the library's engine (rlm_gen; --draft / --lookup: speculative): streams
+ * text (or ids with --print-ids) to stdout after o->echo, stops at an EOS
+ * id, a stop string, the context limit c->n_ctx or *o->interrupt (no
+ * error), and prints the stats line to stderr unless o->no_stats. Fails
+ * when the prompt leaves no room in the context. The generated ids land
+ * in gen (room for mcli_gen_room), their count in *n_out; the session then
+ * holds the prompt and every generated id but the last. */
+int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n, size_t n_cached,
+                  int32_t *gen, long *n_out);
+/* The engine parameters of --draft-max and --lookup. */
+rlm_gen_params mcli_gen_params(const model_opts *o);
+/* A generation request for ids[0:n) with the options' sampler, -n, -c,
+ * --ignore-eos and --stop. */
+rlm_gen_request mcli_request(const model_ctx *c, const model_opts *o, const int32_t *ids, size_t n);
 
 #endif

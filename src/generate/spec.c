@@ -66,19 +66,21 @@ static bool keep(rlm_sampler *s, float pd, float qd) {
   return rlm__sampler_uniform(s) * qd < pd;
 }
 
+bool rlm__spec_accept_one(rlm_sampler *s, const float *p, const float *q, int32_t d, float *resid,
+                          int32_t *next) {
+  const int32_t V = s->vocab;
+  const bool in = d >= 0 && d < V;
+  const float pd = in ? p[d] : 0.0f, qd = in && q ? q[d] : 1.0f;
+  if (keep(s, pd, qd)) return true;
+  *next = rlm__dist_draw(residual(p, q, d, V, resid) ? resid : p, V, rlm__sampler_uniform(s));
+  return false;
+}
+
 int rlm__spec_accept(rlm_sampler *s, const float *const *p, const float *const *q,
                      const int32_t *draft, int k, float *resid, int32_t *next) {
-  const int32_t V = s->vocab;
-  for (int j = 0; j < k; j++) {
-    const int32_t d = draft[j];
-    const bool in = d >= 0 && d < V;
-    const float pd = in ? p[j][d] : 0.0f, qd = in && q ? q[j][d] : 1.0f;
-    if (keep(s, pd, qd)) continue;
-    const float *from = residual(p[j], q ? q[j] : NULL, d, V, resid) ? resid : p[j];
-    *next = rlm__dist_draw(from, V, rlm__sampler_uniform(s));
-    return j;
-  }
-  *next = rlm__dist_draw(p[k], V, rlm__sampler_uniform(s));
+  for (int j = 0; j < k; j++)
+    if (!rlm__spec_accept_one(s, p[j], q ? q[j] : NULL, draft[j], resid, next)) return j;
+  *next = rlm__dist_draw(p[k], s->vocab, rlm__sampler_uniform(s));
   return k;
 }
 

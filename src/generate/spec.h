@@ -49,6 +49,12 @@ int32_t rlm__dist_draw(const float *p, int32_t vocab, double u);
 int rlm__spec_accept(rlm_sampler *s, const float *const *p, const float *const *q,
                      const int32_t *draft, int k, float *resid, int32_t *next);
 
+/* One position of the rule, for callers that compute p_j only once d_j's
+ * predecessors are kept (the repetition penalty's history must hold them):
+ * true when d is kept; else *next is drawn from the residual and false. */
+bool rlm__spec_accept_one(rlm_sampler *s, const float *p, const float *q, int32_t d, float *resid,
+                          int32_t *next);
+
 /* Prompt lookup: the most recent earlier occurrence of the last n tokens of
  * hist[n_hist] (the row's prompt and output so far), one ending before the
  * last position, and up to k of the tokens that followed it copied into
