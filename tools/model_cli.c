@@ -164,6 +164,8 @@ static const opt_def opts[] = {
      .help = "most tokens proposed per step (--draft, --lookup)"},
     {{"-f", "--file"}, "FILE", OPT_STR, C_BATCH, F(file),
      .help = "prompts, one per line: text, or JSON {\"prompt\"|\"ids\", \"max_tokens\"}; required"},
+    {{"-f", "--file"}, "FILE", OPT_STR, C_BENCH, F(file),
+     .help = "--draft / --lookup: prompts to decode, one per line (text)"},
     {{"-np", "--parallel"}, "P", OPT_INT, C_BATCH, F(parallel), .lo = 1, .hi = 4096,
      .help = "rows: most prompts generating at once"},
     {{"--batch"}, "B1,B2", OPT_STR, C_BENCH, F(batch_sizes),
