@@ -283,12 +283,12 @@ void rlm_gen_get_stats(const rlm_gen *g, int row, rlm_gen_stats *out) {
 
 /* ---- proposals ------------------------------------------------------------ */
 
-/* Proposals worth making: no more than the output and the context have
- * room for (the last of m emitted ids is never fed). */
+/* Proposals worth making: no more than the output has left (all kept,
+ * they end the request) and the context has room to feed. */
 static int proposal_room(const rlm_gen *g, const gen_row *w) {
   if (!g->K || !w->rq.speculate) return 0;
   int64_t k = w->k;
-  if (w->rq.max_tokens >= 0) k = RLM_MIN(k, w->rq.max_tokens - w->st_row.n_gen - 1);
+  if (w->rq.max_tokens >= 0) k = RLM_MIN(k, w->rq.max_tokens - w->st_row.n_gen);
   if (w->limit) k = RLM_MIN(k, w->limit - w->n_hist);
   return (int)RLM_MAX(k, 0);
 }
@@ -381,7 +381,9 @@ static rlm_status propose_draft(rlm_gen *g, rlm_error *err) {
 /* ---- the target pass -------------------------------------------------- */
 
 /* Decode rows' [pending, proposals] with every logit wanted, then prefill
- * ids in what is left of prefill_chunk (at least one row progresses). */
+ * ids in what is left of prefill_chunk, but never less than a quarter of
+ * it: decode goes first, yet a waiting prompt is not starved by rows that
+ * verify long proposals. */
 static int build_pass(rlm_gen *g) {
   int n = 0, n_lg = 0;
   for (int r = 0; r < g->R; r++) {
@@ -392,7 +394,8 @@ static int build_pass(rlm_gen *g) {
     for (int j = 0; j < w->n_draft; j++) g->ids[n] = w->draft[j], g->brow[n] = r, g->want[n++] = true;
     n_lg += w->n_draft + 1;
   }
-  int budget = RLM_MAX(g->t->p.prefill_chunk - n, n ? 0 : 1);
+  const int chunk = g->t->p.prefill_chunk;
+  int budget = RLM_MAX(chunk - n, RLM_MAX(1, chunk / 4));
   for (int r = 0; r < g->R; r++)
     if (g->rows[r].st == ROW_PREFILL) g->rows[r].lg0 = 0;
   for (int r = 0; r < g->R && budget > 0; r++) {

@@ -1,0 +1,421 @@
+/* test_gen.c -- the generation engine: speculative decoding against plain
+ * decoding, on every fixture architecture and the embedded model.
+ *
+ * Greedy: the draft proposer (another fixture architecture: they share a
+ * 256-id vocabulary) and n-gram lookup must give the plain engine's tokens
+ * exactly, with prompts longer than the 16-token sliding window (rings wrap
+ * during verification), under dense, 4-bit and K8V4 KV and max_kv rings
+ * with sinks, several requests batched at once, fixed and adaptive
+ * proposal lengths. Sampling: 20,000 seeded draws of the first generated
+ * token, chi-square against the target's own distribution, for both
+ * proposers (proposals must have been rejected and accepted both). Also:
+ * seeded runs repeat, a draft with another vocabulary is refused naming
+ * both sizes, and engine steps allocate nothing.
+ */
+#include "generate/spec.h"
+#include "model/model.h"
+#include "test.h"
+
+#include <jansson.h>
+
+static const char *g_src;
+static char g_tmp[256];
+
+static const char *const archs[] = {"llama", "qwen3", "mistral", "gemma3_text", "gemma4_text",
+                                    "gemma4_keqv", "gemma4_moe"};
+enum { N_ARCHS = sizeof archs / sizeof *archs, N_GEN = 40, N_REQ = 3 };
+
+static int32_t g_prompt[96];
+
+/* g_prompt = the fixture's prompt ids. */
+static void load_prompt(const char *arch) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/tests/fixtures/models/%s/fixture.json", g_src, arch);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je), *p = json_object_get(j, "prompt_ids");
+  for (int i = 0; i < 96; i++) g_prompt[i] = (int32_t)json_integer_value(json_array_get(p, i));
+  json_decref(j);
+}
+
+static rlm_model *load(const char *arch) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/models/%s", g_src, arch);
+  load_prompt(arch);
+  rlm_model *m = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
+  return m;
+}
+
+typedef struct kv_case {
+  const char *name;
+  int k_bits, v_bits;
+  int64_t max_kv;
+  int sinks;
+} kv_case;
+
+static const kv_case kv_cases[] = {
+    {"dense", 0, 0, 0, 0}, {"4-bit", 4, 4, 0, 0}, {"k8v4", 8, 4, 0, 0}, {"rings+sinks", 0, 0, 24, 4}};
+
+static rlm_session *open_rows(rlm_model *m, int rows, const kv_case *kc) {
+  rlm_session_params p = rlm_session_params_default();
+  p.n_rows = rows, p.prefill_chunk = 16, p.n_threads = 2, p.kv_group_size = 32;
+  p.k_bits = kc->k_bits, p.v_bits = kc->v_bits, p.max_kv = kc->max_kv, p.kv_sinks = kc->sinks;
+  rlm_session *s = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);
+  if (!s) test_note("%s", err.msg);
+  return s;
+}
+
+/* Request i's prompt: 40..60 ids that repeat a stretch (so lookup finds
+ * matches), longer than the window. */
+static int make_prompt(int i, int32_t *out) {
+  int n = 0;
+  for (int j = 0; j < 24 + 4 * i; j++) out[n++] = g_prompt[(i * 11 + j) % 96];
+  for (int j = 0; j < 20 + 2 * i; j++) out[n++] = out[j];
+  return n;
+}
+
+/* Runs N_REQ greedy requests through one engine; the ids land in
+ * gen[req][N_GEN]. Returns drafted proposals (stats), -1 on error. */
+static int64_t run_engine(rlm_session *t, rlm_session *d, int lookup, bool adaptive,
+                          int32_t gen[N_REQ][N_GEN]) {
+  rlm_gen_params gp = rlm_gen_params_default();
+  gp.lookup_n = lookup, gp.draft_max = 6, gp.adaptive = adaptive;
+  rlm_gen *g = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_gen_create(&g, t, d, NULL, &gp, &err), RLM_OK);
+  if (!g) return -1;
+  int32_t prompts[N_REQ][128];
+  int n_got[N_REQ] = {0}, row_req[8];
+  for (int i = 0; i < N_REQ; i++) {
+    rlm_gen_request r = rlm_gen_request_default();
+    r.prompt = prompts[i], r.n_prompt = make_prompt(i, prompts[i]), r.max_tokens = N_GEN, r.ignore_eos = true;
+    int row;
+    CHECK_EQ(rlm_gen_add(g, &r, &row, &err), RLM_OK);
+    row_req[row] = i;
+  }
+  for (int steps = 0; rlm_gen_active(g) && steps < 1000; steps++) {
+    const rlm_gen_event *ev;
+    int n_ev;
+    CHECK_EQ(rlm_gen_step(g, &ev, &n_ev, &err), RLM_OK);
+    for (int e = 0; e < n_ev; e++) {
+      int q = row_req[ev[e].row];
+      for (int k = 0; k < ev[e].n_ids && n_got[q] < N_GEN; k++) gen[q][n_got[q]++] = ev[e].ids[k];
+    }
+  }
+  for (int i = 0; i < N_REQ; i++) CHECK_EQ(n_got[i], N_GEN);
+  rlm_gen_stats st;
+  rlm_gen_get_stats(g, -1, &st);
+  rlm_gen_free(g);
+  return st.drafted;
+}
+
+static void check_greedy_arch(int a) {
+  rlm_model *m = load(archs[a]), *dm = load(archs[(a + 1) % N_ARCHS]);
+  load_prompt(archs[a]); /* the target's fixture prompt */
+  if (!m || !dm) return;
+  for (size_t c = 0; c < sizeof kv_cases / sizeof *kv_cases; c++) {
+    const kv_case *kc = &kv_cases[c];
+    int32_t plain[N_REQ][N_GEN], spec[N_REQ][N_GEN];
+    rlm_session *t = open_rows(m, N_REQ, kc), *d = open_rows(dm, N_REQ, kc);
+    if (!t || !d) break;
+    CHECK_EQ(run_engine(t, NULL, 0, false, plain), 0);
+    for (int mode = 0; mode < 4; mode++) { /* lookup, draft; each fixed and adaptive */
+      int64_t drafted = run_engine(t, mode < 2 ? NULL : d, mode < 2 ? 2 : 0, mode % 2, spec);
+      test_note("%s (draft %s) kv %s mode %d: drafted %lld", archs[a], archs[(a + 1) % N_ARCHS], kc->name,
+                mode, (long long)drafted);
+      CHECK(drafted > 0);
+      CHECK(!memcmp(plain, spec, sizeof plain));
+    }
+    rlm_session_free(t), rlm_session_free(d);
+  }
+  rlm_model_free(m), rlm_model_free(dm);
+}
+
+TEST(greedy_speculative_equals_plain) {
+  for (int a = 0; a < N_ARCHS; a++) check_greedy_arch(a);
+}
+
+/* The embedded model with its own draft, and a draft of another
+ * vocabulary refused with both sizes named. */
+TEST(embedded_model_and_its_draft) {
+  char dir[512], ddir[512], fdir[512];
+  snprintf(dir, sizeof dir, "%s/models/brown-15m-4bit", g_src);
+  snprintf(ddir, sizeof ddir, "%s/models/brown-draft-1m-4bit", g_src);
+  snprintf(fdir, sizeof fdir, "%s/tests/fixtures/models/llama", g_src);
+  rlm_model *m = NULL, *dm = NULL, *fm = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
+  CHECK_EQ(rlm_model_load(&dm, ddir, &err), RLM_OK);
+  CHECK_EQ(rlm_model_load(&fm, fdir, &err), RLM_OK);
+  if (!m || !dm || !fm) return;
+  load_prompt("llama");
+  const kv_case *kc = &kv_cases[0];
+  rlm_session *t = open_rows(m, N_REQ, kc), *d = open_rows(dm, N_REQ, kc), *f = open_rows(fm, N_REQ, kc);
+  int32_t plain[N_REQ][N_GEN], spec[N_REQ][N_GEN];
+  CHECK_EQ(run_engine(t, NULL, 0, false, plain), 0);
+  CHECK(run_engine(t, d, 0, false, spec) > 0);
+  CHECK(!memcmp(plain, spec, sizeof plain));
+  CHECK(run_engine(t, NULL, 3, true, spec) > 0);
+  CHECK(!memcmp(plain, spec, sizeof plain));
+  rlm_gen *g = NULL;
+  CHECK_EQ(rlm_gen_create(&g, t, f, NULL, NULL, &err), RLM_ERR_INVALID);
+  char want[96];
+  snprintf(want, sizeof want, "has %d ids, the target's %d", rlm_model_vocab_size(fm), rlm_model_vocab_size(m));
+  CHECK_STR_CONTAINS(err.msg, want);
+  rlm_gen_params gp = rlm_gen_params_default();
+  gp.draft_max = 0;
+  CHECK_EQ(rlm_gen_create(&g, t, d, NULL, &gp, &err), RLM_ERR_INVALID);
+  gp.draft_max = 33;
+  CHECK_EQ(rlm_gen_create(&g, t, d, NULL, &gp, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "draft_max");
+  rlm_session_free(t), rlm_session_free(d), rlm_session_free(f);
+  rlm_model_free(m), rlm_model_free(dm), rlm_model_free(fm);
+}
+
+/* ---- sampling ------------------------------------------------------------ */
+
+enum { DRAWS = 20000, ROWS = 50 };
+
+/* Chi-square of counts against probabilities, cells with an expected
+ * count below 5 merged; *df its degrees of freedom. */
+static double chi_square(const long *count, const float *p, int V, long n, int *df) {
+  double chi = 0, e_rest = 0, o_rest = 0;
+  int cells = 0;
+  for (int i = 0; i < V; i++) {
+    double e = p[i] * (double)n;
+    if (e < 5) {
+      e_rest += e, o_rest += (double)count[i];
+      continue;
+    }
+    chi += (count[i] - e) * (count[i] - e) / e, cells++;
+  }
+  if (e_rest >= 5) chi += (o_rest - e_rest) * (o_rest - e_rest) / e_rest, cells++;
+  *df = cells - 1;
+  return chi;
+}
+
+/* The 0.999 quantile of chi-square with df degrees of freedom (Wilson-
+ * Hilferty; within 1% for df >= 3). */
+static double chi_bound(int df) {
+  const double z = 3.0902, k = df;
+  double t = 1 - 2 / (9 * k) + z * sqrt(2 / (9 * k));
+  return k * t * t * t;
+}
+
+/* 20,000 first tokens of one prompt, each a request with its own seed on
+ * rows that already hold all but the prompt's last id (n_cached), so only
+ * the verification pass runs per draw. */
+static void first_tokens(rlm_session *t, rlm_session *d, int lookup, const int32_t *prompt, int n,
+                         const rlm_sampler_params *sp, long *count, rlm_gen_stats *st) {
+  rlm_gen_params gp = rlm_gen_params_default();
+  gp.lookup_n = lookup, gp.draft_max = 4;
+  rlm_gen *g = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_gen_create(&g, t, d, NULL, &gp, &err), RLM_OK);
+  if (!g) return;
+  for (int r = 0; r < ROWS; r++) {
+    int32_t rows[128];
+    for (int i = 0; i < n - 1; i++) rows[i] = r;
+    CHECK_EQ(rlm_session_decode(t, &(rlm_batch){n - 1, prompt, rows, NULL}, NULL, &err), RLM_OK);
+  }
+  long done = 0;
+  uint64_t seed = 1;
+  while (done < DRAWS) {
+    for (int r = 0; r < ROWS && done + r < DRAWS; r++) {
+      rlm_gen_request rq = rlm_gen_request_default();
+      rq.prompt = prompt, rq.n_prompt = n, rq.n_cached = n - 1, rq.row = r, rq.max_tokens = 1;
+      rq.sampler = *sp, rq.sampler.seed = seed++, rq.ignore_eos = true;
+      int row;
+      CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_OK);
+    }
+    const rlm_gen_event *ev;
+    int n_ev;
+    CHECK_EQ(rlm_gen_step(g, &ev, &n_ev, &err), RLM_OK);
+    for (int e = 0; e < n_ev; e++) {
+      CHECK_EQ(ev[e].n_ids, 1);
+      if (ev[e].n_ids == 1) count[ev[e].ids[0]]++;
+      /* the row holds the prompt now: back to all but its last id */
+      CHECK_EQ(rlm_session_rollback(t, ev[e].row, 1, &err), RLM_OK);
+    }
+    done += n_ev;
+    if (!n_ev) break;
+  }
+  rlm_gen_get_stats(g, -1, st);
+  rlm_gen_free(g);
+}
+
+/* The target's distribution of the token after prompt[0:n). */
+static void target_probs(rlm_model *m, const int32_t *prompt, int n, const rlm_sampler_params *sp,
+                         float *p) {
+  const int V = rlm_model_vocab_size(m);
+  rlm_session *one = open_rows(m, 1, &kv_cases[0]);
+  float *logits = malloc(sizeof(float) * V), *w = malloc(sizeof(float) * V);
+  int32_t *ids = malloc(sizeof(int32_t) * V);
+  rlm_sampler *smp = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_session_eval(one, prompt, n, logits, false, &err), RLM_OK);
+  CHECK_EQ(rlm_sampler_create(&smp, sp, V, &err), RLM_OK);
+  for (int i = 0; i < n; i++) rlm_sampler_accept(smp, prompt[i]);
+  rlm__sampler_probs(smp, logits, p, ids, w);
+  rlm_sampler_free(smp);
+  free(logits), free(w), free(ids);
+  rlm_session_free(one);
+}
+
+/* A prompt whose n-gram lookup (n = 3) proposes a token c that the
+ * target keeps about half the time: base + [c] + base's last 3 ids, c
+ * chosen among all ids for p(c) after it nearest 1/2. */
+static int lookup_prompt(rlm_model *m, const rlm_sampler_params *sp, int32_t *out, float *p) {
+  const int V = rlm_model_vocab_size(m);
+  int n = make_prompt(1, out);
+  memcpy(out + n + 1, out + n - 3, 3 * sizeof *out);
+  int best = 0;
+  float best_p = -10;
+  for (int c = 0; c < V; c++) {
+    out[n] = c;
+    target_probs(m, out, n + 4, sp, p);
+    if (fabsf(p[c] - 0.5f) < fabsf(best_p - 0.5f)) best_p = p[c], best = c;
+  }
+  out[n] = best;
+  target_probs(m, out, n + 4, sp, p);
+  test_note("lookup proposes %d, p %.3f", best, best_p);
+  return n + 4;
+}
+
+TEST(speculative_sampling_keeps_the_target_distribution) {
+  rlm_model *m = load("gemma3_text"), *dm = NULL;
+  if (!m) return;
+  /* the draft: the target with 4-bit weights, close to it but not equal */
+  char src[512], q4[300];
+  snprintf(src, sizeof src, "%s/tests/fixtures/models/gemma3_text", g_src);
+  snprintf(q4, sizeof q4, "%s/q4", g_tmp);
+  rlm_quantize_params qp = rlm_quantize_params_default();
+  qp.bits = 4, qp.group_size = 32;
+  rlm_error err;
+  CHECK_EQ(rlm_quantize_model(src, q4, &qp, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm_model_load(&dm, q4, &err), RLM_OK);
+  if (!dm) return;
+  const int V = rlm_model_vocab_size(m);
+  rlm_sampler_params sp = rlm_sampler_params_default();
+  sp.temp = 1.2f, sp.top_k = 40;
+  int32_t prompt[128], lprompt[128];
+  float *p = malloc(sizeof(float) * V), *lp = malloc(sizeof(float) * V);
+  const int n = make_prompt(1, prompt), ln = lookup_prompt(m, &sp, lprompt, lp);
+  target_probs(m, prompt, n, &sp, p);
+  for (int proposer = 0; proposer < 3; proposer++) { /* plain, lookup, draft */
+    rlm_session *t = open_rows(m, ROWS, &kv_cases[0]), *d = proposer == 2 ? open_rows(dm, ROWS, &kv_cases[0]) : NULL;
+    long *count = calloc((size_t)V, sizeof *count);
+    rlm_gen_stats st = {0};
+    const int32_t *pr = proposer == 1 ? lprompt : prompt;
+    first_tokens(t, d, proposer == 1 ? 3 : 0, pr, proposer == 1 ? ln : n, &sp, count, &st);
+    int df;
+    double chi = chi_square(count, proposer == 1 ? lp : p, V, DRAWS, &df);
+    test_note("proposer %d: chi2 %.1f df %d bound %.1f; drafted %lld accepted %lld", proposer, chi, df,
+              chi_bound(df), (long long)st.drafted, (long long)st.accepted);
+    fprintf(stderr, "     proposer %s: chi2 %.1f df %d bound %.1f, drafted %lld accepted %lld\n",
+            proposer == 0 ? "none" : proposer == 1 ? "lookup" : "draft", chi, df, chi_bound(df),
+            (long long)st.drafted, (long long)st.accepted);
+    CHECK(df >= 3 && chi < chi_bound(df));
+    if (proposer) CHECK(st.accepted > DRAWS / 50 && st.accepted < st.drafted - DRAWS / 50);
+    free(count);
+    rlm_session_free(t), rlm_session_free(d);
+  }
+  free(p), free(lp);
+  rlm_model_free(m), rlm_model_free(dm);
+}
+
+/* Two seeded sampling runs with the draft give the same tokens; another
+ * seed gives others. */
+TEST(seeded_runs_repeat) {
+  rlm_model *m = load("qwen3"), *dm = load("mistral");
+  load_prompt("qwen3");
+  if (!m || !dm) return;
+  int32_t out[3][64], prompt[128];
+  const int n = make_prompt(0, prompt);
+  for (int run = 0; run < 3; run++) {
+    rlm_session *t = open_rows(m, 1, &kv_cases[1]), *d = open_rows(dm, 1, &kv_cases[1]);
+    rlm_gen *g = NULL;
+    rlm_error err;
+    CHECK_EQ(rlm_gen_create(&g, t, d, NULL, NULL, &err), RLM_OK);
+    rlm_gen_request rq = rlm_gen_request_default();
+    rq.prompt = prompt, rq.n_prompt = n, rq.max_tokens = 64, rq.ignore_eos = true;
+    rq.sampler.temp = 0.9f, rq.sampler.top_p = 0.9f, rq.sampler.repeat_penalty = 1.2f;
+    rq.sampler.seed = run == 2 ? 99 : 7;
+    int row, k = 0;
+    CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_OK);
+    while (rlm_gen_active(g)) {
+      const rlm_gen_event *ev;
+      int n_ev;
+      CHECK_EQ(rlm_gen_step(g, &ev, &n_ev, &err), RLM_OK);
+      for (int e = 0; e < n_ev; e++)
+        for (int i = 0; i < ev[e].n_ids; i++) out[run][k++] = ev[e].ids[i];
+    }
+    CHECK_EQ(k, 64);
+    rlm_gen_free(g);
+    rlm_session_free(t), rlm_session_free(d);
+  }
+  CHECK(!memcmp(out[0], out[1], sizeof out[0]));
+  CHECK(memcmp(out[0], out[2], sizeof out[0]) != 0);
+  rlm_model_free(m), rlm_model_free(dm);
+}
+
+/* Engine steps (decode, draft passes, verification, rollback) allocate
+ * nothing once the requests are running. */
+TEST(engine_steps_do_not_allocate) {
+  rlm_model *m = load("gemma4_text"), *dm = load("gemma3_text");
+  load_prompt("gemma4_text");
+  if (!m || !dm) return;
+  for (int mode = 0; mode < 3; mode++) {
+    rlm_session_params p = rlm_session_params_default();
+    p.n_rows = 3, p.prefill_chunk = 16, p.kv_group_size = 32, p.k_bits = 4, p.v_bits = 4, p.n_ctx = 512;
+    rlm_session *t = NULL, *d = NULL;
+    rlm_error err;
+    CHECK_EQ(rlm_session_create(&t, m, &p, &err), RLM_OK);
+    CHECK_EQ(rlm_session_create(&d, dm, &p, &err), RLM_OK);
+    rlm_gen_params gp = rlm_gen_params_default();
+    gp.lookup_n = mode == 1 ? 2 : 0, gp.adaptive = true;
+    rlm_gen *g = NULL;
+    CHECK_EQ(rlm_gen_create(&g, t, mode == 2 ? d : NULL, NULL, &gp, &err), RLM_OK);
+    int32_t prompts[3][128];
+    int n_prompt[3];
+    for (int i = 0; i < 3; i++) {
+      rlm_gen_request rq = rlm_gen_request_default();
+      rq.prompt = prompts[i], rq.n_prompt = n_prompt[i] = make_prompt(i, prompts[i]);
+      rq.max_tokens = 300, rq.ignore_eos = true;
+      rq.sampler.temp = i == 2 ? 0.8f : 0.0f;
+      int row;
+      CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_OK);
+    }
+    const rlm_gen_event *ev;
+    int n_ev;
+    /* until every prompt is in (and its draft row caught up: one more) */
+    for (int s = 0, in = 0; in < 2 && s < 100; s++) {
+      CHECK_EQ(rlm_gen_step(g, &ev, &n_ev, &err), RLM_OK);
+      bool all = true;
+      for (int i = 0; i < 3; i++) all = all && rlm_session_row_position(t, i) >= n_prompt[i] - 1;
+      in += all;
+    }
+    uint64_t before = rlm__alloc_count();
+    for (int s = 0; s < 10; s++) CHECK_EQ(rlm_gen_step(g, &ev, &n_ev, &err), RLM_OK);
+    test_note("mode %d", mode);
+    CHECK_EQ(rlm__alloc_count() - before, 0);
+    rlm_gen_free(g);
+    rlm_session_free(t), rlm_session_free(d);
+  }
+  rlm_model_free(m), rlm_model_free(dm);
+}
+
+int main(void) {
+  g_src = t_env("RINGLM_SOURCE_DIR");
+  if (!g_src) return 1;
+  t_tmpdir(g_tmp, sizeof g_tmp, "gen");
+  RUN(greedy_speculative_equals_plain);
+  RUN(embedded_model_and_its_draft);
+  RUN(speculative_sampling_keeps_the_target_distribution);
+  RUN(seeded_runs_repeat);
+  RUN(engine_steps_do_not_allocate);
+  return t_finish(g_tmp);
+}
