@@ -60,5 +60,6 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_perplexity(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_batch(int argc, char **argv);
 
 #endif

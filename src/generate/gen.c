@@ -380,6 +380,13 @@ static rlm_status propose_draft(rlm_gen *g, rlm_error *err) {
 
 /* ---- the target pass -------------------------------------------------- */
 
+/* A row with nothing left to generate (max_tokens 0): it ends with a
+ * length event and feeds nothing. */
+static bool spent(const gen_row *w) {
+  return w->st == ROW_DECODE && w->rq.max_tokens >= 0 && w->st_row.n_gen >= w->rq.max_tokens;
+}
+
+
 /* Decode rows' [pending, proposals] with every logit wanted, then prefill
  * ids in what is left of prefill_chunk, but never less than a quarter of
  * it: decode goes first, yet a waiting prompt is not starved by rows that
@@ -388,7 +395,7 @@ static int build_pass(rlm_gen *g) {
   int n = 0, n_lg = 0;
   for (int r = 0; r < g->R; r++) {
     gen_row *w = &g->rows[r];
-    if (w->st != ROW_DECODE) continue;
+    if (w->st != ROW_DECODE || spent(w)) continue;
     w->lg0 = n_lg;
     g->ids[n] = w->hist[w->n_hist - 1], g->brow[n] = r, g->want[n++] = true;
     for (int j = 0; j < w->n_draft; j++) g->ids[n] = w->draft[j], g->brow[n] = r, g->want[n++] = true;
@@ -517,6 +524,12 @@ static rlm_status after_pass(rlm_gen *g, int *n_events, rlm_error *err) {
   for (int r = 0; r < g->R; r++) {
     gen_row *w = &g->rows[r];
     w->n_out = 0, w->text_len = 0, w->fin = RLM_FINISH_NONE, w->by_string = false;
+    if (spent(w)) {
+      if (w->ds) end_text(w);
+      g->ev[n_ev++] = (rlm_gen_event){r, w->out, 0, w->ds ? w->text : NULL, w->text_len, RLM_FINISH_LENGTH};
+      row_release(w);
+      continue;
+    }
     if (w->st == ROW_PREFILL) {
       w->fed -= w->lg0; /* lg0 = -ids fed this pass */
       if (w->fed == w->n_hist - 1) w->st = ROW_DECODE;
@@ -541,9 +554,8 @@ rlm_status rlm_gen_step(rlm_gen *g, const rlm_gen_event **events, int *n_events,
   else if (g->p.lookup_n) propose_lookup(g);
   if (rc) return rc;
   const int n = build_pass(g);
-  if (!n) return RLM_OK;
-  if ((rc = rlm_session_decode(g->t, &(rlm_batch){n, g->ids, g->brow, g->want}, g->lg, err))) return rc;
-  g->tot.steps++;
+  if (n && (rc = rlm_session_decode(g->t, &(rlm_batch){n, g->ids, g->brow, g->want}, g->lg, err))) return rc;
+  g->tot.steps += n > 0;
   for (int r = 0; r < g->R; r++) g->rows[r].st_row.steps += g->rows[r].st != ROW_FREE;
   return after_pass(g, n_events, err);
 }
