@@ -1,11 +1,13 @@
 /* test_base.c -- error detail, arena, allocation counting and fault
- * injection, files (mmap, atomic writer), JSON errors, the thread pool. */
+ * injection, files (mmap, atomic writer), JSON errors, the thread pool
+ * (private, and shared by handles from several threads). */
 #include "base/base.h"
 #include "test.h"
 
 #include <time.h>
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 TEST(status_and_error) {
@@ -218,6 +220,210 @@ TEST(thread_pool_oversubscribed_stays_fast) {
   rlm__pool_free(p);
 }
 
+/* Shared pool: a job sums [0, n) and records who ran it. */
+struct sum_ctx {
+  _Atomic int64_t sum;
+  _Atomic int bad;          /* ith outside [0, nth), or nth not the size */
+  _Atomic int max_ith;
+  int want_nth;
+  pthread_t ids[8];         /* distinct threads seen (first 8)           */
+  _Atomic int n_ids;
+  pthread_mutex_t ids_lock;
+  rlm_pool *nest;           /* submit a nested job through this          */
+};
+
+static void note_thread(struct sum_ctx *c) {
+  pthread_mutex_lock(&c->ids_lock);
+  const pthread_t me = pthread_self();
+  int k = 0, n = atomic_load(&c->n_ids);
+  while (k < n && !pthread_equal(c->ids[k], me)) k++;
+  if (k == n && n < N_OF(c->ids)) {
+    c->ids[n] = me;
+    atomic_store(&c->n_ids, n + 1);
+  }
+  pthread_mutex_unlock(&c->ids_lock);
+}
+
+static void sum_fn(void *ctx, int64_t i0, int64_t i1, int ith, int nth);
+
+static void sum_ranges(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
+  struct sum_ctx *c = ctx;
+  if (ith < 0 || ith >= nth || (nth != 1 && nth != c->want_nth)) atomic_fetch_add(&c->bad, 1);
+  int m = atomic_load(&c->max_ith);
+  while (ith > m && !atomic_compare_exchange_weak(&c->max_ith, &m, ith)) {
+  }
+  int64_t s = 0;
+  for (int64_t i = i0; i < i1; i++) s += i;
+  atomic_fetch_add(&c->sum, s);
+}
+
+static void sum_fn(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
+  struct sum_ctx *c = ctx;
+  note_thread(c);
+  if (!c->nest) {
+    sum_ranges(ctx, i0, i1, ith, nth);
+    return;
+  }
+  /* Nested: a job of its own over [i0, i1) shifted to 0, summed apart. */
+  struct sum_ctx inner = {.want_nth = rlm__pool_size(c->nest)};
+  pthread_mutex_init(&inner.ids_lock, NULL);
+  rlm__pool_for(c->nest, i1 - i0, 1, 0, sum_ranges, &inner);
+  const int64_t len = i1 - i0;
+  atomic_fetch_add(&c->sum, atomic_load(&inner.sum) + i0 * len);
+  atomic_fetch_add(&c->bad, atomic_load(&inner.bad));
+  pthread_mutex_destroy(&inner.ids_lock);
+}
+
+/* Runs one job of n items through p; whether its sum came out right. */
+static bool sum_job(rlm_pool *p, int64_t n, double item_work, struct sum_ctx *c) {
+  atomic_store(&c->sum, 0);
+  atomic_store(&c->n_ids, 0);
+  c->want_nth = rlm__pool_size(p);
+  rlm__pool_for(p, n, 1, item_work, sum_fn, c);
+  return atomic_load(&c->sum) == n * (n - 1) / 2;
+}
+
+static struct sum_ctx sum_ctx_make(void) {
+  struct sum_ctx c = {.want_nth = 1};
+  pthread_mutex_init(&c.ids_lock, NULL);
+  return c;
+}
+
+/* Two handles at once share one set of workers, as many as the larger
+ * asks; it grows and shrinks with the handles, and the last release
+ * joins them all; a new acquire then starts afresh. */
+TEST(shared_pool_handles_share_workers) {
+  const int live0 = rlm__pool_live_workers();
+  rlm_pool *a, *b, *c;
+  rlm_error err;
+  CHECK_EQ(rlm__pool_acquire(&a, 2, &err), RLM_OK);
+  CHECK_EQ(rlm__pool_workers(a), 1);
+  CHECK_EQ(rlm__pool_live_workers(), live0 + 1);
+  CHECK_EQ(rlm__pool_acquire(&b, 4, &err), RLM_OK);
+  CHECK_EQ(rlm__pool_size(a), 2); /* a handle's jobs stay its size */
+  CHECK_EQ(rlm__pool_size(b), 4);
+  CHECK_EQ(rlm__pool_workers(a), 3); /* grown, shared: not 1 + 3 */
+  CHECK_EQ(rlm__pool_workers(b), 3);
+  CHECK_EQ(rlm__pool_live_workers(), live0 + 3);
+  struct sum_ctx s = sum_ctx_make();
+  int wrong = 0;
+  for (int i = 0; i < 200; i++) wrong += !sum_job(i % 2 ? a : b, 1000 + i, 0, &s);
+  CHECK_EQ(wrong, 0);
+  rlm__pool_release(b); /* the larger goes: its extra workers too */
+  CHECK_EQ(rlm__pool_workers(a), 1);
+  CHECK_EQ(rlm__pool_live_workers(), live0 + 1);
+  CHECK(sum_job(a, 5000, 0, &s));
+  rlm__pool_release(a);
+  CHECK_EQ(rlm__pool_live_workers(), live0);
+  CHECK_EQ(rlm__pool_acquire(&c, 3, &err), RLM_OK);
+  CHECK_EQ(rlm__pool_live_workers(), live0 + 2);
+  CHECK(sum_job(c, 5000, 0, &s));
+  rlm__pool_free(c); /* an acquired handle: released */
+  CHECK_EQ(rlm__pool_live_workers(), live0);
+  CHECK_EQ(atomic_load(&s.bad), 0);
+  CHECK_EQ(rlm__pool_acquire(&c, 5000, &err), RLM_ERR_INVALID);
+  CHECK(c == NULL);
+  CHECK_EQ(rlm__pool_acquire(&c, 0, &err), RLM_OK);
+  CHECK_EQ(rlm__pool_size(c), rlm__cpu_physical());
+  rlm__pool_release(c);
+  rlm__pool_release(NULL);
+  CHECK_EQ(rlm__pool_live_workers(), live0);
+  pthread_mutex_destroy(&s.ids_lock);
+}
+
+/* A job through a handle of n threads runs on at most n of them, with
+ * ith below n, though the shared workers are more: -t 1 stays on its
+ * caller. */
+TEST(shared_pool_job_uses_its_handles_threads) {
+  rlm_pool *one, *two, *big;
+  CHECK_EQ(rlm__pool_acquire(&big, 8, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_acquire(&two, 2, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_acquire(&one, 1, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_workers(one), 7);
+  struct sum_ctx s = sum_ctx_make();
+  int wrong = 0, too_many = 0, not_caller = 0;
+  for (int i = 0; i < 2000; i++) {
+    wrong += !sum_job(two, 20000 + i, 1e6, &s); /* work enough for every thread */
+    too_many += atomic_load(&s.n_ids) > 2;
+    if (i % 4 == 0) sum_job(big, 20000, 1e6, &s); /* keep the others awake */
+  }
+  CHECK(atomic_load(&s.max_ith) <= 7);
+  atomic_store(&s.max_ith, 0);
+  for (int i = 0; i < 200; i++) {
+    wrong += !sum_job(one, 20000 + i, 1e6, &s);
+    not_caller += atomic_load(&s.n_ids) != 1 || !pthread_equal(s.ids[0], pthread_self());
+  }
+  CHECK_EQ(wrong, 0);
+  CHECK_EQ(too_many, 0);
+  CHECK_EQ(not_caller, 0);
+  CHECK_EQ(atomic_load(&s.max_ith), 0);
+  CHECK_EQ(atomic_load(&s.bad), 0); /* ith < nth == the handle's size */
+  rlm__pool_release(one);
+  rlm__pool_release(two);
+  rlm__pool_release(big);
+  pthread_mutex_destroy(&s.ids_lock);
+}
+
+struct submitter {
+  rlm_pool *pool;
+  int n_jobs;
+  int wrong;
+  int bad;
+};
+
+static void *submit_jobs(void *arg) {
+  struct submitter *t = arg;
+  struct sum_ctx s = sum_ctx_make();
+  for (int i = 0; i < t->n_jobs; i++)
+    t->wrong += !sum_job(t->pool, 64 + (i * 7919) % 30000, i % 3 ? 1e4 : 0, &s);
+  t->bad = atomic_load(&s.bad);
+  pthread_mutex_destroy(&s.ids_lock);
+  return NULL;
+}
+
+/* Three caller threads at once through three handles of one core,
+ * thousands of jobs each: every sum right, every ith below its nth. */
+TEST(shared_pool_concurrent_callers) {
+  const int live0 = rlm__pool_live_workers();
+  struct submitter t[3] = {{.n_jobs = 4000}, {.n_jobs = 4000}, {.n_jobs = 1000}};
+  const int sizes[3] = {2, 3, 1};
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++) CHECK_EQ(rlm__pool_acquire(&t[i].pool, sizes[i], NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_live_workers(), live0 + 2);
+  for (int i = 0; i < 3; i++) CHECK_EQ(pthread_create(&th[i], NULL, submit_jobs, &t[i]), 0);
+  for (int i = 0; i < 3; i++) {
+    pthread_join(th[i], NULL);
+    test_note("caller %d", i);
+    CHECK_EQ(t[i].wrong, 0);
+    CHECK_EQ(t[i].bad, 0);
+    rlm__pool_release(t[i].pool);
+  }
+  CHECK_EQ(rlm__pool_live_workers(), live0);
+}
+
+/* A job that submits a job through the same core (its own handle or
+ * another) runs that one inline instead of deadlocking on the core; one
+ * through a private pool runs there. */
+TEST(shared_pool_nested_job_runs_inline) {
+  rlm_pool *a, *b, *priv;
+  CHECK_EQ(rlm__pool_acquire(&a, 3, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_acquire(&b, 2, NULL), RLM_OK);
+  CHECK_EQ(rlm__pool_create(&priv, 2, NULL), RLM_OK);
+  rlm_pool *nests[3] = {a, b, priv};
+  int wrong = 0;
+  struct sum_ctx s = sum_ctx_make();
+  for (int i = 0; i < 300; i++) {
+    s.nest = nests[i % 3];
+    wrong += !sum_job(a, 3000 + i, 0, &s);
+  }
+  CHECK_EQ(wrong, 0);
+  CHECK_EQ(atomic_load(&s.bad), 0);
+  rlm__pool_free(priv);
+  rlm__pool_release(b);
+  rlm__pool_release(a);
+  pthread_mutex_destroy(&s.ids_lock);
+}
+
 int main(void) {
   RUN(status_and_error);
   RUN(logging_quiet_by_default);
@@ -228,5 +434,9 @@ int main(void) {
   RUN(thread_pool);
   RUN(thread_pool_sizes_jobs_by_work);
   RUN(thread_pool_oversubscribed_stays_fast);
+  RUN(shared_pool_handles_share_workers);
+  RUN(shared_pool_job_uses_its_handles_threads);
+  RUN(shared_pool_concurrent_callers);
+  RUN(shared_pool_nested_job_runs_inline);
   return test_summary();
 }

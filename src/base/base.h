@@ -134,13 +134,20 @@ void rlm__writer_abort(rlm_file_writer *w); /* removes the temp file */
  * futex (no spinning at all when threads outnumber the CPUs), so
  * back-to-back calls in decode cost no system calls. Work too small to
  * pay for waking a thread stays on the caller's.
- * One caller at a time per pool (the pool is not re-entrant).
+ * A pool is a handle onto a set of workers: a private one
+ * (rlm__pool_create) or the one the process shares (rlm__pool_acquire,
+ * for sessions). Any threads may submit through any handles: the jobs of
+ * one set of workers run one at a time, a submitter waits (sleeping) for
+ * the job before its own. A job submitted from inside a job of the same
+ * workers runs inline on its thread.
  * ---------------------------------------------------------------------- */
 typedef struct rlm_pool rlm_pool;
 
 /* fn processes [i0, i1) on thread ith (0 = the caller) of the pool's nth
- * (1 when run inline); one thread may get several ranges of a job, so ith
- * may index per-thread scratch but not per-range results. */
+ * (its rlm__pool_size; 1 when run inline); ith is unique among the threads
+ * of one job, but a worker's ith may change from job to job. One thread
+ * may get several ranges of a job, so ith may index per-thread scratch
+ * but not per-range results. */
 typedef void (*rlm_range_fn)(void *ctx, int64_t i0, int64_t i1, int ith,
                              int nth);
 
@@ -150,10 +157,28 @@ typedef void (*rlm_range_fn)(void *ctx, int64_t i0, int64_t i1, int ith,
  * in two measured level with splitting everything; 64k lost 3%). */
 #define RLM_POOL_MIN_WORK 16384.0
 
-/* n_threads <= 0: the physical cores (rlm__cpu_physical). */
+/* Threads one pool may have, the caller's included. */
+#define RLM_POOL_MAX_THREADS 1024
+
+/* A private pool of n_threads (<= 0: the physical cores, rlm__cpu_physical),
+ * its workers started here and joined by rlm__pool_free. */
 rlm_status rlm__pool_create(rlm_pool **out, int n_threads, rlm_error *err);
-void rlm__pool_free(rlm_pool *p);
+void rlm__pool_free(rlm_pool *p); /* NULL ok; an acquired handle: released */
+/* A handle onto the process's shared workers, started by the first
+ * acquire and joined by the last release. They number the largest
+ * n_threads (<= 0: the physical cores) of the live handles, less the
+ * caller's: an acquire asking more starts more, waiting for the job in
+ * flight. A job through the handle uses at most its n_threads. Thread-safe;
+ * not from inside a job. */
+rlm_status rlm__pool_acquire(rlm_pool **out, int n_threads, rlm_error *err);
+void rlm__pool_release(rlm_pool *p); /* NULL ok; a private pool: freed */
+/* Most threads per job, the caller's included (1 for NULL): the n_threads
+ * the handle was made with, however many workers it shares. */
 int rlm__pool_size(const rlm_pool *p);
+/* Worker threads behind the handle, shared ones included (0 for NULL). */
+int rlm__pool_workers(const rlm_pool *p);
+/* Worker threads of all pools of the process, started and not yet joined. */
+int rlm__pool_live_workers(void);
 /* Threads worth using for `work` multiply-adds in all (<= 0: unknown, the
  * whole pool): at least 1, at most the pool's size and the CPUs of the
  * affinity mask (threads beyond them cannot run at once). */

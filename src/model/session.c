@@ -164,7 +164,7 @@ rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session
   if (!s) return rlm__err_nomem(err, "session", sizeof *s);
   s->m = m;
   s->p = params;
-  rc = rlm__pool_create(&s->pool, s->p.n_threads, err);
+  rc = rlm__pool_acquire(&s->pool, s->p.n_threads, err); /* the process's shared workers */
   if (!rc) rc = make_rows(s, err);
   if (!rc) rc = alloc_scratch(s, err);
   if (rc) {
@@ -189,7 +189,7 @@ void rlm_session_free(rlm_session *s) {
   rlm__free(s->q8);
   rlm__free(s->runs), rlm__free(s->tok_pos), rlm__free(s->want);
   rlm__free(s->row_mark), rlm__free(s->row_need);
-  rlm__pool_free(s->pool);
+  rlm__pool_release(s->pool);
   rlm__free(s);
 }
 
