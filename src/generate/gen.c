@@ -238,6 +238,27 @@ static rlm_status row_open(rlm_gen *g, gen_row *w, const rlm_gen_request *r, rlm
   return rc;
 }
 
+/* The draft row holds hist[0, dfed) of the row's last request (always:
+ * every step rolls it back to what the history kept): the part of it a new
+ * prompt starts with, all but the prompt's last id, need not be fed again
+ * (a follow-up turn, a prompt cache hit, or the same prompt again). */
+static int64_t draft_prefix(const gen_row *w, const rlm_gen_request *r) {
+  int64_t k = 0;
+  const int64_t n = RLM_MIN(w->dfed, r->n_prompt - 1);
+  while (k < n && w->hist[k] == r->prompt[k]) k++;
+  return k;
+}
+
+/* Brings the draft row back to keep ids, or empty when its rings cannot. */
+static void draft_reuse(rlm_gen *g, int row, int64_t keep) {
+  gen_row *w = &g->rows[row];
+  if (w->dfed > keep && rlm_session_rollback(g->d, row, w->dfed - keep, NULL) != RLM_OK) {
+    rlm_session_row_clear(g->d, row, NULL);
+    keep = 0;
+  }
+  w->dfed = keep;
+}
+
 rlm_status rlm_gen_add(rlm_gen *g, const rlm_gen_request *r, int *row, rlm_error *err) {
   if (!g || !r || !row) return rlm__err(err, RLM_ERR_INVALID, "rlm_gen_add: NULL argument");
   rlm_status rc = pick_row(g, r, row, err);
@@ -246,17 +267,18 @@ rlm_status rlm_gen_add(rlm_gen *g, const rlm_gen_request *r, int *row, rlm_error
   if (g->t->p.n_ctx && (!limit || g->t->p.n_ctx < limit)) limit = g->t->p.n_ctx;
   if ((rc = check_request(g, r, *row, limit, err))) return rc;
   gen_row *w = &g->rows[*row];
+  const int64_t keep = g->d ? draft_prefix(w, r) : 0; /* before row_open reuses hist */
   if ((rc = row_open(g, w, r, err))) {
     row_release(w);
     return rc;
   }
   if (!r->n_cached) rlm_session_row_clear(g->t, *row, NULL);
-  if (g->d) rlm_session_row_clear(g->d, *row, NULL);
+  if (g->d) draft_reuse(g, *row, keep);
   w->rq = *r;
   w->rq.prompt = NULL, w->rq.stops = NULL, w->rq.n_stops = 0;
   memcpy(w->hist, r->prompt, (size_t)r->n_prompt * sizeof *w->hist);
   for (int64_t i = 0; i < r->n_prompt; i++) rlm_sampler_accept(w->smp, r->prompt[i]);
-  w->n_hist = r->n_prompt, w->fed = r->n_cached, w->dfed = 0, w->limit = limit;
+  w->n_hist = r->n_prompt, w->fed = r->n_cached, w->limit = limit;
   w->k = g->p.draft_max;
   w->st = w->fed < w->n_hist - 1 ? ROW_PREFILL : ROW_DECODE;
   w->st_row = (rlm_gen_stats){.n_prompt = r->n_prompt - r->n_cached};
@@ -511,7 +533,7 @@ static rlm_status verify_row(rlm_gen *g, int r, rlm_error *err) {
   /* target: fed pending + n_draft proposals; holds all but the new last */
   rc = rlm_session_rollback(g->t, r, (int64_t)(w->n_draft + 1 - m), err);
   w->fed = w->n_hist - 1;
-  if (!rc && w->dsmp && !w->fin) { /* draft: fed pending + n_draft - 1 proposals */
+  if (!rc && w->dsmp) { /* draft: fed pending + n_draft - 1 proposals */
     const int64_t valid = old_hist + RLM_MIN(RLM_MIN(kept, m), w->n_draft - 1);
     if (w->dfed > valid) rc = rlm_session_rollback(g->d, r, w->dfed - valid, err);
     w->dfed = RLM_MIN(w->dfed, valid);
