@@ -110,7 +110,7 @@ static const opt_def opts[] = {
     {{"-d", "--n-depth"}, "D1,D2", OPT_STR, C_BENCH, F(depths),
      .help = "context depths (tokens already in the KV cache) to test at", .def = "0"},
     {{"-r", "--repetitions"}, "N", OPT_LONG, C_BENCH, F(reps), .lo = 1, .hi = 1000,
-     .help = "runs of each test: mean and standard deviation"},
+     .help = "runs of each test: mean and standard deviation (--batch, --draft, --lookup: medians)"},
     {{"--json"}, NULL, OPT_FLAG, C_BENCH, F(json), .help = "print JSON instead of a table"},
     {{"--chat"}, NULL, OPT_FLAG, C_RUN, F(chat),
      .help = "apply the chat template to the prompt (default: raw completion)"},
