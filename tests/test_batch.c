@@ -297,6 +297,45 @@ TEST(all_or_nothing) {
   rlm_model_free(m);
 }
 
+/* Out of memory at any allocation of a batch that grows the caches (rows
+ * crossing 256 slots) leaves every row as it was: the same batch then
+ * gives the logits of a session that never failed. */
+TEST(out_of_memory_changes_nothing) {
+  rlm_model *m = load("gemma3_text");
+  if (!m) return;
+  const int V = rlm_model_vocab_size(m), B = 3, P = 250, X = 10;
+  rlm_session *s = open_rows(m, B, 8, 0, 0), *ref = open_rows(m, B, 8, 0, 0);
+  if (!s || !ref) return;
+  static int32_t ids[3 * 250], rows[3 * 250];
+  rlm_error err;
+  int n = 0;
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < P; j++) ids[n] = g_prompt[(b * 5 + j) % 96], rows[n++] = b;
+  CHECK_EQ(rlm_session_decode(s, &(rlm_batch){n, ids, rows, NULL}, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm_session_decode(ref, &(rlm_batch){n, ids, rows, NULL}, NULL, &err), RLM_OK);
+  n = 0;
+  for (int b = 0; b < B; b++)
+    for (int j = 0; j < X; j++) ids[n] = g_prompt[(b + 3 * j) % 96], rows[n++] = b;
+  float *lg = malloc(sizeof(float) * B * V), *lr = malloc(sizeof(float) * B * V);
+  rlm_status rc = RLM_ERR_NOMEM;
+  int failures = 0;
+  for (int nth = 0; rc == RLM_ERR_NOMEM && nth < 1000; nth++) {
+    rlm__alloc_fail_at(nth);
+    rc = rlm_session_decode(s, &(rlm_batch){n, ids, rows, NULL}, lg, &err);
+    rlm__alloc_fail_at(-1);
+    if (rc != RLM_ERR_NOMEM) break;
+    failures++;
+    for (int b = 0; b < B; b++) CHECK_EQ(rlm_session_row_position(s, b), P);
+  }
+  CHECK_EQ(rc, RLM_OK);
+  CHECK(failures > 0); /* the batch did allocate: growth was tested */
+  CHECK_EQ(rlm_session_decode(ref, &(rlm_batch){n, ids, rows, NULL}, lr, &err), RLM_OK);
+  CHECK(!memcmp(lg, lr, sizeof(float) * B * V));
+  free(lg), free(lr);
+  rlm_session_free(s), rlm_session_free(ref);
+  rlm_model_free(m);
+}
+
 /* Batched decode and verification steps allocate nothing once the caches
  * have room (n_ctx reserves it). */
 TEST(batched_steps_do_not_allocate) {
@@ -335,6 +374,7 @@ int main(void) {
   RUN(batched_equals_alone);
   RUN(ragged_rollback_after_wrap);
   RUN(all_or_nothing);
+  RUN(out_of_memory_changes_nothing);
   RUN(batched_steps_do_not_allocate);
   return test_summary();
 }
