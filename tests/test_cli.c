@@ -59,6 +59,13 @@ TEST(bad_files_one_line_errors) {
   CHECK_STR_CONTAINS(out, "bad.safetensors");
   CHECK_EQ(run(out, sizeof out, "%s quantize %s %s/o --bits 7", g_bin, path, g_dir), 2);
   CHECK_STR_CONTAINS(out, "--bits 7");
+  /* A draft of another vocabulary (the fixtures have 256 ids, the embedded
+   * model 8192): one line naming both sizes, before any token. */
+  CHECK_EQ(run(out, sizeof out, "%s run -p hello -n 4 --draft %s/tests/fixtures/models/llama", g_bin,
+               getenv("RINGLM_SOURCE_DIR")), 1);
+  CHECK_STR_CONTAINS(out, "the draft model's vocabulary has 256 ids");
+  CHECK_STR_CONTAINS(out, "8192");
+  CHECK_EQ(count_lines(out), 1);
 }
 
 TEST(quantize_and_inspect_round_trip) {
@@ -490,6 +497,10 @@ TEST(bad_values_are_usage_errors) {
       {"perplexity", "-f x -c 1", "-c", ">= 2"},
       {"bench", "-r 0", "-r", "[1, 1000]"},
       {"bench", "--act-bits 7", "--act-bits", "one of 0, 8"},
+      {"run", "--draft-max 0", "--draft-max", "[1, 32]"},
+      {"run", "--lookup 2 --draft-max 33", "--draft-max", "[1, 32]"},
+      {"batch", "-f x --parallel 0", "--parallel", "[1, 4096]"},
+      {"run", "--kv-sinks -1", "--kv-sinks", ">= 0"},
   };
   char out[8192];
   for (int i = 0; i < N_OF(bad); i++) {
