@@ -162,6 +162,8 @@ static const opt_def opts[] = {
      .help = "speculative decoding by n-gram lookup: match the last N tokens in the history"},
     {{"--draft-max"}, "K", OPT_INT, C_SPEC, F(draft_max), .lo = 1, .hi = 32,
      .help = "most tokens proposed per step (--draft, --lookup)"},
+    {{"--draft-adaptive"}, "0|1", OPT_INT, C_SPEC, F(draft_adaptive), SET(0, 1),
+     .help = "1: proposals per step grow by 2 after a step that kept all, shrink by 1 after one that did not"},
     {{"-f", "--file"}, "FILE", OPT_STR, C_BATCH, F(file),
      .help = "prompts, one per line: text, or JSON {\"prompt\"|\"ids\", \"max_tokens\"}; required"},
     {{"-f", "--file"}, "FILE", OPT_STR, C_BENCH, F(file),
@@ -178,7 +180,7 @@ enum { N_OPTS = sizeof opts / sizeof *opts };
 model_opts mcli_defaults(void) {
   return (model_opts){.sp = rlm_session_params_default(), .smp = rlm_sampler_params_default(),
                       .n_gen = 128, .ctx = 512, .n_prompt = 512, .reps = 5, .draft_max = 8,
-                      .parallel = 4};
+                      .draft_adaptive = 1, .parallel = 4};
 }
 
 static unsigned cmd_bit(const char *cmd) {
@@ -545,6 +547,7 @@ long mcli_gen_room(const model_ctx *c, const model_opts *o) {
 rlm_gen_params mcli_gen_params(const model_opts *o) {
   rlm_gen_params p = rlm_gen_params_default();
   p.draft_max = o->draft_max, p.lookup_n = o->draft_dir ? 0 : o->lookup_n;
+  p.adaptive = o->draft_adaptive;
   return p;
 }
 

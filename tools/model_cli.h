@@ -43,6 +43,7 @@ typedef struct model_opts {
   bool decode, no_special, skip_special;     /* tokenize                  */
   const char *draft_dir;                     /* --draft: a draft model    */
   int draft_max;                             /* --draft-max               */
+  int draft_adaptive;                        /* --draft-adaptive 0|1      */
   int lookup_n;                              /* --lookup: n-gram size     */
   int parallel;                              /* batch --parallel          */
   const char *batch_sizes;                   /* bench --batch "1,4,8"     */
