@@ -21,6 +21,7 @@
  *
  * The scalar reference computes the same sums in the natural order; the
  * fast kernel agrees with it to float rounding (the tests bound both).
+ * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI.
  */
 #include "quant/quant.h"
 
@@ -92,6 +93,10 @@ void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
 #if defined(__x86_64__) || defined(__i386__)
   if (rlm__cpu_avx512_vnni()) {
     q8act_quantize_avx512(x, cols, scratch);
+    return;
+  }
+  if (rlm__cpu_avx2()) {
+    rlm__q8act_quantize_avx2(x, cols, scratch);
     return;
   }
 #endif
@@ -346,6 +351,7 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(void) {
 #if defined(__x86_64__) || defined(__i386__)
   if (rlm__cpu_avx512_vnni()) return qmm_q8_rows;
+  if (rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
 #endif
   return rlm__qmm_q8_ref;
 }
@@ -353,6 +359,7 @@ rlm__qmm_q8_fn rlm__qmm_q8_kernel(void) {
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(void) {
 #if defined(__x86_64__) || defined(__i386__)
   if (rlm__cpu_avx512_vnni()) return qmv_q8_rows;
+  if (rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
 #endif
   return rlm__qmv_q8_ref;
 }

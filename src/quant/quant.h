@@ -154,7 +154,7 @@ typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const flo
                                int64_t o1, float *y);
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y);
-/* The fastest (AVX-512 VNNI) or the reference. */
+/* The fastest (AVX-512 VNNI, else AVX2) or the reference. */
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(void);
 /* m rows: row i's quantized x at scratch + i * stride; y [m][rows]. */
 typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
@@ -162,6 +162,13 @@ typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t st
 void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                      int64_t o0, int64_t o1, float *y);
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(void);
+/* qdot_avx2.c: the AVX2 + FMA + F16C versions (x86 only; call only where
+ * rlm__cpu_avx2()). */
+void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scratch);
+void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                      float *y);
+void rlm__qmm_q8_avx2(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
+                      int64_t o0, int64_t o1, float *y);
 /* Scratch bytes rlm__qmatmul_q8 needs for m rows of cols. */
 size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size);
 /* y [m][rows] = x W^T with int8 activations over the pool. */

@@ -1,0 +1,280 @@
+/* qdot_avx2.c -- the AVX2 versions of qdot.c's int8-activation kernels
+ * (4-bit MLX weights x int8 activations), for x86 CPUs without AVX-512
+ * VNNI: llama.cpp's Q4_0 x Q8_0 inner loop on 256-bit registers.
+ *
+ * Same sums as rlm__qmv_q8_ref, same activation layout (qdot.c): a chunk
+ * of 128 elements is 64 packed weight bytes, and its quantized x is
+ * [x0 x2 ... x126 | x1 x3 ... x127]. So the half chunk h (32 weight bytes,
+ * elements 64h..64h+63) has its even elements' codes in the low nibbles,
+ * matching xq[32h..32h+31], and its odd ones in the high nibbles, matching
+ * xq[64+32h..]: one AND and one shift decode it with no shuffle. Then
+ *
+ *   vpmaddubsw  u8 codes x s8 x -> s16 pair sums (at most 2*15*127, so
+ *               the low and high halves add in s16 without saturating)
+ *   vpmaddwd    with ones -> s32: lane k holds elements 64h+8k..8k+7,
+ *               i.e. block 2h + k/4 of the chunk
+ *
+ * and each lane is scaled by its block's d times its group's weight scale
+ * (32 int8 MACs per instruction pair; exact integers, so the results match
+ * the reference to float summation order). The bias term, sum_g b_og *
+ * xsum_g, is folded into the lanes before the one reduction.
+ */
+#include "quant/quant.h"
+
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define RLM_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define RLM_INLINE inline __attribute__((always_inline))
+
+/* Quantizing one activation row, the same operations as the definition
+ * (q8act_quantize_ref in qdot.c) lane-wise: max of |x| (exact in any
+ * order), the same division, x * inv rounded to nearest-even (what lrintf
+ * does in the default rounding mode), narrowed with saturating packs
+ * (never saturating: |code| <= 127); then each block's bytes put back in
+ * element order and split into its 16 even and 16 odd elements. */
+RLM_AVX2 void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scratch) {
+  int8_t *xq = scratch;
+  float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* packs interleave the 128-bit lanes */
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
+                                         12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t b = 0; b < cols / 32; b++) {
+    const float *p = x + b * 32;
+    const __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
+    const __m256 v2 = _mm256_loadu_ps(p + 16), v3 = _mm256_loadu_ps(p + 24);
+    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
+                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+    d[b] = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)),
+                                           _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv)));
+    const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)),
+                                           _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv)));
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), order); /* elements 0..31 */
+    /* per 128-bit lane: 8 evens, 8 odds; then both lanes' evens, both odds */
+    const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, split), _MM_SHUFFLE(3, 1, 2, 0));
+    int8_t *c = xq + (b / 4) * 128 + (b % 4) * 16;
+    _mm_storeu_si128((__m128i *)c, _mm256_castsi256_si128(eo));
+    _mm_storeu_si128((__m128i *)(c + 64), _mm256_extracti128_si256(eo, 1));
+  }
+  for (int64_t c = 0; c < cols / 128; c++)
+    for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
+}
+
+/* Lane k of half h reads group (2h + k/4) * 32 / G of the chunk's own. */
+typedef struct lane_groups {
+  __m256i h0, h1;
+  int per; /* groups per chunk: 128 / G */
+} lane_groups;
+
+RLM_AVX2 static RLM_INLINE lane_groups lane_groups_of(int group_size) {
+  lane_groups l;
+  l.h0 = _mm256_setr_epi32(0, 0, 0, 0, 32 / group_size, 32 / group_size, 32 / group_size, 32 / group_size);
+  l.h1 = _mm256_setr_epi32(64 / group_size, 64 / group_size, 64 / group_size, 64 / group_size,
+                           96 / group_size, 96 / group_size, 96 / group_size, 96 / group_size);
+  l.per = 128 / group_size;
+  return l;
+}
+
+/* The per (1, 2 or 4) scales at p[i..], widened; loads of exactly that
+ * size, since the last row's last chunk ends the array. */
+RLM_AVX2 static RLM_INLINE __m128 load_per(const void *p, rlm_dtype t, int64_t i, int per) {
+  __m128i v;
+  if (t == RLM_DTYPE_F32) {
+    const float *f = (const float *)p + i;
+    if (per == 4) return _mm_loadu_ps(f);
+    if (per == 2) return _mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)f));
+    return _mm_load_ss(f);
+  }
+  const uint16_t *h = (const uint16_t *)p + i;
+  if (per == 4) {
+    v = _mm_loadl_epi64((const __m128i *)h);
+  } else if (per == 2) {
+    int32_t u;
+    memcpy(&u, h, sizeof u);
+    v = _mm_cvtsi32_si128(u);
+  } else {
+    v = _mm_cvtsi32_si128(h[0]);
+  }
+  if (t == RLM_DTYPE_BF16) return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(v), 16));
+  return _mm_cvtph_ps(v);
+}
+
+/* Row o's weight scales for chunk c spread to the lanes of its halves. */
+RLM_AVX2 static RLM_INLINE void chunk_ws(const rlm_qmat *w, int64_t o, int64_t ng, int64_t c, lane_groups l,
+                                         __m256 *s0, __m256 *s1) {
+  const __m256 s = _mm256_castps128_ps256(load_per(w->scales, w->sdtype, o * ng + c * l.per, l.per));
+  *s0 = _mm256_permutevar8x32_ps(s, l.h0);
+  *s1 = _mm256_permutevar8x32_ps(s, l.h1);
+}
+
+/* Decoded codes of one half chunk against its quantized x (xe: the even
+ * elements, xo: the odd ones): 8 int32 lane sums, as floats. */
+RLM_AVX2 static RLM_INLINE __m256 half_dot(__m256i lo, __m256i hi, const int8_t *xe, const int8_t *xo) {
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)xe)),
+                                     _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)xo)));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* 8 scales or biases from i, widened. */
+RLM_AVX2 static RLM_INLINE __m256 load8(const void *p, rlm_dtype t, int64_t i) {
+  if (t == RLM_DTYPE_F32) return _mm256_loadu_ps((const float *)p + i);
+  const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+  if (t == RLM_DTYPE_BF16) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+/* *a += b_o . xs, the whole 8s in the lanes; returns the tail's part. */
+RLM_AVX2 static RLM_INLINE float bias_fold(const rlm_qmat *w, int64_t o, int64_t ng, const float *xs, __m256 *a) {
+  int64_t g = 0;
+  for (; g + 8 <= ng; g += 8)
+    *a = _mm256_fmadd_ps(load8(w->biases, w->sdtype, o * ng + g), _mm256_loadu_ps(xs + g), *a);
+  float t = 0;
+  for (; g < ng; g++) t += rlm__load_f(w->biases, w->sdtype, o * ng + g) * xs[g];
+  return t;
+}
+
+/* (sum a, sum b, sum c, sum d). */
+RLM_AVX2 static RLM_INLINE __m128 hsum4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  const __m256 ab = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+  const __m256 cd = _mm256_add_ps(_mm256_unpacklo_ps(c, d), _mm256_unpackhi_ps(c, d));
+  const __m256 t = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+RLM_AVX2 static RLM_INLINE float hsum(__m256 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* Row o against one quantized x: the lane partial sums, bias folded in;
+ * *tail gets the bias tail. Two accumulators, one per half, so the FMAs
+ * do not wait on each other. */
+RLM_AVX2 static RLM_INLINE __m256 row_dot(const rlm_qmat *w, int64_t o, const int8_t *xq, const float *xsum,
+                                          lane_groups l, float *tail) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+  const uint8_t *r = (const uint8_t *)w->wq + o * (cols / 2);
+  const float *xd16 = (const float *)(xq + cols);
+  const __m256i low = _mm256_set1_epi8(15);
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; c++) {
+    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(r + c * 64));
+    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(r + c * 64 + 32));
+    const int8_t *x = xq + c * 128;
+    __m256 s0, s1;
+    chunk_ws(w, o, ng, c, l, &s0, &s1);
+    const __m256 d0 = half_dot(_mm256_and_si256(v0, low), _mm256_and_si256(_mm256_srli_epi16(v0, 4), low), x, x + 64);
+    const __m256 d1 =
+        half_dot(_mm256_and_si256(v1, low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low), x + 32, x + 96);
+    a0 = _mm256_fmadd_ps(d0, _mm256_mul_ps(s0, _mm256_loadu_ps(xd16 + c * 16)), a0);
+    a1 = _mm256_fmadd_ps(d1, _mm256_mul_ps(s1, _mm256_loadu_ps(xd16 + c * 16 + 8)), a1);
+  }
+  a0 = _mm256_add_ps(a0, a1);
+  *tail = bias_fold(w, o, ng, xsum, &a0);
+  return a0;
+}
+
+/* Decode (m = 1): row after row, so the weights are one sequential stream
+ * (qdot.c measured why); four rows reduced together. */
+RLM_AVX2 void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                               float *y) {
+  const int8_t *xq = scratch;
+  const lane_groups l = lane_groups_of(w->group_size);
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    float t[4], s[4];
+    const __m256 a0 = row_dot(w, o, xq, xsum, l, &t[0]), a1 = row_dot(w, o + 1, xq, xsum, l, &t[1]);
+    const __m256 a2 = row_dot(w, o + 2, xq, xsum, l, &t[2]), a3 = row_dot(w, o + 3, xq, xsum, l, &t[3]);
+    _mm_storeu_ps(s, hsum4(a0, a1, a2, a3));
+    for (int k = 0; k < 4; k++) y[o + k] = s[k] + t[k];
+  }
+  for (; o < o1; o++) {
+    float t;
+    const __m256 a = row_dot(w, o, xq, xsum, l, &t);
+    y[o] = hsum(a) + t;
+  }
+}
+
+enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16, QMM_TILE = 8 };
+
+/* Output row o against n <= QMM_TILE input rows, each half chunk decoded once
+ * for the n; n a constant where it is inlined (row_xn), so the
+ * accumulators stay in registers. */
+RLM_AVX2 static RLM_INLINE void tile_1xn(const rlm_qmat *w, int64_t o, const int8_t *const *xq,
+                                         const float *const *xs, int n, lane_groups l, float *y, int64_t i0) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+  const uint8_t *r = (const uint8_t *)w->wq + o * (cols / 2);
+  const __m256i low = _mm256_set1_epi8(15);
+  __m256 a[QMM_TILE];
+  for (int k = 0; k < n; k++) a[k] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; c++) {
+    __m256 s[2];
+    chunk_ws(w, o, ng, c, l, &s[0], &s[1]);
+    for (int h = 0; h < 2; h++) {
+      const __m256i v = _mm256_loadu_si256((const __m256i *)(r + c * 64 + 32 * h));
+      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      for (int k = 0; k < n; k++) {
+        const int8_t *x = xq[k] + c * 128 + 32 * h;
+        const __m256 xd = _mm256_loadu_ps((const float *)(xq[k] + cols) + c * 16 + 8 * h);
+        a[k] = _mm256_fmadd_ps(half_dot(lo, hi, x, x + 64), _mm256_mul_ps(s[h], xd), a[k]);
+      }
+    }
+  }
+  for (int k = 0; k < n; k++) {
+    const float t = bias_fold(w, o, ng, xs[k], &a[k]);
+    y[(i0 + k) * w->rows + o] = hsum(a[k]) + t;
+  }
+}
+
+/* One output row against n <= QMM_TILE input rows, n made a constant. */
+RLM_AVX2 static void row_xn(const rlm_qmat *w, int64_t o, const int8_t *const *xq, const float *const *xs, int n,
+                            lane_groups l, float *y, int64_t i0) {
+  switch (n) {
+  case 1: tile_1xn(w, o, xq, xs, 1, l, y, i0); break;
+  case 2: tile_1xn(w, o, xq, xs, 2, l, y, i0); break;
+  case 3: tile_1xn(w, o, xq, xs, 3, l, y, i0); break;
+  case 4: tile_1xn(w, o, xq, xs, 4, l, y, i0); break;
+  case 5: tile_1xn(w, o, xq, xs, 5, l, y, i0); break;
+  case 6: tile_1xn(w, o, xq, xs, 6, l, y, i0); break;
+  case 7: tile_1xn(w, o, xq, xs, 7, l, y, i0); break;
+  default: tile_1xn(w, o, xq, xs, 8, l, y, i0); break;
+  }
+}
+
+/* m input rows (stride bytes apart in scratch), outputs y [m][rows],
+ * blocked as qmm_q8_rows in qdot.c is: QMM_OUT_BLOCK weight rows (L2)
+ * against QMM_IN_BLOCK quantized inputs (L1). Inside, one weight row
+ * against QMM_TILE inputs: AVX2 has 16 registers, and a 2-row x 4-input
+ * tile (as the VNNI kernel uses) spilled accumulators and ran about 1.2x
+ * slower at m = 16 than one row x 4; x 8 measured the same as x 4. */
+RLM_AVX2 void rlm__qmm_q8_avx2(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
+                               int64_t o0, int64_t o1, float *y) {
+  const int64_t ng = w->cols / w->group_size;
+  const lane_groups l = lane_groups_of(w->group_size);
+  for (int64_t ob = o0; ob < o1; ob += QMM_OUT_BLOCK) {
+    const int64_t oe = ob + QMM_OUT_BLOCK < o1 ? ob + QMM_OUT_BLOCK : o1;
+    for (int64_t ib = 0; ib < m; ib += QMM_IN_BLOCK) {
+      const int64_t ie = ib + QMM_IN_BLOCK < m ? ib + QMM_IN_BLOCK : m;
+      for (int64_t i0 = ib; i0 < ie; i0 += QMM_TILE) {
+        const int n = ie - i0 < QMM_TILE ? (int)(ie - i0) : QMM_TILE;
+        const int8_t *xq[QMM_TILE];
+        const float *xs[QMM_TILE];
+        for (int k = 0; k < n; k++)
+          xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
+        int64_t o = ob;
+        for (; o < oe; o++) row_xn(w, o, xq, xs, n, l, y, i0);
+      }
+    }
+  }
+}
+
+#endif
