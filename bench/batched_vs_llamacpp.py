@@ -167,9 +167,9 @@ def parse_args():
     ap.add_argument("-n", type=int, default=64, help="decode steps (tokens per sequence)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="rounds of alternating runs; medians over them")
-    ap.add_argument("--act-bits", type=int, default=0,
-                    help="ringlm's activations: 0 = exact f32 (default: ringlm's int8 products need "
-                         "AVX-512 VNNI and are scalar on AVX2-only CPUs), 8 = int8 as llama.cpp's Q8_0")
+    ap.add_argument("--act-bits", type=int, default=8,
+                    help="ringlm's activations: 8 = int8 as llama.cpp's Q8_0 (default; AVX2 or AVX-512 "
+                         "VNNI kernels), 0 = exact f32")
     ap.add_argument("--json", help="also write every raw cell and the per-B medians to this file")
     ap.add_argument("--llama-commit", default=os.environ.get("LLAMA_CPP_COMMIT"),
                     help="llama.cpp commit to print (default: git of the build's source tree, if it is one)")
