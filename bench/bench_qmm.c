@@ -10,7 +10,15 @@
  * each figure is a median of repetitions). Prefill speed is this product
  * rate: nearly all of a prefill's multiply-adds are here.
  *
- * usage: bench_qmm [--reps N] [-m ROWS] [--threads N]
+ * --sweep M1,M2,... times the exact path instead for each listed m (the
+ * batched-decode sizes; default 1,2,4,8,16) on every product of a layer
+ * (q, k/v, o, gate/up, down) and on an 8-bit slice of the tied lm_head
+ * (the embedding is 8-bit in the 4-bit checkpoint), and prints ms per
+ * product and the cost of m rows as a multiple of m = 1 (a memory-bound
+ * mat-vec: m rows at the same cost would be the ideal). "layer" sums one
+ * layer's products (gate/up counted twice, k/v twice).
+ *
+ * usage: bench_qmm [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...]
  */
 #include "bench.h"
 #include "quant/quant.h"
@@ -18,13 +26,23 @@
 typedef struct shape {
   const char *name;
   int64_t rows, cols;
+  int bits;
+  int per_layer; /* times the product runs per layer (0: not a layer's) */
 } shape;
 
 static const shape SHAPES[] = {
-    {"q_proj 1024x1152", 1024, 1152},
-    {"gate/up 6912x1152", 6912, 1152},
-    {"down 1152x6912", 1152, 6912},
+    {"q_proj 1024x1152", 1024, 1152, 4, 1},
+    {"gate/up 6912x1152", 6912, 1152, 4, 2},
+    {"down 1152x6912", 1152, 6912, 4, 1},
 };
+
+static const shape SWEEP_SHAPES[] = {
+    {"q 1024x1152", 1024, 1152, 4, 1},       {"k/v 256x1152", 256, 1152, 4, 2},
+    {"o 1152x1024", 1152, 1024, 4, 1},       {"gate/up 6912x1152", 6912, 1152, 4, 2},
+    {"down 1152x6912", 1152, 6912, 4, 1},    {"head8 16384x1152", 16384, 1152, 8, 0},
+};
+
+enum { SWEEP_MAX = 16 };
 
 typedef struct qmm_case {
   rlm_qmat w;
@@ -34,7 +52,7 @@ typedef struct qmm_case {
 } qmm_case;
 
 static void case_make(qmm_case *c, const shape *s, int64_t m) {
-  const int bits = 4, g = 64;
+  const int bits = s->bits, g = 64;
   const int64_t rows = s->rows, cols = s->cols, ng = cols / g;
   uint64_t rng = 99;
   float *wf = xmalloc((size_t)(rows * cols) * sizeof *wf);
@@ -72,15 +90,54 @@ static double time_product(qmm_case *c, rlm_pool *pool, bool q8, int reps) {
   return median(t, reps);
 }
 
+/* "1,2,4" -> ms[]; returns the count (at most SWEEP_MAX, each >= 1). */
+static int parse_list(const char *s, int64_t *ms) {
+  int n = 0;
+  for (char *end; *s && n < SWEEP_MAX; s = *end ? end + 1 : end) {
+    ms[n] = strtoll(s, &end, 10);
+    if (end == s || ms[n] < 1) return 0;
+    n++;
+  }
+  return n;
+}
+
+/* The --sweep table: one line per shape, ms per product for each m and
+ * t(m) / t(1) when m = 1 is listed first; the layer line sums. */
+static void sweep(rlm_pool *pool, const int64_t *ms, int n_m, int reps) {
+  double layer[SWEEP_MAX] = {0};
+  printf("  %-20s", "ms (x m=1)");
+  for (int k = 0; k < n_m; k++) printf("   m=%-2lld          ", (long long)ms[k]);
+  printf("\n");
+  for (size_t s = 0; s < sizeof SWEEP_SHAPES / sizeof *SWEEP_SHAPES; s++) {
+    double t[SWEEP_MAX];
+    for (int k = 0; k < n_m; k++) {
+      qmm_case c;
+      case_make(&c, &SWEEP_SHAPES[s], ms[k]);
+      t[k] = time_product(&c, pool, false, reps);
+      layer[k] += SWEEP_SHAPES[s].per_layer * t[k];
+      case_free(&c);
+    }
+    printf("  %-20s", SWEEP_SHAPES[s].name);
+    for (int k = 0; k < n_m; k++) printf(" %8.3f (%5.2fx)", t[k] * 1e3, t[k] / t[0]);
+    printf("\n");
+  }
+  printf("  %-20s", "layer");
+  for (int k = 0; k < n_m; k++) printf(" %8.3f (%5.2fx)", layer[k] * 1e3, layer[k] / layer[0]);
+  printf("\n");
+}
+
 int main(int argc, char **argv) {
-  int reps = 5, threads = 1;
-  int64_t m = 512;
+  int reps = 5, threads = 1, n_sweep = 0;
+  int64_t m = 512, ms[SWEEP_MAX];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "-m") && i + 1 < argc) m = atoll(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
-    else {
-      fprintf(stderr, "usage: %s [--reps N] [-m ROWS] [--threads N]\n", argv[0]);
+    else if (!strcmp(argv[i], "--sweep"))
+      n_sweep = parse_list(i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "1,2,4,8,16", ms);
+    else n_sweep = -1;
+    if (n_sweep < 0 || (!strcmp(argv[i], "--sweep") && n_sweep == 0)) {
+      fprintf(stderr, "usage: %s [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...]\n", argv[0]);
       return 2;
     }
   }
@@ -90,6 +147,13 @@ int main(int argc, char **argv) {
   if (threads > 1 && rlm__pool_create(&pool, threads, NULL)) {
     fprintf(stderr, "bench_qmm: cannot create a pool of %d threads\n", threads);
     return 1;
+  }
+  if (n_sweep > 0) {
+    printf("bench_qmm --sweep: 4-bit (head: 8-bit) g64 bf16 scales, exact path, %d thread(s), "
+           "median of %d\n", threads, reps);
+    sweep(pool, ms, n_sweep, reps);
+    rlm__pool_free(pool);
+    return 0;
   }
   printf("bench_qmm: 4-bit g64 bf16 scales, m = %lld, %d thread(s), median of %d\n", (long long)m,
          threads, reps);

@@ -7,7 +7,8 @@
  *             all zero, huge and tiny magnitudes, exact .5 ties).
  *   products: qmatvec / qmatmul within 1e-5 of the natural error scale of
  *             the format's arithmetic, sum_j |x_j| (|s| q_j + |b|), with
- *             entries of y outside [o0, o1) untouched. A negative control
+ *             entries of y outside [o0, o1) untouched; every batched-decode
+ *             m = 2..16 for 4 and 8 bits. A negative control
  *             shows one wrong code in the largest shape breaks that bound.
  *
  * A table the CPU lacks is reported as skipped, not passed. Randomised
@@ -355,6 +356,35 @@ TEST(qmatmul_many_tiles) {
   }
 }
 
+/* Batched decode (m = 2..16 rows of x) on the 4- and 8-bit products: the
+ * AVX2 kernel cuts x into chunks of at most 8 equal rows and runs 2-row
+ * tiles of W for chunks of up to 4 rows, 1-row tiles above, so every m
+ * picks its own shapes. Each case has an odd number of output rows in a
+ * range that starts past row 0 (a lone row follows the 2-row tiles, and
+ * the rows outside stay poisoned), every group size and scale dtype, and
+ * either one packed block of x columns (384) or several (2304 columns x
+ * 8 rows are three blocks of 6144 floats). */
+TEST(qmatmul_batched_decode) {
+  int cases = 0;
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int gi = 0; gi < N_OF(GROUPS); gi++)
+      for (int64_t m = 2; m <= 16; m++) {
+        const rlm_dtype dt = DTYPES[(m + gi) % N_OF(DTYPES)];
+        const int64_t rows = 24, cols = m % 2 ? 2304 : 384, o0 = 2, o1 = 23;
+        uint64_t seed = g_seed + (uint64_t)((bits * 4 + gi) * 32 + m) * 104729, rng = seed;
+        test_qmat t;
+        qmat_make(&t, rows, cols, bits, GROUPS[gi], dt, &rng);
+        float *x = make_x(m, cols, &rng);
+        test_note("seed %llu: bits %d group %d %s m %lld cols %lld", (unsigned long long)seed, bits,
+                  GROUPS[gi], rlm_dtype_name(dt), (long long)m, (long long)cols);
+        check_product(&t.w, x, m, o0, o1, false);
+        free(x);
+        qmat_free(&t);
+        cases++;
+      }
+  CHECK_EQ(cases, 2 * 3 * 15);
+}
+
 /* The tolerance must be able to fail: in the largest shape tested
  * (33 groups of 128), one code off by one at an x of typical size moves
  * the result by more than REL_TOL of the error scale. */
@@ -401,6 +431,7 @@ static void run_table(const char *name, const rlm_quant_kernels *k) {
       {"qmatvec_matches_ref", qmatvec_matches_ref},
       {"qmatmul_matches_ref", qmatmul_matches_ref},
       {"qmatmul_many_tiles", qmatmul_many_tiles},
+      {"qmatmul_batched_decode", qmatmul_batched_decode},
   };
   t_run_isa(name, k != NULL, tests, N_OF(tests));
 }

@@ -17,11 +17,14 @@
  *   qmatvec        4 and 8 bits have dedicated kernels (several rows at a
  *                  time sharing the x loads); other bits unpack each group
  *                  to floats and take the qmatmul path with m = 1.
- *   qmatmul        each block of codes is converted to floats once and used
- *                  for up to QMM_ROWS rows of x. 4 and 8 bits are blocked
- *                  like a GEMM (W tiles in L2, x blocks in L1, see
- *                  qmm_blocked); other bits go output by output through a
- *                  small unpacked-group buffer (unpack_group_f32_avx2).
+ *   qmatmul        4 and 8 bits are blocked like a GEMM (W tiles in L2, x
+ *                  blocks in L1). AVX2: register tiles of 1-2 rows of W x
+ *                  up to 8 rows of x, weights decoded once per step to
+ *                  q*s + b, x packed per block (qmm_tiles_avx2). AVX-512:
+ *                  each block of codes converted to floats once and used
+ *                  for up to QMM_ROWS rows of x (qmm_blocked). Other bits
+ *                  go output by output through a small unpacked-group
+ *                  buffer (unpack_group_f32_avx2).
  *   dequantize     no fast path (not in the kernel table).
  *
  * Numerics (the contract tests enforce):
@@ -42,9 +45,11 @@
  *   - products: per group, dot = sum x_j q_j in f32 with FMA, in lane
  *     order (not the reference's serial order), and the row accumulates
  *     s * dot + b * xsum[g], also lane-wise, the lanes summed at the end
- *     (qmatmul: per block of columns). Scales and biases widen exactly
- *     (vcvtph2ps, bf16 << 16). Differences are rounding only; the test
- *     bounds them by 1e-5 of sum_j |x_j| (|s| q_j + |b|).
+ *     (qmatmul: per block of columns). The AVX2 4/8-bit qmatmul instead
+ *     rounds each weight q_j*s + b once (FMA) and sums x_j w_j lane-wise;
+ *     it does not read xsum. Scales and biases widen exactly (vcvtph2ps,
+ *     bf16 << 16). Differences are rounding only; the test bounds them by
+ *     1e-5 of sum_j |x_j| (|s| q_j + |b|).
  */
 #include "quant/quant.h"
 
@@ -448,90 +453,12 @@ RLM_AVX2 static void qmv8_avx2(const rlm_qmat *w, const float *x, const float *x
 
 /* ---- products: 4 and 8 bits, m > 1 ------------------------------------- */
 
-/* dot[i] += this group's x[i] . q for M rows of x (row stride ldx). The
- * 4-bit codes are converted as in qmv_group_avx2 and then interleaved back
- * into element order (unpack + 128-bit permute), once for all M rows. */
-RLM_AVX2 static RLM_INLINE void qmm_group_avx2(const uint8_t *p, const float *xg, int64_t ldx,
-                                               int G, const int M, const int bits,
-                                               __m256 *dot) {
-  if (bits == 4) {
-    const __m256i m15 = _mm256_set1_epi32(15);
-    for (int c = 0; c < G; c += 16) {
-      __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c / 2)));
-      __m256 e = _mm256_cvtepi32_ps(_mm256_and_si256(v, m15));
-      __m256 od = _mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4));
-      __m256 a = _mm256_unpacklo_ps(e, od), b = _mm256_unpackhi_ps(e, od);
-      __m256 q0 = _mm256_permute2f128_ps(a, b, 0x20), q1 = _mm256_permute2f128_ps(a, b, 0x31);
-      for (int i = 0; i < M; i++) {
-        dot[i] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xg + i * ldx + c), dot[i]);
-        dot[i] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xg + i * ldx + c + 8), dot[i]);
-      }
-    }
-  } else {
-    for (int c = 0; c < G; c += 8) {
-      __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c)));
-      __m256 q = _mm256_cvtepi32_ps(v);
-      for (int i = 0; i < M; i++)
-        dot[i] = _mm256_fmadd_ps(q, _mm256_loadu_ps(xg + i * ldx + c), dot[i]);
-    }
-  }
-}
-
-/* Groups [g0, g0+n) (n <= 8) of row o of W against rows i0..i0+M of x:
- * y[i][o] = (first ? 0 : y[i][o]) + the part. b * xsum joins the lane sums
- * of s * dot (all lanes are summed at the end anyway). */
-RLM_AVX2 static RLM_INLINE void qmm_part_avx2(const rlm_qmat *w, const float *x,
-                                              const float *xsum, int64_t i0, const int M,
-                                              int64_t o, int64_t g0, int n, const int bits,
-                                              bool first, float *y) {
-  const int G = w->group_size;
-  const int64_t cols = w->cols, n_groups = cols / G;
-  const uint8_t *row = (const uint8_t *)w->wq + o * (cols * bits / 8);
-  __m256 acc[QMM_ROWS];
-  _Alignas(32) float sf[8];
-  _mm256_store_ps(sf, load8n_avx2(w->scales, w->sdtype, o * n_groups + g0, n));
-  const __m256 b = load8n_avx2(w->biases, w->sdtype, o * n_groups + g0, n);
-  for (int i = 0; i < M; i++)
-    acc[i] = _mm256_mul_ps(b, load8n_avx2(xsum, RLM_DTYPE_F32, (i0 + i) * n_groups + g0, n));
-  for (int k = 0; k < n; k++) {
-    const int64_t c0 = (g0 + k) * G;
-    __m256 dot[QMM_ROWS];
-    for (int i = 0; i < M; i++) dot[i] = _mm256_setzero_ps();
-    qmm_group_avx2(row + c0 * bits / 8, x + i0 * cols + c0, cols, G, M, bits, dot);
-    for (int i = 0; i < M; i++) acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(sf[k]), dot[i], acc[i]);
-  }
-  for (int i = 0; i < M; i++) {
-    float *yi = y + (i0 + i) * w->rows + o;
-    *yi = first ? hsum_avx2(acc[i]) : *yi + hsum_avx2(acc[i]);
-  }
-}
-
-/* M and bits as compile-time constants for the kernel above. */
-RLM_AVX2 static void qmm_part_any_avx2(const rlm_qmat *w, const float *x, const float *xsum,
-                                       int64_t i0, int M, int64_t o, int64_t g0, int n,
-                                       bool first, float *y) {
-  if (w->bits == 4) {
-    switch (M) {
-    case 1: qmm_part_avx2(w, x, xsum, i0, 1, o, g0, n, 4, first, y); break;
-    case 2: qmm_part_avx2(w, x, xsum, i0, 2, o, g0, n, 4, first, y); break;
-    case 3: qmm_part_avx2(w, x, xsum, i0, 3, o, g0, n, 4, first, y); break;
-    default: qmm_part_avx2(w, x, xsum, i0, 4, o, g0, n, 4, first, y); break;
-    }
-  } else {
-    switch (M) {
-    case 1: qmm_part_avx2(w, x, xsum, i0, 1, o, g0, n, 8, first, y); break;
-    case 2: qmm_part_avx2(w, x, xsum, i0, 2, o, g0, n, 8, first, y); break;
-    case 3: qmm_part_avx2(w, x, xsum, i0, 3, o, g0, n, 8, first, y); break;
-    default: qmm_part_avx2(w, x, xsum, i0, 4, o, g0, n, 8, first, y); break;
-    }
-  }
-}
-
-/* Blocked like a GEMM: W in tiles of rows that stay in L2 (the next tile
- * is prefetched while the first chunk of x rows passes over this one), and
- * columns in blocks of `chunk` groups so that QMM_ROWS rows of x stay in
- * L1 while every row of the tile uses them. Without the column blocks the
- * x rows came from L2 for every row of W, which halved the speed. */
+/* Blocked like a GEMM, for the AVX-512 table's qmm_part_any_avx512: W in
+ * tiles of rows that stay in L2 (the next tile is prefetched while the
+ * first chunk of x rows passes over this one), and columns in blocks of
+ * `chunk` groups so that QMM_ROWS rows of x stay in L1 while every row of
+ * the tile uses them. Without the column blocks the x rows came from L2 for
+ * every row of W, which halved the speed. */
 static void qmm_blocked(const rlm_qmat *w, const float *x, const float *xsum, int64_t m,
                         int64_t o0, int64_t o1, int chunk, float *y,
                         void (*part)(const rlm_qmat *, const float *, const float *, int64_t,
@@ -555,6 +482,201 @@ static void qmm_blocked(const rlm_qmat *w, const float *x, const float *xsum, in
   }
 }
 
+/* The AVX2 path is a register tile instead: R rows of W against M rows of
+ * x, R*M accumulators of one ymm each (lanes = 8 consecutive columns),
+ * walking a block of columns 8 at a time. Each step decodes the R rows'
+ * next 8 codes once, straight to weights w = q*s + b (one FMA; no per-group
+ * dot to scale and no b * xsum term, so xsum is not read), and feeds every
+ * row of x with one FMA per W row: R*M useful FMAs for R*(M+1).
+ *
+ * The 4-bit codes of 8 columns are one u32: broadcast, shifted by 0, 4, ...,
+ * 28 per lane and masked, they come out in column order, so x needs no
+ * even/odd split. (The previous kernel, still the AVX-512 one, decodes
+ * even/odd nibbles and interleaves them back with 4 shuffles per 16 codes,
+ * and sums each group before scaling it: twice the accumulators, which
+ * spilled.) 8-bit codes widen with vpmovzxbd.
+ *
+ * Blocking as in qmm_blocked: W tiles that stay in L2, the next prefetched
+ * during the first pass over this one; columns in blocks whose rows of x
+ * stay in L1 while every row of the W tile passes, each block adding its
+ * sums into y. The block of x is first packed, [column / 8][row][8]: rows
+ * of x a multiple of 4 KiB apart less a little (6912 columns: 3 KiB) fall
+ * into the same L1 sets and evicted each other (unpacked, 6912 columns ran
+ * ~25% slower than 1152), and a packed step reads 8*M consecutive floats.
+ * Packing costs one load and store per element of x per W tile, or per
+ * call when the pool hands out fewer rows (grains of 16), small against
+ * the FMAs; the buffer is 28 KiB of stack. The prefetch of the next tile
+ * is worth ~20% with W in DRAM (16384 x 6912, m = 8).
+ *
+ * Measured on Zen 3 (bench/bench_qmm --sweep, one thread): ~30 GMAC/s for
+ * m = 8 and 16 against ~15 for the previous kernel, ~38 for the bare inner
+ * loop on data in L1, and 2 FMAs per cycle (~50 GMAC/s) the peak. */
+
+enum {
+  QRT_X_BLOCK = 6144, /* floats of packed x per column block (24 KiB; 16 KiB
+                         measured ~5% slower for more block overhead)      */
+  QRT_M = 8,          /* rows of x per chunk (register tile's M) at most    */
+};
+
+/* Codes of one W row at columns c..c+8 (p at the row's first byte) as the
+ * weights q * s + b. */
+RLM_AVX2 static RLM_INLINE __m256 qrt_w8_avx2(const uint8_t *p, int64_t c, const int bits,
+                                               __m256 s, __m256 b, __m256i shift,
+                                               __m256i mask) {
+  __m256i v;
+  if (bits == 4) {
+    int32_t word;
+    memcpy(&word, p + c / 2, 4);
+    v = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(word), shift), mask);
+  } else {
+    v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + c)));
+  }
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), s, b);
+}
+
+/* Element i of an f32/f16/bf16 array, widened exactly, broadcast. Inline
+ * (F16C for f16): a call in the tile loop would spill every accumulator,
+ * all ymm registers being caller-saved. */
+RLM_AVX2 static RLM_INLINE __m256 qrt_bcast_avx2(const void *p, rlm_dtype t, int64_t i) {
+  if (t == RLM_DTYPE_F32) return _mm256_broadcast_ss((const float *)p + i);
+  const uint16_t h = ((const uint16_t *)p)[i];
+  if (t == RLM_DTYPE_F16) return _mm256_set1_ps(_cvtsh_ss(h));
+  return _mm256_castsi256_ps(_mm256_set1_epi32((int32_t)((uint32_t)h << 16)));
+}
+
+/* The lane sums of v[0..8) as one vector (a transposing hadd tree). */
+RLM_AVX2 static RLM_INLINE __m256 qrt_hsum8_avx2(const __m256 *v) {
+  __m256 a = _mm256_hadd_ps(v[0], v[1]), b = _mm256_hadd_ps(v[2], v[3]);
+  __m256 c = _mm256_hadd_ps(v[4], v[5]), d = _mm256_hadd_ps(v[6], v[7]);
+  __m256 ab = _mm256_hadd_ps(a, b), cd = _mm256_hadd_ps(c, d); /* [0..3 | 0..3] halves */
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+/* Row i of packed x against the step's weights w0 (and w1 when R = 2). */
+#define QRT_ROW(i, A0, A1)                                                 \
+  if (i < M) {                                                             \
+    const __m256 xv = _mm256_load_ps(xp + 8 * (i));                        \
+    A0 = _mm256_fmadd_ps(w0, xv, A0);                                      \
+    if (R > 1) A1 = _mm256_fmadd_ps(w1, xv, A1);                           \
+  }
+
+/* y[i0+i][o+r] (+)= W[o+r] . x[i0+i] over groups [g0, g0+n) for r < R <= 2,
+ * i < M <= 8, xpk holding those columns of x packed; `first` stores instead
+ * of adding (the block at column 0). The accumulators are named variables,
+ * not an array: gcc keeps an array in registers only across its innermost
+ * loop and stored it back every step otherwise (half the speed). */
+RLM_AVX2 static RLM_INLINE void qrt_tile_avx2(const rlm_qmat *w, const float *xpk, int64_t i0,
+                                              int64_t o, int64_t g0, int n, bool first,
+                                              const int R, const int M, const int bits,
+                                              float *y) {
+  const int G = w->group_size;
+  const int64_t rb = w->cols * bits / 8, ng = w->cols / G;
+  const __m256i shift = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+  const __m256i mask = _mm256_set1_epi32(15);
+  const uint8_t *p0 = (const uint8_t *)w->wq + o * rb, *p1 = p0 + rb;
+  const __m256 z = _mm256_setzero_ps();
+  __m256 a00 = z, a01 = z, a02 = z, a03 = z, a04 = z, a05 = z, a06 = z, a07 = z;
+  __m256 a10 = z, a11 = z, a12 = z, a13 = z, a14 = z, a15 = z, a16 = z, a17 = z;
+  const float *xp = xpk;
+  for (int64_t g = g0; g < g0 + n; g++) {
+    const int64_t at0 = o * ng + g, at1 = at0 + ng; /* scale and bias index */
+    const __m256 s0 = qrt_bcast_avx2(w->scales, w->sdtype, at0);
+    const __m256 b0 = qrt_bcast_avx2(w->biases, w->sdtype, at0);
+    const __m256 s1 = R > 1 ? qrt_bcast_avx2(w->scales, w->sdtype, at1) : z;
+    const __m256 b1 = R > 1 ? qrt_bcast_avx2(w->biases, w->sdtype, at1) : z;
+    for (int64_t c = g * G; c < (g + 1) * G; c += 8, xp += 8 * M) {
+      const __m256 w0 = qrt_w8_avx2(p0, c, bits, s0, b0, shift, mask);
+      const __m256 w1 = R > 1 ? qrt_w8_avx2(p1, c, bits, s1, b1, shift, mask) : z;
+      QRT_ROW(0, a00, a10) QRT_ROW(1, a01, a11) QRT_ROW(2, a02, a12) QRT_ROW(3, a03, a13)
+      QRT_ROW(4, a04, a14) QRT_ROW(5, a05, a15) QRT_ROW(6, a06, a16) QRT_ROW(7, a07, a17)
+    }
+  }
+  const __m256 v0[8] = {a00, a01, a02, a03, a04, a05, a06, a07};
+  const __m256 v1[8] = {a10, a11, a12, a13, a14, a15, a16, a17};
+  _Alignas(32) float sum[2][8];
+  _mm256_store_ps(sum[0], qrt_hsum8_avx2(v0));
+  if (R > 1) _mm256_store_ps(sum[1], qrt_hsum8_avx2(v1));
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < M; i++) {
+      float *yi = y + (i0 + i) * w->rows + o + r;
+      *yi = first ? sum[r][i] : *yi + sum[r][i];
+    }
+}
+#undef QRT_ROW
+
+typedef void (*qrt_fn)(const rlm_qmat *w, const float *xpk, int64_t i0, int64_t o, int64_t g0,
+                       int n, bool first, float *y);
+
+/* R, M and bits as constants: one function per tile shape. */
+#define QRT_DEF(R, M, B)                                                                   \
+  RLM_AVX2 static void qrt_##R##x##M##_##B(const rlm_qmat *w, const float *xpk, int64_t i0, \
+                                           int64_t o, int64_t g0, int n, bool first,        \
+                                           float *y) {                                      \
+    qrt_tile_avx2(w, xpk, i0, o, g0, n, first, R, M, B, y);                                 \
+  }
+#define QRT_DEF_BITS(R, M) QRT_DEF(R, M, 4) QRT_DEF(R, M, 8)
+QRT_DEF_BITS(1, 1) QRT_DEF_BITS(1, 2) QRT_DEF_BITS(1, 3) QRT_DEF_BITS(1, 4)
+QRT_DEF_BITS(1, 5) QRT_DEF_BITS(1, 6) QRT_DEF_BITS(1, 7) QRT_DEF_BITS(1, 8)
+QRT_DEF_BITS(2, 1) QRT_DEF_BITS(2, 2) QRT_DEF_BITS(2, 3) QRT_DEF_BITS(2, 4)
+#undef QRT_DEF_BITS
+#undef QRT_DEF
+
+/* [bits == 8][R - 1][M - 1]; two-row tiles stop at M = 4 (see qmm_tiles_avx2). */
+static const qrt_fn QRT_FNS[2][2][QRT_M] = {
+    {{qrt_1x1_4, qrt_1x2_4, qrt_1x3_4, qrt_1x4_4, qrt_1x5_4, qrt_1x6_4, qrt_1x7_4, qrt_1x8_4},
+     {qrt_2x1_4, qrt_2x2_4, qrt_2x3_4, qrt_2x4_4}},
+    {{qrt_1x1_8, qrt_1x2_8, qrt_1x3_8, qrt_1x4_8, qrt_1x5_8, qrt_1x6_8, qrt_1x7_8, qrt_1x8_8},
+     {qrt_2x1_8, qrt_2x2_8, qrt_2x3_8, qrt_2x4_8}},
+};
+
+/* Rows mc of x from i0, columns [c0, c1), into xpk [column / 8][row][8]. */
+RLM_AVX2 static void qrt_pack_avx2(const float *x, int64_t cols, int64_t i0, int mc, int64_t c0,
+                                   int64_t c1, float *xpk) {
+  for (int i = 0; i < mc; i++) {
+    const float *src = x + (i0 + i) * cols + c0;
+    float *dst = xpk + 8 * i;
+    for (int64_t c = c0; c < c1; c += 8, src += 8, dst += 8 * mc)
+      _mm256_store_ps(dst, _mm256_loadu_ps(src));
+  }
+}
+
+/* Rows [o0, o1) for all m rows of x: W tiles, column blocks, chunks of at
+ * most QRT_M rows of x (equal sizes: m = 12 is 6 + 6, not 8 + 4), then the
+ * rows of W two at a time for chunks of up to 4 rows of x (each x load
+ * serves two FMAs), one at a time for larger chunks: 2 x 6 does not fit in
+ * the registers (it spilled, ~40% slower than 1 x 6), and from 5 rows of x
+ * on one decoded W row already feeds enough FMAs. */
+RLM_AVX2 static void qmm_tiles_avx2(const rlm_qmat *w, const float *x, int64_t m, int64_t o0,
+                                    int64_t o1, float *y) {
+  const int b8 = w->bits == 8, G = w->group_size;
+  const int64_t rb = w->cols * w->bits / 8, gb = G * w->bits / 8, n_groups = w->cols / G;
+  const int64_t tile = RLM_MAX(1, QMM_TILE_BYTES / rb);
+  const int64_t n_chunks = (m + QRT_M - 1) / QRT_M, mc_max = (m + n_chunks - 1) / n_chunks;
+  const int64_t n_blocks = (n_groups * G * mc_max + QRT_X_BLOCK - 1) / QRT_X_BLOCK;
+  const int chunk = (int)((n_groups + n_blocks - 1) / n_blocks);
+  _Alignas(32) float xpk[QRT_X_BLOCK + QRT_M * GROUP_MAX]; /* chunk rounds up a group */
+  for (int64_t t0 = o0; t0 < o1; t0 += tile) {
+    const int64_t t1 = RLM_MIN(o1, t0 + tile);
+    for (int64_t g0 = 0; g0 < n_groups; g0 += chunk) {
+      const int n = (int)RLM_MIN(chunk, n_groups - g0);
+      for (int64_t i0 = 0, ci = 0; i0 < m; ci++) {
+        const int mc = (int)((m - i0 + (n_chunks - ci) - 1) / (n_chunks - ci));
+        const int R = mc <= 4 ? 2 : 1;
+        const qrt_fn f = QRT_FNS[b8][R - 1][mc - 1], f1 = QRT_FNS[b8][0][mc - 1];
+        qrt_pack_avx2(x, w->cols, i0, mc, g0 * G, (g0 + n) * G, xpk);
+        int64_t o = t0;
+        for (; o + R <= t1; o += R) {
+          for (int r = 0; r < R && i0 == 0 && o + r + tile < o1; r++)
+            prefetch_next((const uint8_t *)w->wq + (o + r + tile) * rb, g0 * gb, n * gb);
+          f(w, xpk, i0, o, g0, n, g0 == 0, y);
+        }
+        for (; o < t1; o++) f1(w, xpk, i0, o, g0, n, g0 == 0, y);
+        i0 += mc;
+      }
+    }
+  }
+}
+
 RLM_AVX2 static void qmatvec_avx2(const rlm_qmat *w, const float *x, const float *xsum,
                                   int64_t o0, int64_t o1, float *y) {
   if (w->bits == 4) qmv4_avx2(w, x, xsum, o0, o1, y);
@@ -565,8 +687,7 @@ RLM_AVX2 static void qmatvec_avx2(const rlm_qmat *w, const float *x, const float
 RLM_AVX2 static void qmatmul_avx2(const rlm_qmat *w, const float *x, const float *xsum,
                                   int64_t m, int64_t o0, int64_t o1, float *y) {
   if (m == 1) qmatvec_avx2(w, x, xsum, o0, o1, y);
-  else if (w->bits == 4 || w->bits == 8)
-    qmm_blocked(w, x, xsum, m, o0, o1, 8, y, qmm_part_any_avx2);
+  else if (w->bits == 4 || w->bits == 8) qmm_tiles_avx2(w, x, m, o0, o1, y);
   else qmm_generic_avx2(w, x, xsum, m, o0, o1, y);
 }
 
@@ -796,8 +917,9 @@ RLM_AVX512 static void qmv8_avx512(const rlm_qmat *w, const float *x, const floa
 
 /* ---- products: 4 and 8 bits, m > 1 ------------------------------------- */
 
-/* As qmm_group_avx2: codes converted as in qmv_group_avx512, then put back
- * in element order with two vpermt2ps, once for all M rows of x. */
+/* dot[i] += this group's x[i] . q for M rows of x (row stride ldx): codes
+ * converted as in qmv_group_avx512, then put back in element order with
+ * two vpermt2ps, once for all M rows of x. */
 RLM_AVX512 static RLM_INLINE void qmm_group_avx512(const uint8_t *p, const float *xg,
                                                    int64_t ldx, int G, const int M,
                                                    const int bits, __m512 *dot) {
@@ -825,7 +947,9 @@ RLM_AVX512 static RLM_INLINE void qmm_group_avx512(const uint8_t *p, const float
   }
 }
 
-/* As qmm_part_avx2 with n <= 16 groups. */
+/* Groups [g0, g0+n) (n <= 16) of row o of W against rows i0..i0+M of x:
+ * y[i][o] = (first ? 0 : y[i][o]) + the part. b * xsum joins the lane sums
+ * of s * dot (all lanes are summed at the end anyway). */
 RLM_AVX512 static RLM_INLINE void qmm_part_avx512(const rlm_qmat *w, const float *x,
                                                   const float *xsum, int64_t i0, const int M,
                                                   int64_t o, int64_t g0, int n, const int bits,
