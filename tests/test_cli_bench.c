@@ -29,37 +29,6 @@ static const char *g_bin;
 
 #define run t_run_cmd
 
-/* ringlm.c's message helpers, which the tool sources call (ringlm.c holds
- * main, so it stays out): the same lines on stderr. */
-int cli_fail(const rlm_error *err) {
-  fprintf(stderr, "ringlm: %s\n", err->msg[0] ? err->msg : rlm_status_str(err->code));
-  return CLI_FAIL;
-}
-
-int cli_fail_in(const char *what, const rlm_error *err) {
-  fprintf(stderr, "ringlm: %s: %s\n", what, err->msg[0] ? err->msg : rlm_status_str(err->code));
-  return CLI_FAIL;
-}
-
-int cli_usage_error(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "ringlm %s: ", cmd);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  return CLI_USAGE;
-}
-
-void cli_warn(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "ringlm %s: warning: ", cmd);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-}
-
 static void write_file(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   CHECK(f != NULL);

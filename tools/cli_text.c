@@ -1,14 +1,59 @@
-/* cli_text.c -- helpers the commands share: --ids lists, whole files (or
- * stdin), text encoded with a tokenizer into a malloc'd id array, the
- * clock, and the units the commands print (bytes, plurals, peak RSS). */
+/* cli_text.c -- helpers the commands share: the one-line messages and
+ * integer flags, --ids lists, whole files (or stdin), text encoded with a
+ * tokenizer into a malloc'd id array, the clock, and the units the
+ * commands print (bytes, plurals, peak RSS). */
 #include "cli.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
+
+bool cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = s ? strtol(s, &end, 10) : 0;
+  if (!s || !*s || *end || errno || v < lo || v > hi) {
+    fprintf(stderr, "ringlm: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi,
+            s ? s : "(nothing)");
+    return false;
+  }
+  *out = v;
+  return true;
+}
+
+int cli_fail(const rlm_error *err) {
+  fprintf(stderr, "ringlm: %s\n", err->msg[0] ? err->msg : rlm_status_str(err->code));
+  return CLI_FAIL;
+}
+
+int cli_fail_in(const char *what, const rlm_error *err) {
+  fprintf(stderr, "ringlm: %s: %s\n", what, err->msg[0] ? err->msg : rlm_status_str(err->code));
+  return CLI_FAIL;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ringlm %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, " (see 'ringlm %s --help')\n", cmd);
+  va_end(ap);
+  return CLI_USAGE;
+}
+
+void cli_warn(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "ringlm %s: warning: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}
 
 double cli_now_s(void) {
   struct timespec ts;

@@ -47,48 +47,6 @@ static const char usage[] =
     "Run 'ringlm <command> --help' for a command's options and their defaults.\n"
     "Exit status: 0 ok, 1 the operation failed, 2 bad usage.\n";
 
-bool cli_parse_int(const char *flag, const char *s, long lo, long hi, long *out) {
-  char *end;
-  errno = 0;
-  long v = s ? strtol(s, &end, 10) : 0;
-  if (!s || !*s || *end || errno || v < lo || v > hi) {
-    fprintf(stderr, "ringlm: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi,
-            s ? s : "(nothing)");
-    return false;
-  }
-  *out = v;
-  return true;
-}
-
-int cli_fail(const rlm_error *err) {
-  fprintf(stderr, "ringlm: %s\n", err->msg[0] ? err->msg : rlm_status_str(err->code));
-  return CLI_FAIL;
-}
-
-int cli_fail_in(const char *what, const rlm_error *err) {
-  fprintf(stderr, "ringlm: %s: %s\n", what, err->msg[0] ? err->msg : rlm_status_str(err->code));
-  return CLI_FAIL;
-}
-
-int cli_usage_error(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "ringlm %s: ", cmd);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, " (see 'ringlm %s --help')\n", cmd);
-  va_end(ap);
-  return CLI_USAGE;
-}
-
-void cli_warn(const char *cmd, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "ringlm %s: warning: ", cmd);
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-}
-
 /* "--name=value" (name: letters, digits, '-') splits into "--name" and
  * "value" in place: the NUL goes where the '=' was. */
 static bool split_eq(char *a, char **value) {
