@@ -648,6 +648,16 @@ RLM_API rlm_status rlm_session_row_clear(rlm_session *s, int row, rlm_error *err
  * prefill_chunk tokens fed since (its slack); a rollback it cannot cover,
  * or n beyond the row's position, is RLM_ERR_INVALID and changes nothing. */
 RLM_API rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *err);
+/* A row's whole KV state (every layer's cache, rings included, and its
+ * position) as one checksummed byte image, *buf rlm_free'd by the caller:
+ * a prompt cache keeps it and restores it into any row of a session with
+ * the same model and parameters. Restore replaces the row; a malformed or
+ * mismatched image is RLM_ERR_FORMAT naming the layer, and leaves the row
+ * as it was (or, on a failure past the checks, empty: never mixed). */
+RLM_API rlm_status rlm_session_row_save(const rlm_session *s, int row, void **buf, size_t *len,
+                                        rlm_error *err);
+RLM_API rlm_status rlm_session_row_restore(rlm_session *s, int row, const void *buf, size_t len,
+                                           rlm_error *err);
 /* KV bytes held by all layers' caches. */
 RLM_API size_t rlm_session_kv_bytes(const rlm_session *s);
 /* The KV footprint a session with params p would have: bytes per token of

@@ -248,6 +248,53 @@ TEST(ragged_rollback_after_wrap) {
   }
 }
 
+/* A row's state image restored into another row (which held something
+ * else) continues exactly as the original: rings past their wrap,
+ * quantized K/V, KV-shared layers. A damaged image is refused. */
+static void check_row_state_arch(const char *arch, int kb, int vb, int64_t max_kv) {
+  rlm_model *m = load(arch);
+  if (!m) return;
+  const int V = rlm_model_vocab_size(m), P = 40;
+  rlm_session_params p = rlm_session_params_default();
+  p.n_rows = 3, p.prefill_chunk = 8, p.k_bits = kb, p.v_bits = vb, p.max_kv = max_kv, p.kv_group_size = 32;
+  rlm_session *s = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);
+  int32_t ids[P], rows[P];
+  float *a = malloc(sizeof(float) * 2 * V), *b = a + V;
+  for (int j = 0; j < P; j++) ids[j] = g_prompt[j], rows[j] = 0;
+  CHECK_EQ(rlm_session_decode(s, &(rlm_batch){P, ids, rows, NULL}, a, &err), RLM_OK);
+  for (int j = 0; j < 20; j++) ids[j] = g_prompt[60 + j], rows[j] = 1; /* row 1: other text */
+  CHECK_EQ(rlm_session_decode(s, &(rlm_batch){20, ids, rows, NULL}, a, &err), RLM_OK);
+  void *img = NULL;
+  size_t len = 0;
+  CHECK_EQ(rlm_session_row_save(s, 0, &img, &len, &err), RLM_OK);
+  CHECK_EQ(rlm_session_row_restore(s, 1, img, len, &err), RLM_OK);
+  CHECK_EQ(rlm_session_row_position(s, 1), P);
+  int32_t next[2] = {g_prompt[90], g_prompt[90]}, rr[2] = {0, 1};
+  CHECK_EQ(rlm_session_decode(s, &(rlm_batch){2, next, rr, (const bool[]){true, true}}, a, &err), RLM_OK);
+  CHECK(rel_err(a, b, V) <= 1e-6);
+  test_note("%s k%dv%d max_kv %lld: %zu bytes, restored row err %.3g", arch, kb, vb, (long long)max_kv,
+            len, rel_err(a, b, V));
+  ((unsigned char *)img)[len / 2] ^= 1; /* a flipped bit: the layer's checksum fails */
+  CHECK_EQ(rlm_session_row_restore(s, 2, img, len, &err), RLM_ERR_FORMAT);
+  CHECK(strstr(err.msg, "checksum") != NULL);
+  CHECK_EQ(rlm_session_row_restore(s, 2, img, 10, &err), RLM_ERR_FORMAT);
+  CHECK_EQ(rlm_session_row_position(s, 2), 0);
+  rlm_free(img);
+  free(a);
+  rlm_session_free(s);
+  rlm_model_free(m);
+}
+
+TEST(row_state_restores_into_another_row) {
+  for (int a = 0; a < N_ARCHS; a++) {
+    check_row_state_arch(archs[a], 0, 0, 0);
+    check_row_state_arch(archs[a], 8, 4, 0);
+    check_row_state_arch(archs[a], 4, 4, 24);
+  }
+}
+
 /* Bad batches, the n_ctx budget and refused rollbacks change nothing. */
 TEST(all_or_nothing) {
   rlm_model *m = load("gemma3_text");
@@ -373,6 +420,7 @@ int main(void) {
   if (!g_src) return 1;
   RUN(batched_equals_alone);
   RUN(ragged_rollback_after_wrap);
+  RUN(row_state_restores_into_another_row);
   RUN(all_or_nothing);
   RUN(out_of_memory_changes_nothing);
   RUN(batched_steps_do_not_allocate);

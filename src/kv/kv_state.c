@@ -114,6 +114,22 @@ static rlm_status check_image(const rlm_kv *kv, const uint8_t *img, size_t n, in
   return RLM_OK;
 }
 
+/* Exchanges the per-operation scratch of two caches of one configuration
+ * (kv.h: everything scratch_alloc, rlm__kv_use_pool and sharing set), so
+ * that a restored image keeps the caller's: a row that borrows row 0's
+ * scratch must go on borrowing it, and attention keeps its pool. */
+static void swap_scratch(rlm_kv *a, rlm_kv *b) {
+#define SWAP(f)          \
+  do {                   \
+    __typeof__(a->f) t_ = a->f; \
+    a->f = b->f;         \
+    b->f = t_;           \
+  } while (0)
+  SWAP(blk_k); SWAP(blk_v); SWAP(den_k); SWAP(den_v); SWAP(blk_pos); SWAP(q_rows);
+  SWAP(q_pos); SWAP(o_rows); SWAP(attn_scratch); SWAP(pool); SWAP(conv); SWAP(borrowed);
+#undef SWAP
+}
+
 rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error *err) {
   if (!kv || !buf) return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_state_restore: NULL argument");
   int64_t f[KV_NFIELDS];
@@ -139,10 +155,8 @@ rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error
   for (int i = 0; i < 6; p += alen[i], i++)
     if (alen[i]) memcpy(arr[i], p, alen[i]); /* dense kinds have no scales */
   t->dense_pending = f[13] != 0;
-  float *scratch = t->attn_scratch; /* the caller's attention threads stay */
-  t->attn_scratch = kv->attn_scratch, t->pool = kv->pool;
-  kv->attn_scratch = scratch;
-  rlm_kv old = *kv; /* swap so the caller's handle stays valid */
+  swap_scratch(t, kv); /* the caller's scratch, pool and sharing stay */
+  rlm_kv old = *kv;    /* swap so the caller's handle stays valid */
   *kv = *t;
   *t = old;
   rlm_kv_free(t);

@@ -241,6 +241,99 @@ rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *e
   return RLM_OK;
 }
 
+/* ---- row state ------------------------------------------------------------ */
+
+/* A row's image: magic, layer count, position, then per layer a flag
+ * (0: a KV-shared layer without a cache) and its rlm_kv_state image with
+ * its length. Each layer image carries its own checksum. */
+static const char row_magic[8] = {'R', 'L', 'M', 'R', 'O', 'W', '0', '1'};
+
+static void free_images(void **img, int n) {
+  for (int i = 0; i < n; i++) rlm_free(img[i]);
+  rlm__free(img);
+}
+
+rlm_status rlm_session_row_save(const rlm_session *s, int row, void **buf, size_t *len,
+                                rlm_error *err) {
+  if (!s || row < 0 || row >= s->p.n_rows || !buf || !len)
+    return s && buf && len ? bad_row("rlm_session_row_save", s, row, err)
+                           : rlm__err(err, RLM_ERR_INVALID, "rlm_session_row_save: NULL argument");
+  const int L = s->m->cfg.n_layers;
+  const rlm_row *R = &s->rows[row];
+  void **img = rlm__calloc((size_t)L, sizeof *img);
+  size_t *n = rlm__calloc((size_t)L, sizeof *n), total = 8 + 4 + 8;
+  rlm_status rc = img && n ? RLM_OK : rlm__err_nomem(err, "row state", 0);
+  for (int i = 0; !rc && i < L; i++) {
+    if (R->kv[i]) rc = rlm_kv_state_save(R->kv[i], &img[i], &n[i], err);
+    total += 1 + 8 + n[i];
+  }
+  uint8_t *out = rc ? NULL : rlm__malloc(total), *p = out;
+  if (!rc && !out) rc = rlm__err_nomem(err, "row state", total);
+  if (!rc) {
+    const uint32_t nl = (uint32_t)L;
+    memcpy(p, row_magic, 8), p += 8;
+    memcpy(p, &nl, 4), p += 4;
+    memcpy(p, &R->pos, 8), p += 8;
+    for (int i = 0; i < L; i++) {
+      const uint64_t li = n[i];
+      *p++ = R->kv[i] != NULL;
+      memcpy(p, &li, 8), p += 8;
+      if (n[i]) memcpy(p, img[i], n[i]), p += n[i];
+    }
+    *buf = out, *len = total;
+  }
+  if (img) free_images(img, L);
+  rlm__free(n);
+  return rc;
+}
+
+/* Checks an image's framing against this session's layers. */
+static rlm_status check_row_image(const rlm_session *s, const uint8_t *p, size_t len, rlm_error *err) {
+  const char *w = "row state";
+  const int L = s->m->cfg.n_layers;
+  uint32_t nl;
+  int64_t pos;
+  if (len < 20 || memcmp(p, row_magic, 8))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: not a ringlm row state (bad magic or %zu bytes)", w, len);
+  memcpy(&nl, p + 8, 4), memcpy(&pos, p + 12, 8);
+  if (nl != (uint32_t)L || pos < 0)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: %u layers at position %lld; this model has %d", w, nl,
+                    (long long)pos, L);
+  size_t off = 20;
+  for (int i = 0; i < L; i++) {
+    uint64_t li;
+    if (len - off < 9) return rlm__err(err, RLM_ERR_FORMAT, "%s: truncated at layer %d", w, i);
+    memcpy(&li, p + off + 1, 8);
+    if ((p[off] != 0) != (s->rows[0].kv[i] != NULL) || li > len - off - 9)
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: layer %d does not match this session", w, i);
+    off += 9 + (size_t)li;
+  }
+  return off == len ? RLM_OK : rlm__err(err, RLM_ERR_FORMAT, "%s: %zu bytes past the last layer", w, len - off);
+}
+
+rlm_status rlm_session_row_restore(rlm_session *s, int row, const void *buf, size_t len,
+                                   rlm_error *err) {
+  if (!s || row < 0 || row >= s->p.n_rows) return bad_row("rlm_session_row_restore", s, row, err);
+  if (!buf) return rlm__err(err, RLM_ERR_INVALID, "rlm_session_row_restore: NULL argument");
+  const uint8_t *p = buf;
+  rlm_status rc = check_row_image(s, p, len, err);
+  if (rc) return rc;
+  rlm_row *R = &s->rows[row];
+  size_t off = 20;
+  for (int i = 0; !rc && i < s->m->cfg.n_layers; i++) {
+    uint64_t li;
+    memcpy(&li, p + off + 1, 8);
+    if (R->kv[i]) rc = rlm_kv_state_restore(R->kv[i], p + off + 9, (size_t)li, err);
+    off += 9 + (size_t)li;
+  }
+  if (rc) { /* some layers changed: an empty row, never a mixed one */
+    rlm_session_row_clear(s, row, NULL);
+    return rc;
+  }
+  memcpy(&R->pos, p + 12, 8);
+  return RLM_OK;
+}
+
 /* ---- batches ------------------------------------------------------------ */
 
 static int tok_row(const rlm_batch *b, int i) { return b->rows ? b->rows[i] : 0; }
