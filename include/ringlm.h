@@ -673,6 +673,9 @@ RLM_API rlm_status rlm_model_kv_footprint(const rlm_model *m, const rlm_session_
  * Sampling. Applied in this order (llama.cpp's and transformers' order):
  * repetition penalty over the last repeat_last_n accepted tokens (a
  * positive logit is divided by the penalty, a negative one multiplied),
+ * then OpenAI's frequency and presence penalties over the same window
+ * (logit -= count x frequency_penalty + presence_penalty, for each id
+ * that occurs count > 0 times in it, as llama.cpp's penalties sampler),
  * then temp == 0: argmax (greedy); else logits / temp, top-k, softmax,
  * top-p (the smallest set whose probability reaches top_p), min-p (drop
  * tokens below min_p x the top probability), and a draw from what is
@@ -686,8 +689,10 @@ typedef struct rlm_sampler_params {
   float top_p;           /* 1: off                                     */
   float min_p;           /* 0: off                                     */
   float repeat_penalty;  /* 1: off                                     */
-  int repeat_last_n;     /* tokens of history the penalty looks at     */
+  int repeat_last_n;     /* tokens of history the penalties look at    */
   uint64_t seed;
+  float presence_penalty;  /* [-2, 2]; 0: off                          */
+  float frequency_penalty; /* [-2, 2]; 0: off                          */
 } rlm_sampler_params;
 
 RLM_API rlm_sampler_params rlm_sampler_params_default(void);
@@ -754,6 +759,10 @@ RLM_API rlm_status rlm_gen_create(rlm_gen **out, rlm_session *target, rlm_sessio
                                   rlm_error *err);
 RLM_API void rlm_gen_free(rlm_gen *g);
 
+/* The most alternatives per token a request may ask for (OpenAI's
+ * top_logprobs). */
+#define RLM_GEN_LOGPROBS_MAX 20
+
 typedef struct rlm_gen_request {
   const int32_t *prompt;      /* n_prompt >= 1 ids                        */
   int64_t n_prompt;
@@ -771,6 +780,9 @@ typedef struct rlm_gen_request {
   const char *const *stops;   /* stop strings (copied), cut from the text */
   int n_stops;
   bool speculate;             /* use the engine's proposer for this row   */
+  int logprobs;               /* -1 (default): none; 0..RLM_GEN_LOGPROBS_MAX:
+                                 each generated id's log-probability and
+                                 that many most likely ids (rlm_gen_event) */
 } rlm_gen_request;
 
 RLM_API rlm_gen_request rlm_gen_request_default(void);
@@ -798,6 +810,17 @@ typedef struct rlm_gen_event {
   rlm_finish finish;          /* != NONE: the request is over and its row
                                  free; the row's KV holds the prompt and
                                  every output id but the last one         */
+  /* With the request's logprobs >= 0, log-probabilities under the target's
+   * raw distribution: log_softmax of its logits at the position that
+   * produced the id, before any sampler transformation (no penalty,
+   * temperature or truncation: vLLM's default), whether the id came from
+   * plain decoding or a verified proposal. NULL (n_top 0) with -1. */
+  const float *logprob;       /* [n_ids]: log p(ids[i])                   */
+  const int32_t *top_ids;     /* [n_ids][n_top], most likely first (ties:
+                                 the lower id first)                      */
+  const float *top_logprobs;  /* [n_ids][n_top]                           */
+  int n_top;                  /* the request's logprobs (at most the
+                                 vocabulary's size)                       */
 } rlm_gen_event;
 
 /* One step: every running request advances (prefill chunks and decode or

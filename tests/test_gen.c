@@ -10,7 +10,12 @@
  * token, chi-square against the target's own distribution, for both
  * proposers (proposals must have been rejected and accepted both). Also:
  * seeded runs repeat, a draft with another vocabulary is refused naming
- * both sizes, and engine steps allocate nothing.
+ * both sizes, and engine steps allocate nothing. Penalties: greedy
+ * speculative output with frequency and presence penalties is still the
+ * plain engine's. Logprobs: each one is log_softmax of the logits that
+ * rlm_session_eval gives on a second session, greedy and sampled, plain
+ * and speculative (whose greedy logprobs are the plain run's); the top
+ * ids descend and start with the greedy id; -1 gives NULL.
  */
 #include "generate/spec.h"
 #include "model/model.h"
@@ -362,8 +367,203 @@ TEST(seeded_runs_repeat) {
   rlm_model_free(m), rlm_model_free(dm);
 }
 
+/* ---- penalties and logprobs ------------------------------------------------ */
+
+enum { N_LP = 24, N_TOP = 5 };
+
+/* One request's output and what its events said about logprobs. */
+typedef struct lp_run {
+  int32_t ids[N_LP];
+  float lp[N_LP];
+  int32_t top[N_LP][N_TOP];
+  float top_lp[N_LP][N_TOP];
+  int n;
+  bool all_null;              /* no event had a logprob pointer           */
+  rlm_gen_stats st;
+} lp_run;
+
+static void take_event(const rlm_gen_event *e, int n_top, lp_run *out) {
+  out->all_null = out->all_null && !e->logprob && !e->top_ids && !e->top_logprobs && !e->n_top;
+  if (n_top >= 0) CHECK(e->logprob && e->top_ids && e->top_logprobs && e->n_top == n_top);
+  for (int i = 0; i < e->n_ids && out->n < N_LP; i++, out->n++) {
+    out->ids[out->n] = e->ids[i];
+    if (!e->logprob) continue;
+    out->lp[out->n] = e->logprob[i];
+    for (int k = 0; k < e->n_top && k < N_TOP; k++) { /* the first N_TOP */
+      out->top[out->n][k] = e->top_ids[i * e->n_top + k];
+      out->top_lp[out->n][k] = e->top_logprobs[i * e->n_top + k];
+    }
+  }
+}
+
+/* One request of N_LP ids with logprobs n_top through an engine on fresh
+ * one-row sessions of m (and of the draft dm, or n-gram lookup). */
+static void run_one(rlm_model *m, rlm_model *dm, int lookup, const int32_t *prompt, int n,
+                    const rlm_sampler_params *sp, int n_top, lp_run *out) {
+  rlm_session *t = open_rows(m, 1, &kv_cases[0]), *d = dm ? open_rows(dm, 1, &kv_cases[0]) : NULL;
+  rlm_gen_params gp = rlm_gen_params_default();
+  gp.lookup_n = lookup, gp.draft_max = 4;
+  rlm_gen *g = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_gen_create(&g, t, d, NULL, &gp, &err), RLM_OK);
+  rlm_gen_request rq = rlm_gen_request_default();
+  rq.prompt = prompt, rq.n_prompt = n, rq.max_tokens = N_LP, rq.ignore_eos = true;
+  rq.sampler = *sp, rq.logprobs = n_top;
+  int row;
+  CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_OK);
+  *out = (lp_run){.all_null = true};
+  for (int steps = 0; rlm_gen_active(g) && steps < 1000; steps++) {
+    const rlm_gen_event *ev;
+    int n_ev;
+    CHECK_EQ(rlm_gen_step(g, &ev, &n_ev, &err), RLM_OK);
+    for (int e = 0; e < n_ev; e++) take_event(&ev[e], n_top, out);
+  }
+  CHECK_EQ(out->n, N_LP);
+  rlm_gen_get_stats(g, -1, &out->st);
+  test_note("lookup %d, draft %s: drafted %lld accepted %lld", lookup, dm ? "yes" : "no",
+            (long long)out->st.drafted, (long long)out->st.accepted);
+  rlm_gen_free(g);
+  rlm_session_free(t), rlm_session_free(d);
+}
+
+/* log_softmax(x) in double. */
+static void log_softmax(const float *x, int V, double *out) {
+  double mx = x[0], sum = 0;
+  for (int i = 1; i < V; i++) mx = x[i] > mx ? x[i] : mx;
+  for (int i = 0; i < V; i++) sum += exp(x[i] - mx);
+  for (int i = 0; i < V; i++) out[i] = x[i] - mx - log(sum);
+}
+
+/* Mistakes in position k's logprobs against ls = log_softmax: its id's,
+ * the top ids' (descending, the n_top largest), and top[0] the id itself
+ * when greedy. */
+static int logprob_errors(const lp_run *r, int k, const double *ls, int V, int n_top, bool greedy) {
+  int bad = fabs(r->lp[k] - ls[r->ids[k]]) > 1e-4;
+  for (int i = 0; i < n_top; i++) {
+    bad += fabs(r->top_lp[k][i] - ls[r->top[k][i]]) > 1e-4;
+    bad += i > 0 && r->top_lp[k][i] > r->top_lp[k][i - 1];
+  }
+  for (int j = 0; j < V && n_top > 0; j++) { /* nothing left out beats the last */
+    bool in = false;
+    for (int i = 0; i < n_top; i++) in = in || r->top[k][i] == j;
+    bad += !in && ls[j] > ls[r->top[k][n_top - 1]] + 1e-4;
+  }
+  return bad + (greedy && n_top > 0 && r->top[k][0] != r->ids[k]);
+}
+
+/* The run's logprobs against a second session fed the prompt, then each
+ * generated id in turn. */
+static void check_against_eval(rlm_model *m, const int32_t *prompt, int n, const lp_run *r, int n_top,
+                               bool greedy) {
+  const int V = rlm_model_vocab_size(m);
+  rlm_session *one = open_rows(m, 1, &kv_cases[0]);
+  float *logits = malloc(sizeof(float) * V);
+  double *ls = malloc(sizeof(double) * V);
+  rlm_error err;
+  CHECK_EQ(rlm_session_eval(one, prompt, n, logits, false, &err), RLM_OK);
+  int bad = 0;
+  for (int k = 0; k < r->n; k++) {
+    log_softmax(logits, V, ls);
+    bad += logprob_errors(r, k, ls, V, n_top, greedy);
+    CHECK_EQ(rlm_session_eval(one, &r->ids[k], 1, logits, false, &err), RLM_OK);
+  }
+  CHECK_EQ(bad, 0);
+  free(logits), free(ls);
+  rlm_session_free(one);
+}
+
+/* Two runs' ids equal and logprobs within 1e-4. */
+static bool same_logprobs(const lp_run *a, const lp_run *b, int n_top) {
+  bool same = !memcmp(a->ids, b->ids, sizeof a->ids);
+  for (int k = 0; k < N_LP && same; k++) {
+    same = fabsf(a->lp[k] - b->lp[k]) <= 1e-4f;
+    for (int i = 0; i < n_top && same; i++)
+      same = a->top[k][i] == b->top[k][i] && fabsf(a->top_lp[k][i] - b->top_lp[k][i]) <= 1e-4f;
+  }
+  return same;
+}
+
+/* The draft is the target itself (on a session of its own), so that its
+ * proposals are kept and events carry several verified ids. */
+TEST(logprobs_are_the_raw_log_softmax) {
+  rlm_model *m = load("gemma3_text");
+  if (!m) return;
+  int32_t prompt[128];
+  const int n = make_prompt(0, prompt);
+  rlm_sampler_params greedy = rlm_sampler_params_default(), hot = greedy;
+  hot.temp = 0.9f, hot.top_k = 20, hot.seed = 3, hot.repeat_penalty = 1.3f, hot.frequency_penalty = 0.5f;
+  lp_run plain, spec, none;
+  run_one(m, NULL, 0, prompt, n, &greedy, N_TOP, &plain);
+  check_against_eval(m, prompt, n, &plain, N_TOP, true);
+  for (int proposer = 0; proposer < 2; proposer++) { /* lookup, draft */
+    run_one(m, proposer ? m : NULL, proposer ? 0 : 2, prompt, n, &greedy, N_TOP, &spec);
+    CHECK(spec.st.accepted > 0);
+    CHECK(same_logprobs(&plain, &spec, N_TOP));
+  }
+  /* sampled, penalised: still the raw distribution's (the test's own
+   * log_softmax knows no penalty), plain and verified */
+  for (int proposer = 0; proposer < 3; proposer++) {
+    run_one(m, proposer == 2 ? m : NULL, proposer == 1 ? 2 : 0, prompt, n, &hot, N_TOP, &spec);
+    CHECK(proposer == 0 || spec.st.accepted > 0);
+    check_against_eval(m, prompt, n, &spec, N_TOP, false);
+  }
+  run_one(m, NULL, 0, prompt, n, &greedy, 0, &spec); /* the id's alone */
+  CHECK(same_logprobs(&plain, &spec, 0));
+  run_one(m, NULL, 0, prompt, n, &greedy, RLM_GEN_LOGPROBS_MAX, &spec);
+  check_against_eval(m, prompt, n, &spec, N_TOP, true); /* its first N_TOP */
+  run_one(m, NULL, 2, prompt, n, &greedy, -1, &none);
+  CHECK(none.all_null && !plain.all_null);
+  CHECK(!memcmp(none.ids, plain.ids, sizeof none.ids));
+  rlm_model_free(m);
+}
+
+/* Out of range logprobs name the field. */
+TEST(logprobs_range) {
+  rlm_model *m = load("llama");
+  if (!m) return;
+  rlm_session *t = open_rows(m, 1, &kv_cases[0]);
+  rlm_gen *g = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_gen_create(&g, t, NULL, NULL, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm_gen_request_default().logprobs, -1);
+  rlm_gen_request rq = rlm_gen_request_default();
+  rq.prompt = g_prompt, rq.n_prompt = 8, rq.logprobs = RLM_GEN_LOGPROBS_MAX + 1;
+  int row;
+  CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "logprobs 21 is out of range [-1, 20]");
+  rq.logprobs = -2;
+  CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "logprobs -2");
+  rlm_gen_free(g);
+  rlm_session_free(t);
+  rlm_model_free(m);
+}
+
+/* Greedy with repetition, frequency and presence penalties over a window
+ * shorter than the output (ids leave it during verification): lookup and
+ * a draft (the target itself, penalised alike, so proposals are kept) give
+ * the plain engine's tokens, which the penalties changed. */
+TEST(penalties_speculative_equals_plain) {
+  rlm_model *m = load("qwen3");
+  if (!m) return;
+  rlm_sampler_params sp = rlm_sampler_params_default(), off = sp;
+  sp.repeat_penalty = 1.1f, sp.frequency_penalty = 0.6f, sp.presence_penalty = 0.4f, sp.repeat_last_n = 16;
+  int32_t prompt[128];
+  const int n = make_prompt(2, prompt);
+  lp_run plain, spec, unpenalised;
+  run_one(m, NULL, 0, prompt, n, &sp, -1, &plain);
+  run_one(m, NULL, 0, prompt, n, &off, -1, &unpenalised);
+  CHECK(memcmp(plain.ids, unpenalised.ids, sizeof plain.ids) != 0);
+  for (int proposer = 0; proposer < 2; proposer++) {
+    run_one(m, proposer ? m : NULL, proposer ? 0 : 2, prompt, n, &sp, -1, &spec);
+    CHECK(spec.st.accepted > 0);
+    CHECK(!memcmp(plain.ids, spec.ids, sizeof plain.ids));
+  }
+  rlm_model_free(m);
+}
+
 /* Engine steps (decode, draft passes, verification, rollback) allocate
- * nothing once the requests are running. */
+ * nothing once the requests are running, logprobs and penalties too. */
 TEST(engine_steps_do_not_allocate) {
   rlm_model *m = load("gemma4_text"), *dm = load("gemma3_text");
   load_prompt("gemma4_text");
@@ -386,6 +586,8 @@ TEST(engine_steps_do_not_allocate) {
       rq.prompt = prompts[i], rq.n_prompt = n_prompt[i] = make_prompt(i, prompts[i]);
       rq.max_tokens = 300, rq.ignore_eos = true;
       rq.sampler.temp = i == 2 ? 0.8f : 0.0f;
+      rq.sampler.frequency_penalty = i == 1 ? 0.3f : 0.0f;
+      rq.logprobs = i == 0 ? -1 : i == 1 ? 0 : RLM_GEN_LOGPROBS_MAX;
       int row;
       CHECK_EQ(rlm_gen_add(g, &rq, &row, &err), RLM_OK);
     }
@@ -416,6 +618,9 @@ int main(void) {
   RUN(embedded_model_and_its_draft);
   RUN(speculative_sampling_keeps_the_target_distribution);
   RUN(seeded_runs_repeat);
+  RUN(logprobs_are_the_raw_log_softmax);
+  RUN(logprobs_range);
+  RUN(penalties_speculative_equals_plain);
   RUN(engine_steps_do_not_allocate);
   return t_finish(g_tmp);
 }

@@ -2,7 +2,10 @@
  * argmax; temperature draws follow the softmax (chi-square over 40k draws);
  * top-k, top-p and min-p keep exactly the sets their definitions give;
  * the repetition penalty divides positive and multiplies negative logits;
- * a seed reproduces a sequence; no allocation per call. The fast paths
+ * frequency and presence penalties subtract count x frequency + presence
+ * after it, over the same window (evicted ids leave it), equal to the
+ * reference that scans the window, and are off by default; a seed
+ * reproduces a sequence; no allocation per call. The fast paths
  * (no full sort) against the sort-based reference: the same kept set and
  * weights on thousands of random inputs, draw frequencies (chi-square)
  * against the reference's weights and no draw outside its set, top-k draws
@@ -100,6 +103,141 @@ TEST(repetition_penalty) {
   for (int i = 0; i < 4; i++) rlm_sampler_accept(s, 5); /* 1 and 3 leave the window */
   memcpy(l, L, sizeof l);
   CHECK_EQ(rlm_sampler_sample(s, l), 1);
+  rlm_sampler_free(s);
+}
+
+/* The penalised logits by OpenAI's formula after the repetition penalty,
+ * counting the window hist[n] here, independently of the sampler. */
+static void penalised(const float *l, int V, const int32_t *hist, int n,
+                      const rlm_sampler_params *p, float *out) {
+  for (int j = 0; j < V; j++) {
+    int count = 0;
+    for (int i = 0; i < n; i++) count += hist[i] == j;
+    out[j] = l[j];
+    if (!count) continue;
+    double x = l[j] > 0 ? l[j] / p->repeat_penalty : l[j] * p->repeat_penalty;
+    out[j] = (float)(x - count * p->frequency_penalty - p->presence_penalty);
+  }
+}
+
+static int argmax_of(const float *x, int n) {
+  int best = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+/* History 1 1 1 4 over L = {1, 3, 2, -1, 2.5, 0}: each case moves the
+ * argmax where the formula says, and every logit is the formula's. */
+TEST(frequency_and_presence_penalties) {
+  static const int32_t hist[] = {1, 1, 1, 4};
+  static const struct {
+    float presence, frequency, repeat;
+    int want; /* by hand */
+  } cases[] = {
+      {0.0f, 0.0f, 1.0f, 1},  /* no penalty: 3 wins                    */
+      {0.6f, 0.0f, 1.0f, 1},  /* 3 - 0.6 = 2.4 still beats 2 and 1.9    */
+      {0.0f, 0.4f, 1.0f, 4},  /* 3 - 1.2 = 1.8 < 2.1 = 2.5 - 0.4        */
+      {0.6f, 0.5f, 1.0f, 2},  /* 3 - 2.1 = 0.9, 2.5 - 1.1 = 1.4 < 2     */
+      /* repetition first: 3 / 2 + 0.2 = 1.7 and 2.5 / 2 + 1 = 2.25 > 2;
+         subtracting before the division would give 1.6 and 1.75, and 2 */
+      {-1.4f, 0.4f, 2.0f, 4},
+      {-1.0f, 0.0f, 2.0f, 1}, /* a negative one pulls: 3 / 2 + 1 = 2.5    */
+  };
+  for (int c = 0; c < N_OF(cases); c++) {
+    rlm_sampler_params p = rlm_sampler_params_default();
+    p.presence_penalty = cases[c].presence, p.frequency_penalty = cases[c].frequency;
+    p.repeat_penalty = cases[c].repeat, p.repeat_last_n = 8;
+    rlm_sampler *s = make(p, 6);
+    for (int i = 0; i < N_OF(hist); i++) rlm_sampler_accept(s, hist[i]);
+    float l[6], want[6];
+    memcpy(l, L, sizeof l);
+    penalised(L, 6, hist, N_OF(hist), &p, want);
+    int32_t id = rlm_sampler_sample(s, l);
+    test_note("case %d: id %d, want %d (formula's argmax %d)", c, id, cases[c].want, argmax_of(want, 6));
+    CHECK_EQ(id, cases[c].want);
+    CHECK_EQ(id, argmax_of(want, 6));
+    for (int j = 0; j < 6; j++) CHECK_NEAR(l[j], want[j], 1e-6);
+    rlm_sampler_free(s);
+  }
+}
+
+/* repeat_last_n 3 over 1 1 1 5 5 5: after each accept the logits are the
+ * formula's over the last three, so the 1s leave as the 5s come. */
+TEST(penalty_window_eviction) {
+  rlm_sampler_params p = rlm_sampler_params_default();
+  p.frequency_penalty = 1.0f, p.presence_penalty = 0.5f, p.repeat_last_n = 3;
+  rlm_sampler *s = make(p, 6);
+  static const int32_t seq[] = {1, 1, 1, 5, 5, 5};
+  float l[6], want[6];
+  for (int k = 0; k < N_OF(seq); k++) {
+    rlm_sampler_accept(s, seq[k]);
+    const int n = k < 3 ? k + 1 : 3;
+    penalised(L, 6, seq + k + 1 - n, n, &p, want);
+    memcpy(l, L, sizeof l);
+    rlm_sampler_sample(s, l);
+    for (int j = 0; j < 6; j++) CHECK_NEAR(l[j], want[j], 1e-6);
+  }
+  CHECK(l[1] == 3.0f && l[5] == -3.5f); /* 1 is out; 0 - (3 x 1 + 0.5) */
+  rlm_sampler_free(s);
+}
+
+/* Random penalties, windows (evicting) and vocabularies, ids outside the
+ * vocabulary in the history too: the counts give the reference's logits
+ * bit for bit, twice in a row (the marks are undone), and so does a
+ * sampler whose own history was replaced by a copy (the engine's draft). */
+TEST(penalties_match_reference) {
+  uint64_t rng = 77;
+  float orig[300], a[300], b[300], c[300];
+  int bad = 0;
+  for (int k = 0; k < 500; k++) {
+    const int V = 2 + (int)(t_rng_next(&rng) % 299);
+    rlm_sampler_params p = rlm_sampler_params_default();
+    p.repeat_penalty = k % 2 ? t_rng_float(&rng, 0.5f, 2.0f) : 1.0f;
+    p.presence_penalty = k % 5 ? t_rng_float(&rng, -2.0f, 2.0f) : 0.0f;
+    p.frequency_penalty = k % 5 ? t_rng_float(&rng, -2.0f, 2.0f) : 0.0f;
+    p.repeat_last_n = (int)(t_rng_next(&rng) % 40);
+    rlm_sampler *s = make(p, V), *d = make(p, V);
+    const int n = (int)(t_rng_next(&rng) % 100);
+    for (int i = 0; i < n; i++) rlm_sampler_accept(s, (int32_t)(t_rng_next(&rng) % (uint64_t)(V + 4)) - 2);
+    for (int i = 0; i < 7; i++) rlm_sampler_accept(d, (int32_t)(t_rng_next(&rng) % (uint64_t)V));
+    rlm__sampler_copy_history(d, s);
+    for (int i = 0; i < V; i++) orig[i] = 3 * t_rng_normal(&rng);
+    const size_t sz = (size_t)V * sizeof *a;
+    memcpy(a, orig, sz), memcpy(b, orig, sz), memcpy(c, orig, sz);
+    rlm__sampler_penalize(s, a);
+    rlm__sampler_penalize_ref(s, b);
+    rlm__sampler_penalize(d, c);
+    bad += memcmp(a, b, sz) != 0 || memcmp(a, c, sz) != 0;
+    memcpy(a, orig, sz);
+    rlm__sampler_penalize(s, a);
+    bad += memcmp(a, b, sz) != 0;
+    rlm_sampler_free(s), rlm_sampler_free(d);
+  }
+  CHECK_EQ(bad, 0);
+}
+
+/* Default parameters: no counts, and a history changes neither the logits
+ * nor the pick. With penalties on, sampling still allocates nothing. */
+TEST(penalties_off_by_default) {
+  rlm_sampler_params p = rlm_sampler_params_default();
+  CHECK(p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f);
+  rlm_sampler *s = make(p, 6);
+  CHECK(s->count == NULL);
+  for (int32_t id = 0; id < 6; id++) rlm_sampler_accept(s, id);
+  float l[6];
+  memcpy(l, L, sizeof l);
+  CHECK_EQ(rlm_sampler_sample(s, l), 1);
+  CHECK(memcmp(l, L, sizeof l) == 0);
+  rlm_sampler_free(s);
+  p.temp = 0.8f, p.top_p = 0.9f, p.presence_penalty = 0.2f, p.frequency_penalty = 0.3f, p.seed = 5;
+  s = make(p, 6);
+  uint64_t before = rlm__alloc_count();
+  for (int k = 0; k < 100; k++) {
+    memcpy(l, L, sizeof l);
+    rlm_sampler_accept(s, rlm_sampler_sample(s, l));
+  }
+  CHECK_EQ(rlm__alloc_count() - before, 0);
   rlm_sampler_free(s);
 }
 
@@ -451,6 +589,7 @@ TEST(top_k_bit_identical_to_reference) {
       p.top_k = ks[a], p.top_p = tops[b], p.min_p = b == 0 ? 0.0f : 0.05f;
       p.temp = 0.5f + 0.4f * (float)b, p.seed = (uint64_t)(a * 10 + b);
       p.repeat_penalty = a % 2 ? 1.3f : 1.0f;
+      p.frequency_penalty = b == 1 ? 0.4f : 0.0f, p.presence_penalty = a % 3 ? 0.0f : -0.3f;
       bad += top_k_mismatches(p, &x, 300, &rng);
       calls += 300;
     }
@@ -580,6 +719,16 @@ TEST(param_errors_name_the_field) {
   check_param_error(p, 6, "sampler: repeat_last_n 2000000 is out of range [0, 1048576]");
   p = d, p.top_p = NAN;
   check_param_error(p, 6, "sampler: top_p nan is out of range (0, 1]");
+  p = d, p.presence_penalty = 2.5f;
+  check_param_error(p, 6, "sampler: presence_penalty 2.5 is out of range [-2, 2]");
+  p = d, p.frequency_penalty = -3;
+  check_param_error(p, 6, "sampler: frequency_penalty -3 is out of range [-2, 2]");
+  p = d, p.frequency_penalty = NAN;
+  check_param_error(p, 6, "sampler: frequency_penalty nan is out of range [-2, 2]");
+  p = d, p.presence_penalty = -2, p.frequency_penalty = 2; /* the ends are in */
+  rlm_sampler *s = make(p, 6);
+  CHECK(s != NULL);
+  rlm_sampler_free(s);
   check_param_error(d, 0, "sampler: vocabulary size 0 is out of range");
 }
 
@@ -645,6 +794,10 @@ int main(void) {
   RUN(temperature_follows_softmax);
   RUN(top_k_top_p_min_p_sets);
   RUN(repetition_penalty);
+  RUN(frequency_and_presence_penalties);
+  RUN(penalty_window_eviction);
+  RUN(penalties_match_reference);
+  RUN(penalties_off_by_default);
   RUN(seed_reproduces_and_no_allocation);
   RUN(param_errors_name_the_field);
   RUN(vector_weights_equal_expf);

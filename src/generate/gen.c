@@ -8,7 +8,7 @@
  * a proposer), wanting all k + 1 logits, and prefilling rows their next
  * prompt ids (no logits) in the same pass, decode rows first, prefill in
  * what is left of prefill_chunk tokens. Verification walks a row's
- * positions in order -- the repetition penalty's history must hold every
+ * positions in order -- the penalties' history must hold every
  * token kept before the one judged -- and emits m tokens: the kept
  * proposals and one of the target's own (the agreeing prefix and the
  * argmax when greedy; the speculative sampling rule otherwise, spec.h).
@@ -22,14 +22,24 @@
  * propose different numbers of tokens and leave the draft passes as they
  * finish.
  *
+ * Logprobs (requests that want them) come from the target's logits of
+ * the position that produced each emitted id, the verification pass's
+ * for a proposal, so they cost no pass: a log-sum-exp over the vocabulary
+ * and a partial selection of the top ids, taken before the sampler's
+ * penalties edit those logits (it samples from a copy). They are stored
+ * with the id in the step's output as it is emitted: the id then waits as
+ * the pending one, and the next pass overwrites the logits it came from.
+ *
  * Every buffer a step uses is sized at rlm_gen_create (logits of
  * rows x (draft_max + 1) positions, the draft's distributions when it
- * samples) or at rlm_gen_add (history, sampler, text), so a step allocates
- * nothing unless a request without max_tokens outgrows its history.
+ * samples, each row's output and logprobs) or at rlm_gen_add (history,
+ * sampler, text), so a step allocates nothing unless a request without
+ * max_tokens outgrows its history.
  */
 #include "generate/spec.h"
 #include "model/model.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 enum { MAX_DRAFT = 32, PIECE_MAX = 4096, HIST_SLACK = 1024 };
@@ -55,6 +65,10 @@ typedef struct gen_row {
   /* this step's output */
   int32_t out[MAX_DRAFT + 1];
   int n_out;
+  float *lp;                   /* [K + 1] log p of each out id            */
+  int32_t *top_ids;            /* [K + 1][n_top] the most likely ids ...  */
+  float *top_lp;               /* [K + 1][n_top] ... and their log p,
+                                  n_top <= RLM_GEN_LOGPROBS_MAX           */
   char *text;                  /* [(K + 3) * PIECE_MAX]: the step's pieces
                                   and a held-back stop-string prefix      */
   size_t text_len;
@@ -77,6 +91,9 @@ struct rlm_gen {
   float *q;                    /* the draft's distributions [R][K][V]     */
   float *pv, *resid, *w;       /* [V] scratch                             */
   int32_t *ids_s;              /* [V]                                     */
+  float *raw;                  /* [V] what judge samples from when the raw
+                                  logits are wanted for logprobs          */
+  uint32_t *wbits;             /* [V] the log-sum-exp's weights           */
   char *piece;                 /* [PIECE_MAX]                             */
   rlm_gen_event *ev;           /* [R]                                     */
   rlm_gen_stats tot;
@@ -88,7 +105,7 @@ rlm_gen_params rlm_gen_params_default(void) {
 
 rlm_gen_request rlm_gen_request_default(void) {
   return (rlm_gen_request){.row = -1, .sampler = rlm_sampler_params_default(), .max_tokens = -1,
-                           .speculate = true};
+                           .speculate = true, .logprobs = -1};
 }
 
 /* ---- create / free -------------------------------------------------------- */
@@ -117,6 +134,15 @@ static rlm_status check_create(rlm_session *t, rlm_session *d, const rlm_gen_par
   return RLM_OK;
 }
 
+/* A row's step output: its text and logprobs (K + 1 ids at most). */
+static bool alloc_row(gen_row *w, size_t K) {
+  w->text = rlm__malloc((K + 3) * PIECE_MAX);
+  w->lp = rlm__malloc((K + 1) * sizeof *w->lp);
+  w->top_ids = rlm__malloc((K + 1) * RLM_GEN_LOGPROBS_MAX * sizeof *w->top_ids);
+  w->top_lp = rlm__malloc((K + 1) * RLM_GEN_LOGPROBS_MAX * sizeof *w->top_lp);
+  return w->text && w->lp && w->top_ids && w->top_lp;
+}
+
 static rlm_status alloc_engine(rlm_gen *g, rlm_error *err) {
   const size_t R = (size_t)g->R, K = (size_t)g->K, V = (size_t)g->V;
   g->cap = (int)(R * (K + 1)) + g->t->p.prefill_chunk;
@@ -131,12 +157,13 @@ static rlm_status alloc_engine(rlm_gen *g, rlm_error *err) {
   g->resid = rlm__malloc(V * sizeof *g->resid);
   g->w = rlm__malloc(V * sizeof *g->w);
   g->ids_s = rlm__malloc(V * sizeof *g->ids_s);
+  g->raw = rlm__malloc(V * sizeof *g->raw);
+  g->wbits = rlm__malloc(V * sizeof *g->wbits);
   g->piece = rlm__malloc(PIECE_MAX);
   g->ev = rlm__malloc(R * sizeof *g->ev);
   bool ok = g->rows && g->ids && g->brow && g->want && g->lg && (!g->d || (g->dlg && g->q)) && g->pv &&
-            g->resid && g->w && g->ids_s && g->piece && g->ev;
-  for (size_t r = 0; ok && r < R; r++)
-    ok = (g->rows[r].text = rlm__malloc((K + 3) * PIECE_MAX)) != NULL;
+            g->resid && g->w && g->ids_s && g->raw && g->wbits && g->piece && g->ev;
+  for (size_t r = 0; ok && r < R; r++) ok = alloc_row(&g->rows[r], K);
   return ok ? RLM_OK : rlm__err_nomem(err, "generation engine", R * (K + 1) * V * sizeof(float));
 }
 
@@ -174,10 +201,12 @@ void rlm_gen_free(rlm_gen *g) {
     row_release(&g->rows[r]);
     rlm__free(g->rows[r].hist);
     rlm__free(g->rows[r].text);
+    rlm__free(g->rows[r].lp), rlm__free(g->rows[r].top_ids), rlm__free(g->rows[r].top_lp);
   }
   rlm__free(g->rows), rlm__free(g->ids), rlm__free(g->brow), rlm__free(g->want);
   rlm__free(g->lg), rlm__free(g->dlg), rlm__free(g->q);
   rlm__free(g->pv), rlm__free(g->resid), rlm__free(g->w), rlm__free(g->ids_s);
+  rlm__free(g->raw), rlm__free(g->wbits);
   rlm__free(g->piece), rlm__free(g->ev);
   rlm__free(g);
 }
@@ -214,6 +243,9 @@ static rlm_status check_request(rlm_gen *g, const rlm_gen_request *r, int row, i
     if (!r->stops || !r->stops[i] || strlen(r->stops[i]) >= PIECE_MAX)
       return rlm__err(err, RLM_ERR_INVALID, "%s: stop string %d is missing or longer than %d bytes", fn, i,
                       PIECE_MAX - 1);
+  if (r->logprobs < -1 || r->logprobs > RLM_GEN_LOGPROBS_MAX)
+    return rlm__err(err, RLM_ERR_INVALID, "%s: logprobs %d is out of range [-1, %d]", fn, r->logprobs,
+                    RLM_GEN_LOGPROBS_MAX);
   if (limit && r->n_prompt >= limit)
     return rlm__err(err, RLM_ERR_INVALID, "%s: the prompt reaches position %lld, no room in a context of %lld",
                     fn, (long long)r->n_prompt, (long long)limit);
@@ -249,10 +281,12 @@ static int64_t draft_prefix(const gen_row *w, const rlm_gen_request *r) {
   return k;
 }
 
-/* Brings the draft row back to keep ids, or empty when its rings cannot. */
+/* Brings the draft row back to keep ids, or empty when its rings cannot.
+ * Keeping none clears the row: a draft session an earlier engine used
+ * may still hold another sequence there. */
 static void draft_reuse(rlm_gen *g, int row, int64_t keep) {
   gen_row *w = &g->rows[row];
-  if (w->dfed > keep && rlm_session_rollback(g->d, row, w->dfed - keep, NULL) != RLM_OK) {
+  if (!keep || (w->dfed > keep && rlm_session_rollback(g->d, row, w->dfed - keep, NULL) != RLM_OK)) {
     rlm_session_row_clear(g->d, row, NULL);
     keep = 0;
   }
@@ -334,14 +368,6 @@ static int32_t draft_pick(rlm_gen *g, int r, int j, float *logits) {
   return rlm__dist_draw(q, g->V, rlm__sampler_uniform(w->dsmp));
 }
 
-/* The draft sampler's penalty history = the target's (the history so far). */
-static void draft_history(gen_row *w) {
-  rlm_sampler *d = w->dsmp, *t = w->smp;
-  if (!d->hist || !t->hist) return;
-  memcpy(d->hist, t->hist, (size_t)t->p.repeat_last_n * sizeof *d->hist);
-  d->n_hist = t->n_hist, d->i_hist = t->i_hist;
-}
-
 /* Feeds the drafting rows' draft rows what they lack but the pending id
  * (the whole prompt the first time), in passes that fit the buffers. */
 static rlm_status draft_catch_up(rlm_gen *g, const int *k_row, rlm_error *err) {
@@ -375,7 +401,7 @@ static rlm_status draft_pass(rlm_gen *g, int j, int *k_row, rlm_error *err) {
   for (int i = 0; i < n_rows; i++) {
     gen_row *w = &g->rows[which[i]];
     w->dfed++;
-    if (j == 0) draft_history(w);
+    if (j == 0) rlm__sampler_copy_history(w->dsmp, w->smp); /* the history so far */
     else rlm_sampler_accept(w->dsmp, w->draft[j - 1]);
     w->draft[j] = draft_pick(g, which[i], j, g->dlg + (size_t)i * (size_t)g->V);
     w->n_draft = j + 1;
@@ -484,11 +510,11 @@ static rlm_status emit(rlm_gen *g, gen_row *w, int32_t id, rlm_error *err) {
   return RLM_OK;
 }
 
-/* Position j of the row's verification: the token it emits; *kept when
- * it is proposal j. */
-static int32_t judge(rlm_gen *g, int r, int j, bool *kept) {
+/* Position j of the row's verification, from the target's logits L there
+ * (the penalties edit them): the token it emits; *kept when it is
+ * proposal j. */
+static int32_t judge(rlm_gen *g, int r, int j, float *L, bool *kept) {
   gen_row *w = &g->rows[r];
-  float *L = g->lg + (size_t)(w->lg0 + j) * (size_t)g->V;
   const bool proposal = j < w->n_draft;
   *kept = false;
   if (w->rq.sampler.temp == 0.0f) {
@@ -502,6 +528,53 @@ static int32_t judge(rlm_gen *g, int r, int j, bool *kept) {
   int32_t next = -1;
   *kept = rlm__spec_accept_one(w->smp, g->pv, q, w->draft[j], g->resid, &next);
   return *kept ? w->draft[j] : next;
+}
+
+static int n_top(const rlm_gen *g, const gen_row *w) { return RLM_MIN(w->rq.logprobs, g->V); }
+
+/* log(sum(exp(L))) over the vocabulary, by the sampler's exact vector
+ * weights at temperature 1. */
+static double log_sum_exp(rlm_gen *g, const float *L) {
+  const float mx = L[rlm__sampler_argmax(L, g->V)];
+  return mx + log(rlm__sampler_weigh(L, g->V, 1.0f, mx, g->wbits));
+}
+
+/* The ids of the n largest of L[V] into top[n], largest first, ties in id
+ * order (as the argmax), without sorting L: an insertion into the sorted
+ * n that most ids skip with one comparison. A NaN logit makes every
+ * logprob NaN (the log-sum-exp is), and where it lands is left open. */
+static void top_n(const float *L, int32_t V, int n, int32_t *top) {
+  int m = 0;
+  for (int32_t i = 0; i < V && n > 0; i++) {
+    if (m == n && !(L[i] > L[top[n - 1]])) continue;
+    int j = m < n ? m++ : n - 1;
+    for (; j > 0 && L[i] > L[top[j - 1]]; j--) top[j] = top[j - 1];
+    top[j] = i;
+  }
+}
+
+/* The raw log-probabilities of id and of the most likely ids, from the
+ * target's logits L, into the row's next output slot. */
+static void note_logprobs(rlm_gen *g, gen_row *w, const float *L, int32_t id) {
+  const int n = n_top(g, w);
+  const double lse = log_sum_exp(g, L);
+  int32_t *top = w->top_ids + (size_t)w->n_out * (size_t)n;
+  float *top_lp = w->top_lp + (size_t)w->n_out * (size_t)n;
+  top_n(L, g->V, n, top);
+  for (int i = 0; i < n; i++) top_lp[i] = (float)(L[top[i]] - lse);
+  w->lp[w->n_out] = (float)(L[id] - lse);
+}
+
+/* judge, plus the emitted id's logprobs when the request wants them: then
+ * judge samples from a copy, so the logits stay raw. */
+static int32_t judge_noting(rlm_gen *g, int r, int j, bool *kept) {
+  gen_row *w = &g->rows[r];
+  float *L = g->lg + (size_t)(w->lg0 + j) * (size_t)g->V;
+  if (w->rq.logprobs < 0) return judge(g, r, j, L, kept);
+  memcpy(g->raw, L, (size_t)g->V * sizeof *g->raw);
+  const int32_t id = judge(g, r, j, g->raw, kept);
+  note_logprobs(g, w, L, id);
+  return id;
 }
 
 /* Adaptive proposal length, transformers' heuristic schedule. */
@@ -518,7 +591,7 @@ static rlm_status verify_row(rlm_gen *g, int r, rlm_error *err) {
   rlm_status rc = RLM_OK;
   for (int j = 0; j <= w->n_draft && !rc && !w->fin; j++) {
     bool ok;
-    int32_t id = judge(g, r, j, &ok);
+    int32_t id = judge_noting(g, r, j, &ok);
     rc = emit(g, w, id, err);
     m++;
     if (!ok) break;
@@ -541,6 +614,15 @@ static rlm_status verify_row(rlm_gen *g, int r, rlm_error *err) {
   return rc;
 }
 
+/* Row r's event for this step: its output (with logprobs if asked). */
+static rlm_gen_event row_event(const rlm_gen *g, const gen_row *w, int r, rlm_finish fin) {
+  rlm_gen_event e = {.row = r, .ids = w->out, .n_ids = w->n_out, .text = w->ds ? w->text : NULL,
+                     .text_len = w->text_len, .finish = fin};
+  if (w->rq.logprobs < 0) return e;
+  e.logprob = w->lp, e.top_ids = w->top_ids, e.top_logprobs = w->top_lp, e.n_top = n_top(g, w);
+  return e;
+}
+
 static rlm_status after_pass(rlm_gen *g, int *n_events, rlm_error *err) {
   int n_ev = 0;
   for (int r = 0; r < g->R; r++) {
@@ -548,7 +630,7 @@ static rlm_status after_pass(rlm_gen *g, int *n_events, rlm_error *err) {
     w->n_out = 0, w->text_len = 0, w->fin = RLM_FINISH_NONE, w->by_string = false;
     if (spent(w)) {
       if (w->ds) end_text(w);
-      g->ev[n_ev++] = (rlm_gen_event){r, w->out, 0, w->ds ? w->text : NULL, w->text_len, RLM_FINISH_LENGTH};
+      g->ev[n_ev++] = row_event(g, w, r, RLM_FINISH_LENGTH);
       row_release(w);
       continue;
     }
@@ -561,7 +643,7 @@ static rlm_status after_pass(rlm_gen *g, int *n_events, rlm_error *err) {
     rlm_status rc = verify_row(g, r, err);
     if (rc) return rc;
     if (w->fin && w->ds && !w->by_string) end_text(w); /* the held-back tail */
-    g->ev[n_ev++] = (rlm_gen_event){r, w->out, w->n_out, w->ds ? w->text : NULL, w->text_len, w->fin};
+    g->ev[n_ev++] = row_event(g, w, r, w->fin);
     if (w->fin) row_release(w);
   }
   *n_events = n_ev;

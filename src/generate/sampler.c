@@ -1,7 +1,16 @@
-/* sampler.c -- token sampling: repetition penalty, greedy, temperature,
- * top-k, top-p, min-p, seeded draws (the order is documented in ringlm.h;
- * sampler_ref.c is the definition of the kept set). Neither path sorts the
- * vocabulary:
+/* sampler.c -- token sampling: repetition, frequency and presence
+ * penalties, greedy, temperature, top-k, top-p, min-p, seeded draws (the
+ * order is documented in ringlm.h; sampler_ref.c is the definition of the
+ * penalties and the kept set).
+ *
+ * The penalties need each distinct id of the window and how often it
+ * occurs there. accept keeps count[vocab] in step with the history ring
+ * (+1 for the id that enters, -1 for the one that leaves), so a call walks
+ * the window once, not once per id. The array exists only when a penalty
+ * is on: the common request has none and should not pay 4 bytes per id
+ * (1 MiB at 262,144 ids, twice per speculative request) nor their zeroing.
+ *
+ * Neither selection path sorts the vocabulary:
  *
  *   top-k    a min-heap of the k best (value, id) in the reference's order;
  *            only those k are sorted, then cut and drawn by the reference's
@@ -41,7 +50,8 @@
 
 rlm_sampler_params rlm_sampler_params_default(void) {
   return (rlm_sampler_params){.temp = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
-                              .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0};
+                              .repeat_penalty = 1.0f, .repeat_last_n = 64, .seed = 0,
+                              .presence_penalty = 0.0f, .frequency_penalty = 0.0f};
 }
 
 /* One line naming the field and its valid range. */
@@ -63,6 +73,11 @@ static rlm_status check(const rlm_sampler_params *p, int32_t vocab, rlm_error *e
     return bad_f(err, "repeat_penalty", p->repeat_penalty, "(0, inf]");
   if (p->repeat_last_n < 0 || p->repeat_last_n > REPEAT_LAST_N_MAX)
     return bad_i(err, "repeat_last_n", p->repeat_last_n, "[0, 1048576]");
+  /* OpenAI's range */
+  if (!(p->presence_penalty >= -2 && p->presence_penalty <= 2))
+    return bad_f(err, "presence_penalty", p->presence_penalty, "[-2, 2]");
+  if (!(p->frequency_penalty >= -2 && p->frequency_penalty <= 2))
+    return bad_f(err, "frequency_penalty", p->frequency_penalty, "[-2, 2]");
   return RLM_OK;
 }
 
@@ -73,7 +88,9 @@ static bool alloc_buffers(rlm_sampler *s) {
   s->wbits = rlm__malloc(V * sizeof *s->wbits);
   s->list = rlm__malloc(V * sizeof *s->list);
   s->mass = rlm__malloc(2 * RLM__SAMPLER_BUCKETS * sizeof *s->mass);
-  return s->hist && s->cand && s->wbits && s->list && s->mass;
+  const bool counted = rlm__sampler_penalty_on(&s->p) && s->p.repeat_last_n > 0;
+  s->count = counted ? rlm__calloc(V, sizeof *s->count) : NULL;
+  return s->hist && s->cand && s->wbits && s->list && s->mass && (!counted || s->count);
 }
 
 rlm_status rlm_sampler_create(rlm_sampler **out, const rlm_sampler_params *p, int32_t vocab,
@@ -90,7 +107,7 @@ rlm_status rlm_sampler_create(rlm_sampler **out, const rlm_sampler_params *p, in
   s->rng = d.seed;
   if (!alloc_buffers(s)) {
     rlm_sampler_free(s);
-    return rlm__err_nomem(err, "sampler buffers", (size_t)vocab * 16);
+    return rlm__err_nomem(err, "sampler buffers", (size_t)vocab * 20);
   }
   *out = s;
   return RLM_OK;
@@ -103,26 +120,57 @@ void rlm_sampler_free(rlm_sampler *s) {
   rlm__free(s->wbits);
   rlm__free(s->list);
   rlm__free(s->mass);
+  rlm__free(s->count);
   rlm__free(s);
+}
+
+/* Ids outside the vocabulary stay in the ring (and are never penalised)
+ * but are not counted. */
+static void count_add(rlm_sampler *s, int32_t id, int32_t d) {
+  if (s->count && id >= 0 && id < s->vocab) s->count[id] += d;
 }
 
 void rlm_sampler_accept(rlm_sampler *s, int32_t id) {
   if (!s || s->p.repeat_last_n == 0) return;
+  if (s->n_hist == s->p.repeat_last_n) count_add(s, s->hist[s->i_hist], -1); /* leaves */
+  count_add(s, id, 1);
   s->hist[s->i_hist] = id;
   s->i_hist = (s->i_hist + 1) % s->p.repeat_last_n;
   if (s->n_hist < s->p.repeat_last_n) s->n_hist++;
 }
 
-/* Each distinct id of the history once, as transformers' penalty does. */
+void rlm__sampler_copy_history(rlm_sampler *dst, const rlm_sampler *src) {
+  if (!RLM_CHECK(dst->p.repeat_last_n == src->p.repeat_last_n)) return;
+  for (int i = 0; i < dst->n_hist; i++) count_add(dst, dst->hist[i], -1);
+  memcpy(dst->hist, src->hist, (size_t)src->n_hist * sizeof *dst->hist);
+  dst->n_hist = src->n_hist, dst->i_hist = src->i_hist;
+  for (int i = 0; i < dst->n_hist; i++) count_add(dst, dst->hist[i], 1);
+}
+
+bool rlm__sampler_penalty_on(const rlm_sampler_params *p) {
+  return p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
+}
+
+/* llama.cpp's order and arithmetic (llama_sampler_penalties_apply). */
+float rlm__sampler_penalty(const rlm_sampler_params *p, float logit, int32_t count) {
+  const float l = logit > 0 ? logit / p->repeat_penalty : logit * p->repeat_penalty;
+  return l - ((float)count * p->frequency_penalty + p->presence_penalty);
+}
+
+/* Each distinct id of the window once (transformers' and llama.cpp's
+ * rule): the first visit penalises it and flips its count negative, which
+ * marks it seen; a second walk flips the counts back. */
 void rlm__sampler_penalize(rlm_sampler *s, float *logits) {
-  if (s->p.repeat_penalty == 1.0f) return;
+  if (!s->count) return;
   for (int i = 0; i < s->n_hist; i++) {
-    int32_t id = s->hist[i];
-    bool seen = false;
-    for (int j = 0; j < i && !seen; j++) seen = s->hist[j] == id;
-    if (seen || id < 0 || id >= s->vocab) continue;
-    float *l = &logits[id];
-    *l = *l > 0 ? *l / s->p.repeat_penalty : *l * s->p.repeat_penalty;
+    const int32_t id = s->hist[i];
+    if (id < 0 || id >= s->vocab || s->count[id] < 0) continue;
+    logits[id] = rlm__sampler_penalty(&s->p, logits[id], s->count[id]);
+    s->count[id] = -s->count[id];
+  }
+  for (int i = 0; i < s->n_hist; i++) {
+    const int32_t id = s->hist[i];
+    if (id >= 0 && id < s->vocab && s->count[id] < 0) s->count[id] = -s->count[id];
   }
 }
 

@@ -32,6 +32,8 @@ struct rlm_sampler {
   uint64_t rng;         /* splitmix64 state                              */
   int32_t *hist;        /* ring of the last repeat_last_n accepted ids    */
   int n_hist, i_hist;
+  int32_t *count;       /* [vocab] how often each id is in hist, kept by
+                         * accept; NULL when no penalty is on            */
   rlm__cand *cand;      /* [vocab] reference candidates; the top-k heap;
                          * the tie group the fast path orders            */
   uint32_t *wbits;      /* [vocab] float bits of each weight exp(v - max) */
@@ -52,7 +54,16 @@ double rlm__sampler_weigh_ref(const float *logits, int32_t n, float temp, float 
 bool rlm__sampler_exp_exact(void);
 
 /* sampler.c: the steps both paths share. */
+bool rlm__sampler_penalty_on(const rlm_sampler_params *p);
+/* One id's logit after the penalties, count (>= 1) its occurrences in the
+ * window: repetition, then frequency and presence. */
+float rlm__sampler_penalty(const rlm_sampler_params *p, float logit, int32_t count);
+/* Every penalty, each distinct id of the window once, in O(window) by the
+ * counts. */
 void rlm__sampler_penalize(rlm_sampler *s, float *logits);
+/* dst's history becomes src's (samplers of one repeat_last_n), counts
+ * included, in O(window). */
+void rlm__sampler_copy_history(rlm_sampler *dst, const rlm_sampler *src);
 int32_t rlm__sampler_argmax(const float *x, int32_t n);
 double rlm__sampler_uniform(rlm_sampler *s);
 /* The fast path's kept set (no penalty, no draw): ids[] and their weights
@@ -67,7 +78,11 @@ int rlm__sampler_cand_desc(const void *a, const void *b);
 int32_t rlm__sampler_cut(rlm_sampler *s, int32_t n);
 /* One draw from cand[0, n) in proportion to the weights. */
 int32_t rlm__sampler_draw_sorted(rlm_sampler *s, int32_t n);
-/* rlm_sampler_sample, but sorting the whole vocabulary (today's code). */
+/* rlm__sampler_penalize by the definition: each id at its first place in
+ * the window, counted by scanning the window (O(window^2), no counts). */
+void rlm__sampler_penalize_ref(rlm_sampler *s, float *logits);
+/* rlm_sampler_sample, but sorting the whole vocabulary and penalising by
+ * rlm__sampler_penalize_ref. */
 int32_t rlm__sampler_sample_ref(rlm_sampler *s, float *logits);
 /* The reference's kept set, in sorted order, like rlm__sampler_kept. */
 int32_t rlm__sampler_kept_ref(rlm_sampler *s, const float *logits, int32_t *ids, float *w);

@@ -1,5 +1,6 @@
 /* sampler_ref.c -- the sort-based candidate selection that defines what
- * the sampler draws from (see sampler_internal.h), kept as the scalar
+ * the sampler draws from (see sampler_internal.h), and the penalties by
+ * scanning the window instead of sampler.c's counts, kept as the scalar
  * reference for tests and bench_sampler. sampler.c's top-k path ends in
  * the same rlm__sampler_cut and rlm__sampler_draw_sorted, so its draws
  * are bit-identical to these. */
@@ -53,9 +54,24 @@ static int32_t candidates(rlm_sampler *s, const float *logits) {
   return rlm__sampler_cut(s, n);
 }
 
+void rlm__sampler_penalize_ref(rlm_sampler *s, float *logits) {
+  if (!rlm__sampler_penalty_on(&s->p)) return;
+  for (int i = 0; i < s->n_hist; i++) {
+    const int32_t id = s->hist[i];
+    bool seen = false;
+    int32_t count = 0;
+    for (int j = 0; j < s->n_hist; j++) {
+      seen = seen || (j < i && s->hist[j] == id);
+      count += s->hist[j] == id;
+    }
+    if (seen || id < 0 || id >= s->vocab) continue;
+    logits[id] = rlm__sampler_penalty(&s->p, logits[id], count);
+  }
+}
+
 int32_t rlm__sampler_sample_ref(rlm_sampler *s, float *logits) {
   if (!s || !logits) return -1;
-  rlm__sampler_penalize(s, logits);
+  rlm__sampler_penalize_ref(s, logits);
   if (s->p.temp == 0.0f) return rlm__sampler_argmax(logits, s->vocab);
   return rlm__sampler_draw_sorted(s, candidates(s, logits));
 }

@@ -13,7 +13,7 @@
  * 2023).
  *
  * Nothing here allocates; every [vocab] buffer is the caller's. The
- * repetition penalty reads the sampler's history: for p_j to be exact the
+ * penalties read the sampler's history: for p_j to be exact the
  * history must hold d_1..d_j when p_j is computed (the engine's job; the
  * sampler has no way to take accepted ids back). */
 #ifndef RLM_SPEC_H
@@ -24,7 +24,7 @@
 
 /* The distribution rlm_sampler_sample(s, logits) draws from, as
  * probs[vocab] summing to 1 (zeros outside the kept set). Applies the
- * repetition penalty to logits in place first, as sampling does; temp == 0
+ * penalties to logits in place first, as sampling does; temp == 0
  * gives a one-hot at the same argmax, and so do logits with no weight to
  * keep (all -inf or NaN). ids and w are [vocab] scratch. Draws nothing:
  * the sampler's generator is untouched. */
@@ -50,7 +50,7 @@ int rlm__spec_accept(rlm_sampler *s, const float *const *p, const float *const *
                      const int32_t *draft, int k, float *resid, int32_t *next);
 
 /* One position of the rule, for callers that compute p_j only once d_j's
- * predecessors are kept (the repetition penalty's history must hold them):
+ * predecessors are kept (the penalties' history must hold them):
  * true when d is kept; else *next is drawn from the residual and false. */
 bool rlm__spec_accept_one(rlm_sampler *s, const float *p, const float *q, int32_t d, float *resid,
                           int32_t *next);
