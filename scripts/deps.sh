@@ -2,7 +2,11 @@
 # Installs the Debian packages ringlm needs to build and test, and only
 # those that are missing; says what it installs. Safe to run repeatedly.
 set -euo pipefail
-need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev libpcre2-dev libedit-dev)
+need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev libpcre2-dev libedit-dev libmicrohttpd-dev)
+# Node runs the server's end-to-end tests (tests/server/: real HTTP, the
+# official openai client); a machine with its own Node (e.g. NodeSource's)
+# keeps it, one without gets Debian's.
+command -v node >/dev/null 2>&1 || need+=(nodejs npm)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

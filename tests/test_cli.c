@@ -670,7 +670,7 @@ TEST(foreign_options_warn) {
   CHECK_STR_CONTAINS(out, "generated 2 tokens");
   byte_model(dir, sizeof dir);
   CHECK_EQ(run(out, sizeof out, "%s tokenize -m %s -p a --temp 1", g_bin, dir), 0);
-  CHECK_STR_CONTAINS(out, "ringlm tokenize: warning: --temp applies to run, chat and batch only; ignored");
+  CHECK_STR_CONTAINS(out, "ringlm tokenize: warning: --temp applies to run, chat, batch and serve only; ignored");
   CHECK_STR_CONTAINS(out, "\n97\n");
 }
 

@@ -111,6 +111,14 @@ static bool special_json(const model_ctx *c, cli_msgs *x) {
   return ok && put(x, "}", 1);
 }
 
+char *cli_chat_extra(const model_ctx *c, const model_opts *o) {
+  cli_msgs x = {0};
+  if (!o->chat_template) return NULL;
+  if (special_json(c, &x)) return x.p;
+  cli_msgs_free(&x);
+  return NULL;
+}
+
 /* The rendered text of m (closed for this call only), rlm_free'd by the
  * caller. */
 static int render_text(const model_ctx *c, const model_opts *o, const rlm_chat_template *t,

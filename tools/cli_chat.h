@@ -13,6 +13,11 @@
  * CLI_OK, or CLI_FAIL after a one-line message naming the file. */
 int cli_chat_load_template(const model_opts *o, rlm_chat_template **out);
 
+/* The extra variables a --chat-template file renders with (the
+ * tokenizer's bos_token and eos_token, as JSON, malloc'd); NULL for the
+ * folder's template, which has them from its config, or out of memory. */
+char *cli_chat_extra(const model_ctx *c, const model_opts *o);
+
 /* [system, user] rendered with the generation prompt and encoded (the
  * template writes the special tokens); *ids malloc'd. */
 int cli_chat_prompt_ids(const model_ctx *c, const model_opts *o, const char *user, int32_t **ids,

@@ -31,13 +31,15 @@ enum {
   C_BENCH = 1 << 4,
   C_TOK = 1 << 5,
   C_BATCH = 1 << 6,
+  C_SERVE = 1 << 7,
   C_GEN = C_RUN | C_CHAT | C_BATCH,                                  /* they sample text */
-  C_SESSION = C_RUN | C_LOGITS | C_PPL | C_CHAT | C_BENCH | C_BATCH, /* hold a session   */
-  C_SPEC = C_RUN | C_BENCH | C_BATCH,                                /* speculate        */
+  C_SMP = C_GEN | C_SERVE,                                           /* sampler defaults */
+  C_SESSION = C_RUN | C_LOGITS | C_PPL | C_CHAT | C_BENCH | C_BATCH | C_SERVE, /* hold a session */
+  C_SPEC = C_RUN | C_BENCH | C_BATCH | C_SERVE,                      /* speculate        */
   C_ALL = C_SESSION | C_TOK,
 };
 static const char *const cmd_names[] = {"run", "logits", "perplexity", "chat", "bench", "tokenize",
-                                        "batch"};
+                                        "batch", "serve"};
 
 typedef enum opt_kind {
   OPT_FLAG,  /* bool, no value                          */
@@ -114,7 +116,7 @@ static const opt_def opts[] = {
     {{"--json"}, NULL, OPT_FLAG, C_BENCH, F(json), .help = "print JSON instead of a table"},
     {{"--chat"}, NULL, OPT_FLAG, C_RUN, F(chat),
      .help = "apply the chat template to the prompt (default: raw completion)"},
-    {{"--chat-template"}, "FILE", OPT_STR, C_GEN, F(chat_template),
+    {{"--chat-template"}, "FILE", OPT_STR, C_SMP, F(chat_template),
      .help = "Jinja chat template to use instead of the model's", .def = "the model folder's"},
     {{"--system"}, "TEXT", OPT_STR, C_GEN, F(system), .help = "system message (run: with --chat)"},
     {{"--no-display-prompt"}, NULL, OPT_FLAG, C_RUN, F(no_display_prompt),
@@ -127,19 +129,19 @@ static const opt_def opts[] = {
      .help = "do not stop at end-of-sequence ids"},
     {{"--stop"}, "STR", OPT_STRS, C_GEN, F(stops), F(n_stops),
      .help = "stop before STR (not printed); repeatable, up to 16"},
-    {{"--temp"}, "T", OPT_FLOAT, C_GEN, F(smp.temp), .lo = 0, .hi = INFINITY,
+    {{"--temp"}, "T", OPT_FLOAT, C_SMP, F(smp.temp), .lo = 0, .hi = INFINITY,
      .help = "temperature; 0: greedy"},
-    {{"--top-k"}, "K", OPT_INT, C_GEN, F(smp.top_k), .lo = 0, .hi = BIG,
+    {{"--top-k"}, "K", OPT_INT, C_SMP, F(smp.top_k), .lo = 0, .hi = BIG,
      .help = "sample from the K most likely tokens; 0: off"},
-    {{"--top-p"}, "P", OPT_FLOAT, C_GEN, F(smp.top_p), .lo = 0, .hi = 1, .lo_open = true,
+    {{"--top-p"}, "P", OPT_FLOAT, C_SMP, F(smp.top_p), .lo = 0, .hi = 1, .lo_open = true,
      .help = "sample from the smallest set whose probability reaches P; 1: off"},
-    {{"--min-p"}, "P", OPT_FLOAT, C_GEN, F(smp.min_p), .lo = 0, .hi = 1, .hi_open = true,
+    {{"--min-p"}, "P", OPT_FLOAT, C_SMP, F(smp.min_p), .lo = 0, .hi = 1, .hi_open = true,
      .help = "drop tokens below P times the top probability; 0: off"},
-    {{"--repeat-penalty"}, "R", OPT_FLOAT, C_GEN, F(smp.repeat_penalty), .lo = 0, .hi = INFINITY,
+    {{"--repeat-penalty"}, "R", OPT_FLOAT, C_SMP, F(smp.repeat_penalty), .lo = 0, .hi = INFINITY,
      .lo_open = true, .help = "penalty on tokens seen in the last --repeat-last-n; 1: off"},
-    {{"--repeat-last-n"}, "N", OPT_INT, C_GEN, F(smp.repeat_last_n), .lo = 0, .hi = 1048576,
+    {{"--repeat-last-n"}, "N", OPT_INT, C_SMP, F(smp.repeat_last_n), .lo = 0, .hi = 1048576,
      .help = "tokens of history the repeat penalty looks at; 0: off"},
-    {{"--seed"}, "S", OPT_SEED, C_GEN, F(smp.seed), .help = "sampler seed; -1: a random one"},
+    {{"--seed"}, "S", OPT_SEED, C_SMP, F(smp.seed), .help = "sampler seed; -1: a random one"},
     {{"-t", "--threads"}, "N", OPT_INT, C_SESSION, F(sp.n_threads), .lo = 1, .hi = 1024,
      .help = "worker threads", .def = "the physical cores, %d here"},
     {{"--kv-bits"}, "B", OPT_INT, C_SESSION, F(sp.k_bits), F(sp.v_bits), SET(0, 2, 3, 4, 5, 6, 8),
@@ -170,6 +172,29 @@ static const opt_def opts[] = {
      .help = "--draft / --lookup: prompts to decode, one per line (text)"},
     {{"-np", "--parallel"}, "P", OPT_INT, C_BATCH, F(parallel), .lo = 1, .hi = 4096,
      .help = "rows: most prompts generating at once"},
+    {{"-np", "--parallel"}, "P", OPT_INT, C_SERVE, F(parallel), .lo = 1, .hi = 4096,
+     .help = "rows: most requests generating at once (continuous batching)"},
+    {{"-n", "--n-predict"}, "N", OPT_LONG, C_SERVE, F(n_gen), .lo = -1, .hi = BIG,
+     .help = "max_tokens of a request that gives none; -1: until end of sequence or the context"},
+    {{"-c", "--ctx-size", "--ctx"}, "N", OPT_LONG, C_SERVE, F(n_ctx), .lo = 0, .hi = BIG,
+     .help = "positions a request may reach (prompt + output)",
+     .def = "0: the model's max_position_embeddings, else 4096"},
+    {{"--host"}, "ADDR", OPT_STR, C_SERVE, F(host), .help = "IP address to listen on"},
+    {{"--port"}, "PORT", OPT_LONG, C_SERVE, F(port), .lo = 0, .hi = 65535,
+     .help = "TCP port; 0: a free one (printed at startup)"},
+    {{"--api-key"}, "KEY", OPT_STR, C_SERVE, F(api_key),
+     .help = "require 'Authorization: Bearer KEY' on every route but /health",
+     .def = "$RINGLM_API_KEY, else none"},
+    {{"--memory-budget"}, "SIZE", OPT_STR, C_SERVE, F(memory_budget),
+     .help = "bytes for weights and KV (512M, 4G); a request that cannot fit gets 503; 0: none"},
+    {{"--prompt-cache-bytes"}, "SIZE", OPT_STR, C_SERVE, F(prompt_cache),
+     .help = "reuse finished rows' KV for prompts that share a prefix; 0: off"},
+    {{"--max-body-bytes"}, "N", OPT_LONG, C_SERVE, F(max_body), .lo = 1, .hi = BIG,
+     .help = "larger request bodies get 413"},
+    {{"--timeout"}, "S", OPT_LONG, C_SERVE, F(timeout_s), .lo = 1, .hi = 86400,
+     .help = "seconds before an idle or slow client is dropped"},
+    {{"--queue"}, "N", OPT_LONG, C_SERVE, F(queue), .lo = 0, .hi = BIG,
+     .help = "requests that may wait for a row; more get 503"},
     {{"--batch"}, "B1,B2", OPT_STR, C_BENCH, F(batch_sizes),
      .help = "aggregate decode tokens/s of B sequences at once (llama-batched-bench)"},
     {{"--act-bits"}, "B", OPT_INT, C_SESSION, F(sp.act_bits), SET(0, 8),
@@ -180,7 +205,9 @@ enum { N_OPTS = sizeof opts / sizeof *opts };
 model_opts mcli_defaults(void) {
   return (model_opts){.sp = rlm_session_params_default(), .smp = rlm_sampler_params_default(),
                       .n_gen = 128, .ctx = 512, .n_prompt = 512, .reps = 5, .draft_max = 8,
-                      .draft_adaptive = 1, .parallel = 4};
+                      .draft_adaptive = 1, .parallel = 4, .host = "127.0.0.1", .port = 8080,
+                      .memory_budget = "0", .prompt_cache = "1G", .max_body = 1048576,
+                      .timeout_s = 60, .queue = 64};
 }
 
 static unsigned cmd_bit(const char *cmd) {

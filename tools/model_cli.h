@@ -47,6 +47,14 @@ typedef struct model_opts {
   int lookup_n;                              /* --lookup: n-gram size     */
   int parallel;                              /* batch --parallel          */
   const char *batch_sizes;                   /* bench --batch "1,4,8"     */
+  const char *host;                          /* serve --host              */
+  long port;                                 /* serve --port; 0: any free */
+  const char *api_key;                       /* serve --api-key           */
+  const char *memory_budget;                 /* serve: SIZE, "0": none    */
+  const char *prompt_cache;                  /* serve --prompt-cache-bytes */
+  long max_body;                             /* serve --max-body-bytes    */
+  long timeout_s;                            /* serve --timeout           */
+  long queue;                                /* serve --queue             */
 } model_opts;
 
 /* Everything a model command holds open; free with mcli_close. */

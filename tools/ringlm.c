@@ -24,6 +24,9 @@ static const char usage[] =
     "  batch [-m DIR] -f PROMPTS [--parallel P] [-n N] ...\n"
     "                  every line of PROMPTS (text or JSON) in one continuous batch,\n"
     "                  results as JSON Lines in input order\n"
+    "  serve [-m DIR] [--host ADDR] [--port N] [--parallel N] [--api-key KEY] ...\n"
+    "                  an OpenAI-compatible HTTP server: chat completions and\n"
+    "                  completions, streaming, continuous batching, speculative decoding\n"
     "  chat [-m DIR] [--system TEXT] [-n N] [--temp T] ...\n"
     "                  an interactive conversation with the model's chat template\n"
     "  logits [-m DIR] (--ids 1,2,3 | -p TEXT | -f FILE) -o FILE.npy ...\n"
@@ -84,7 +87,8 @@ static int dispatch(int argc, char **argv) {
   static const struct { const char *name; int (*fn)(int, char **); } cmds[] = {
       {"quantize", cmd_quantize}, {"inspect", cmd_inspect}, {"run", cmd_run},
       {"logits", cmd_logits},     {"tokenize", cmd_tokenize}, {"perplexity", cmd_perplexity},
-      {"chat", cmd_chat},         {"bench", cmd_bench},       {"batch", cmd_batch}};
+      {"chat", cmd_chat},         {"bench", cmd_bench},       {"batch", cmd_batch},
+      {"serve", cmd_serve}};
   const char *cmd = argv[1];
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
