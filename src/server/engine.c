@@ -180,13 +180,51 @@ static void fail_job(srv_ctx *ctx, srv_job *j, const char *msg) {
   job_done(ctx, j);
 }
 
+/* Choice 0's row once it holds the prompt (all but its last id, as the
+ * engine leaves it after prefill), for the other choices to copy; -1
+ * while it prefills. A first choice that is over is no source. */
+static int sibling_row(const srv_ctx *ctx, const srv_job *j) {
+  const srv_job *first = &j->call->jobs[0];
+  if (j->index == 0 || first->done || first->row < 0) return -1;
+  const int64_t pos = rlm_session_row_position(ctx->h.session, first->row);
+  return pos >= j->call->req.n_prompt - 1 ? first->row : -1;
+}
+
+/* Whether job j must wait: choices past the first wait for its prefill,
+ * so that n choices compute the prompt once. */
+static bool waits(const srv_ctx *ctx, const srv_job *j) {
+  const srv_job *first = &j->call->jobs[0];
+  return j->index > 0 && !first->done && sibling_row(ctx, j) < 0 && !j->call->abandoned;
+}
+
+/* The free row for job j with the prompt copied from its first choice's
+ * row (rolled back to the prompt); 0 kept when that fails. */
+static int64_t copy_prompt(srv_ctx *ctx, const srv_job *j, int src, int *row) {
+  int64_t ignored;
+  *row = pick_row(ctx, &j->call->req, &ignored);
+  void *img = NULL;
+  size_t len = 0;
+  const int64_t keep = j->call->req.n_prompt - 1;
+  ctx->rows[*row].n_hist = 0;
+  if (rlm_session_row_save(ctx->h.session, src, &img, &len, NULL)) return 0;
+  rlm_status rc = rlm_session_row_restore(ctx->h.session, *row, img, len, NULL);
+  rlm_free(img);
+  return rc ? 0 : keep_prefix(ctx, *row, keep);
+}
+
 /* Starts one job on a free row; false when the engine refused it (the job
  * is then failed). Called with ctx->mu held, on the engine thread. */
 static void admit(srv_ctx *ctx, srv_job *j) {
   const srv_req *r = &j->call->req;
   int64_t keep;
-  const int row = pick_row(ctx, r, &keep);
-  keep = reuse(ctx, row, r, keep);
+  int row;
+  const int src = sibling_row(ctx, j);
+  if (src >= 0) {
+    keep = copy_prompt(ctx, j, src, &row);
+  } else {
+    row = pick_row(ctx, r, &keep);
+    keep = reuse(ctx, row, r, keep);
+  }
   rlm_gen_request q = rlm_gen_request_default();
   q.prompt = r->prompt, q.n_prompt = r->n_prompt, q.row = row, q.n_cached = keep;
   q.sampler = r->smp, q.max_tokens = r->max_tokens, q.max_context = ctx->cfg.n_ctx;
@@ -211,10 +249,15 @@ static void admit(srv_ctx *ctx, srv_job *j) {
 }
 
 static void admit_queued(srv_ctx *ctx) {
-  while (ctx->queue && ctx->n_active < ctx->n_rows && budget_fits(ctx, ctx->queue->reserve)) {
-    srv_job *j = ctx->queue;
-    ctx->queue = j->next;
-    if (!ctx->queue) ctx->queue_tail = &ctx->queue;
+  srv_job **link = &ctx->queue;
+  while (*link && ctx->n_active < ctx->n_rows && budget_fits(ctx, (*link)->reserve)) {
+    srv_job *j = *link;
+    if (waits(ctx, j)) { /* later jobs may go ahead of it */
+      link = &j->next;
+      continue;
+    }
+    *link = j->next;
+    if (ctx->queue_tail == &j->next) ctx->queue_tail = link;
     ctx->n_queued--;
     j->next = NULL;
     if (j->call->abandoned) job_done(ctx, j);
