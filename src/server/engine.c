@@ -309,6 +309,7 @@ static bool reserve_ids(srv_job *j, int64_t need, bool lp) {
 /* The ids, logprobs and text of one event, appended to its job. */
 static bool append_event(srv_job *j, const rlm_gen_event *e) {
   const bool lp = e->logprob != NULL;
+  if (!e->n_ids) return !e->text_len || append_text(j, e->text, e->text_len);
   if (!reserve_ids(j, j->n_ids + e->n_ids, lp)) return false;
   memcpy(j->ids + j->n_ids, e->ids, (size_t)e->n_ids * sizeof *e->ids);
   if (lp) {
@@ -334,7 +335,8 @@ static void remember_row(srv_ctx *ctx, srv_job *j) {
     return;
   const int64_t from_prompt = pos < r->n_prompt ? pos : r->n_prompt;
   memcpy(w->hist, r->prompt, (size_t)from_prompt * sizeof *w->hist);
-  memcpy(w->hist + from_prompt, j->ids, (size_t)(pos - from_prompt) * sizeof *w->hist);
+  if (pos > from_prompt) /* j->ids is NULL when none came */
+    memcpy(w->hist + from_prompt, j->ids, (size_t)(pos - from_prompt) * sizeof *w->hist);
   w->n_hist = pos;
   if (!j->cancelled) srv_pcache_put(&ctx->pcache, ctx->h.session, j->row, w->hist, pos);
 }
