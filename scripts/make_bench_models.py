@@ -4,20 +4,53 @@ twice with the same weights: a Hugging Face folder (bf16 safetensors, for
 ringlm, which `ringlm quantize` turns into MLX 4-bit) and a GGUF file (for
 llama.cpp; F16, which llama.cpp's `llama-quantize` turns into Q4_0/Q8_0),
 so both engines run the same function. GGUF and safetensors are written
-here by our own small writers (numpy only: Debian's python3-numpy).
+here by our own small writers (numpy only, for the weights: Debian's
+python3-numpy, so /usr/bin/python3; the vocabulary needs only the
+standard library).
 
     python3 scripts/make_bench_models.py OUT_DIR [gemma3-1b llama3.2-1b qwen3-0.6b]
+        [--tokenizer DIR]
 
 Writes OUT_DIR/<name>/ (config.json, generation_config.json,
-model.safetensors) and OUT_DIR/<name>-f16.gguf. No tokenizer: llama.cpp
-gets tokenizer model "none" with <arch>.vocab_size (its benchmark draws
-random ids), ringlm's bench draws its own. RoPE scaling is left out of both
-(it does not change the work). Weights are N(0, 0.02); norms are 1 (for
-Gemma, whose norms scale by 1 + w, the stored w is 0 and GGUF holds 1 + w,
-as llama.cpp's converter writes it).
+model.safetensors) and OUT_DIR/<name>-f16.gguf. RoPE scaling is left out
+of both (it does not change the work). Weights are N(0, 0.02) from a fixed
+seed, so every run writes the same bytes; norms are 1 (for Gemma, whose
+norms scale by 1 + w, the stored w is 0 and GGUF holds 1 + w, as
+llama.cpp's converter writes it).
+
+Without --tokenizer there is no vocabulary: llama.cpp gets tokenizer model
+"none" with <arch>.vocab_size (llama-bench and llama-batched-bench draw
+random ids; llama-server aborts on its first request), ringlm's bench
+draws its own (`ringlm serve` refuses the folder).
+
+--tokenizer DIR (a Hugging Face tokenizer folder: tokenizer.json and
+tokenizer_config.json, e.g. tests/fixtures/tokenizers/gemma3 for
+gemma3-1b) gives each named model a real vocabulary; the weights stay
+byte for byte as without it, only metadata is added:
+  - the folder gets copies of tokenizer.json and tokenizer_config.json
+    (and special_tokens_map.json, chat_template.jinja where DIR has them).
+    `ringlm quantize` copies such side files into its output, so the
+    -4bit folder quantized from this one has them too.
+  - the GGUF gets the vocabulary the way llama.cpp's convert_hf_to_gguf.py
+    writes a Gemma 3 one (Gemma3Model.set_vocab, its SentencePiece path:
+    _create_vocab_sentencepiece, then gguf.SpecialVocab):
+    tokenizer.ggml.model "llama", pre "default", tokens, scores,
+    token_type, the bos/eos/unk/pad ids (tokenizer_config.json, then
+    config.json), add_bos/add_eos, add_space_prefix false and
+    tokenizer.chat_template. Only SentencePiece-style tokenizer.json files
+    (BPE with byte_fallback, as Gemma's) are taken. convert reads the
+    scores from tokenizer.model, which tokenizer.json does not carry; the
+    stand-in is score = -id for the base pieces (a SentencePiece BPE model
+    lists its pieces in merge order, so merge priorities keep that order)
+    and convert's -1000 for the added tokens. Ids past the model's
+    vocab_size are left out, as convert leaves them out (Gemma 3's
+    <image_soft_token>, 262144).
 """
+import argparse
 import json
 import os
+import re
+import shutil
 import struct
 import sys
 
@@ -106,9 +139,22 @@ def write_safetensors(path, items):
 
 
 # ---- GGUF (version 3): header, key/values, tensor infos, aligned data ----
-GGUF_U32, GGUF_F32, GGUF_STRING = 4, 6, 8
+GGUF_U32, GGUF_I32, GGUF_F32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 5, 6, 7, 8, 9
 GGML_F32, GGML_F16 = 0, 1
 ALIGN = 32
+
+
+class Array:
+    """A GGUF array value: elements of one GGUF type (string, i32 or f32)."""
+
+    def __init__(self, typ, items):
+        self.typ, self.items = typ, list(items)
+
+    def pack(self):
+        head = struct.pack("<IQ", self.typ, len(self.items))
+        if self.typ == GGUF_STRING:
+            return head + b"".join(gguf_str(x) for x in self.items)
+        return head + struct.pack(f"<{len(self.items)}{'i' if self.typ == GGUF_I32 else 'f'}", *self.items)
 
 
 def gguf_str(s):
@@ -117,14 +163,133 @@ def gguf_str(s):
 
 
 def gguf_kv(key, value):
+    if isinstance(value, Array):
+        return gguf_str(key) + struct.pack("<I", GGUF_ARRAY) + value.pack()
     if isinstance(value, str):
         return gguf_str(key) + struct.pack("<I", GGUF_STRING) + gguf_str(value)
+    if isinstance(value, bool):
+        return gguf_str(key) + struct.pack("<I?", GGUF_BOOL, value)
     if isinstance(value, float):
         return gguf_str(key) + struct.pack("<If", GGUF_F32, value)
     return gguf_str(key) + struct.pack("<II", GGUF_U32, value)
 
 
-def gguf_metadata(s):
+# ---- the vocabulary, as convert_hf_to_gguf.py writes a SentencePiece one ----
+TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_USER_DEFINED, TOK_UNUSED, TOK_BYTE = 1, 2, 3, 4, 5, 6
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")  # required
+TOKENIZER_EXTRA = ("special_tokens_map.json", "chat_template.jinja")  # copied where present
+SPECIAL_TYPES = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")  # gguf.SpecialVocab's
+SPECIAL_KEY = {"unk": "unknown", "sep": "seperator", "pad": "padding"}  # gguf's key names (sic)
+
+
+def looks_special(text):
+    """convert's does_token_look_special: added tokens it makes CONTROL though not marked special."""
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<\uff5c") and text.endswith("\uff5c>"))
+            or (text.startswith("<unused") and text.endswith(">")))
+
+
+def load_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def read_vocab(tok_dir, n_vocab, model_config):
+    """The tokenizer.* GGUF keys for a model of n_vocab rows: the tokens,
+    scores and types of _create_vocab_sentencepiece, then SpecialVocab's
+    ids, add_* flags and chat template (see the module docstring)."""
+    tj = load_json(os.path.join(tok_dir, "tokenizer.json"))
+    tc = load_json(os.path.join(tok_dir, "tokenizer_config.json"))
+    model = tj.get("model", {})
+    if model.get("type") != "BPE" or not model.get("byte_fallback") or "ByteLevel" in json.dumps(tj.get("pre_tokenizer")):
+        sys.exit(f"{tok_dir}: not a SentencePiece-style tokenizer.json (BPE with byte_fallback, as Gemma's), "
+                 "the only kind written into GGUF here")
+    vocab = model["vocab"]
+    if max(vocab.values()) >= n_vocab:
+        sys.exit(f"{tok_dir}: {max(vocab.values()) + 1} base pieces, more than the model's {n_vocab} rows")
+    tokens = [f"[PAD{i}]" for i in range(n_vocab)]  # rows the tokenizer lacks, as convert fills them
+    scores = [-10000.0] * n_vocab
+    types = [TOK_UNUSED] * n_vocab
+    for piece, i in vocab.items():
+        tokens[i] = piece
+        scores[i] = -float(i)  # stand-in for tokenizer.model's score (merge order)
+        types[i] = (TOK_UNKNOWN if piece == model.get("unk_token") else
+                    TOK_BYTE if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", piece) else TOK_NORMAL)
+    added = tc.get("added_tokens_decoder") or {str(a["id"]): a for a in tj.get("added_tokens", [])}
+    for key, a in added.items():
+        i, text = int(key), a["content"]
+        if i >= n_vocab:
+            print(f"  added token {i} {text!r} is past the model's {n_vocab} rows: left out, as convert does")
+            continue
+        if a.get("special") or looks_special(text):
+            types[i] = TOK_CONTROL
+        else:
+            text = text.replace("\u2581", " ")  # convert pre-normalizes user-defined spaces
+            types[i] = TOK_USER_DEFINED
+        tokens[i], scores[i] = text, -1000.0
+    kv = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+          "tokenizer.ggml.tokens": Array(GGUF_STRING, tokens), "tokenizer.ggml.scores": Array(GGUF_F32, scores),
+          "tokenizer.ggml.token_type": Array(GGUF_I32, types)}
+
+    # SpecialVocab: add_bos/add_eos from a TemplateProcessing post-processor,
+    # then tokenizer_config.json's add_<type>_token; the ids of the tokens
+    # tokenizer_config.json names (among tokenizer.json's added tokens),
+    # then config.json's <type>_token_id.
+    content = lambda e: e.get("content") if isinstance(e, dict) else e
+    ids, add = {}, {}
+    post = tj.get("post_processor") or {}
+    single = post.get("single", []) if post.get("type") == "TemplateProcessing" else []
+    if len(single) > 1:
+        first, last = (single[k].get("SpecialToken", {}).get("id") for k in (0, -1))
+        if first:
+            add["bos"] = first in (content(tc.get("bos_token")), content(tc.get("cls_token")))
+        if last:
+            add["eos"] = last == content(tc.get("eos_token"))
+    for typ in SPECIAL_TYPES:
+        if isinstance(tc.get(f"add_{typ}_token"), bool):
+            add[typ] = tc[f"add_{typ}_token"]
+        name = content(tc.get(f"{typ}_token"))
+        if isinstance(name, str):
+            i = next((a["id"] for a in tj.get("added_tokens", []) if a.get("content") == name), None)
+            if isinstance(i, int) and i < n_vocab:
+                ids.setdefault(typ, i)
+    for typ in SPECIAL_TYPES:
+        i = model_config.get(f"{typ}_token_id")
+        if isinstance(i, int) and 0 <= i < n_vocab:
+            ids.setdefault(typ, i)
+    for typ, i in ids.items():
+        kv[f"tokenizer.ggml.{SPECIAL_KEY.get(typ, typ)}_token_id"] = i
+    for typ, v in add.items():
+        if typ in ("bos", "eos", "sep"):  # the add_* keys GGUFWriter has
+            kv[f"tokenizer.ggml.add_{typ}_token"] = v
+
+    template = tc.get("chat_template")
+    jinja = os.path.join(tok_dir, "chat_template.jinja")
+    if os.path.isfile(jinja):  # SpecialVocab: the config's template, else this
+        with open(jinja, encoding="utf-8") as f:
+            template = tc.get("chat_template", f.read())
+    if isinstance(template, list):  # [{"name", "template"}], as GGUFWriter.add_chat_template
+        named = {re.sub(r"[^A-Za-z0-9]", "_", t.get("name", "")): t.get("template") for t in template}
+        others = [n for n, t in named.items() if n and n != "default" and t is not None]
+        for n in others:
+            kv[f"tokenizer.chat_template.{n}"] = named[n]
+        if others:
+            kv["tokenizer.chat_templates"] = Array(GGUF_STRING, others)
+        template = named.get("default")
+    if isinstance(template, str):
+        kv["tokenizer.chat_template"] = template
+    kv["tokenizer.ggml.add_space_prefix"] = False  # Gemma3Model.set_vocab
+    return kv
+
+
+def copy_tokenizer(tok_dir, dest):
+    for name in TOKENIZER_FILES + TOKENIZER_EXTRA:
+        src = os.path.join(tok_dir, name)
+        if name in TOKENIZER_FILES or os.path.isfile(src):
+            shutil.copyfile(src, os.path.join(dest, name))
+
+
+def gguf_metadata(s, vocab_kv=None):
     a = s["gguf"]
     kv = {"general.architecture": a, "general.name": f"ringlm bench {a}", "general.alignment": ALIGN,
           f"{a}.vocab_size": s["vocab"], f"{a}.context_length": 32768, f"{a}.embedding_length": s["hidden"],
@@ -136,10 +301,13 @@ def gguf_metadata(s):
     if s["window"]:
         kv[f"{a}.attention.sliding_window"] = s["window"]
         kv[f"{a}.rope.freq_base_swa"] = float(s["theta_local"])
+    if vocab_kv:
+        del kv["tokenizer.ggml.model"]
+        kv.update(vocab_kv)
     return kv
 
 
-def write_gguf(path, s, items):
+def write_gguf(path, s, items, vocab_kv=None):
     """items: (gguf_name, bf16 array); matrices as F16, norms as F32 (with
     Gemma's + 1). GGUF lists dims innermost first: [in, out]."""
     gemma = s["arch"] == "gemma3_text"
@@ -150,7 +318,7 @@ def write_gguf(path, s, items):
             prepared.append((name, (f + 1.0 if gemma else f).astype(np.float32), GGML_F32))
         else:
             prepared.append((name, f.astype(np.float16), GGML_F16))
-    kv = gguf_metadata(s)
+    kv = gguf_metadata(s, vocab_kv)
     head = b"GGUF" + struct.pack("<IQQ", 3, len(prepared), len(kv)) + b"".join(gguf_kv(k, v) for k, v in kv.items())
     infos, off = [], 0
     for name, arr, typ in prepared:
@@ -168,19 +336,35 @@ def write_gguf(path, s, items):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "build-bench"
-    names = sys.argv[2:] or list(SHAPES)
+    ap = argparse.ArgumentParser(description="Random-weight benchmark models (see the module docstring).")
+    ap.add_argument("out", nargs="?", default="build-bench", help="output folder (default: build-bench)")
+    ap.add_argument("names", nargs="*", metavar="name", help=f"models (default: all of {' '.join(SHAPES)})")
+    ap.add_argument("--tokenizer", metavar="DIR", help="a tokenizer folder (tokenizer.json, "
+                    "tokenizer_config.json) that gives the models a vocabulary (default: none)")
+    args = ap.parse_args()
+    names = args.names or list(SHAPES)
     for name in names:
-        s = SHAPES[name]
+        if name not in SHAPES:
+            sys.exit(f"unknown model {name!r} (known: {' '.join(SHAPES)})")
+    for f in TOKENIZER_FILES if args.tokenizer else ():
+        if not os.path.isfile(os.path.join(args.tokenizer, f)):
+            sys.exit(f"{args.tokenizer}: no {f}")
+    vocabs = {n: read_vocab(args.tokenizer, SHAPES[n]["vocab"], hf_config(SHAPES[n])) if args.tokenizer else None
+              for n in names}  # every name checked before anything is written
+    for name in names:
+        s, vocab_kv = SHAPES[name], vocabs[name]
         items = tensors(s)
-        d = os.path.join(out, name)
+        d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         json.dump(hf_config(s), open(os.path.join(d, "config.json"), "w"), indent=1)
         json.dump({"bos_token_id": 2, "eos_token_id": 1}, open(os.path.join(d, "generation_config.json"), "w"))
         write_safetensors(os.path.join(d, "model.safetensors"), [(h, a) for h, _, a in items])
-        write_gguf(os.path.join(out, f"{name}-f16.gguf"), s, [(g, a) for _, g, a in items])
+        if args.tokenizer:
+            copy_tokenizer(args.tokenizer, d)
+        write_gguf(os.path.join(args.out, f"{name}-f16.gguf"), s, [(g, a) for _, g, a in items], vocab_kv)
         n = sum(a.size for _, _, a in items)
-        print(f"{name}: {n / 1e9:.3f} B parameters -> {d}/, {name}-f16.gguf", flush=True)
+        vocab = f", vocabulary of {args.tokenizer}" if args.tokenizer else ""
+        print(f"{name}: {n / 1e9:.3f} B parameters -> {d}/, {name}-f16.gguf{vocab}", flush=True)
 
 
 if __name__ == "__main__":
