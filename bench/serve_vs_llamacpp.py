@@ -81,7 +81,7 @@ def stream(port, path, body, out, ttft=False):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"{path}: HTTP {r.status}: {r.read()[:200]}")
-    n, t_first, usage = 0, None, None
+    n, t_first, usage = 0, None, None  # usage: the last chunk's, if any
     for line in r:
         line = line.strip()
         if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -97,7 +97,7 @@ def stream(port, path, body, out, ttft=False):
                     t_first = time.time() - t0
     if usage:
         n = usage["completion_tokens"]
-    out.append((n, t_first, time.time() - t0))
+    out.append((n, t_first, time.time() - t0, usage))
 
 
 def aggregate(port, conc, n_prompt_words, n_gen, seed):
@@ -138,8 +138,9 @@ def second_turn_ttft(port, history_words, seed):
              {"role": "user", "content": "Now say what the city did."}]
     out = []
     stream(port, "/v1/chat/completions",
-           {"messages": msgs, "max_tokens": 4, "temperature": 0, "stream": True}, out)
-    return out[0][1]
+           {"messages": msgs, "max_tokens": 4, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}, out)
+    return out[0][1], out[0][3]
 
 
 def main():
@@ -158,7 +159,7 @@ def main():
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("--json")
     a = ap.parse_args()
-    concs = [int(x) for x in a.conc.split(",")]
+    concs = [int(x) for x in a.conc.split(",") if x]
     ctx_slot = 6144  # room per slot for the history test and the streams
 
     def start(which, conc):
@@ -188,17 +189,20 @@ def main():
         for which in ("ringlm", "llama.cpp"):
             s = start(which, 1)
             try:
-                res["ttft"][which] = second_turn_ttft(s.port, a.history_words, 5)
+                res["ttft"][which], usage = second_turn_ttft(s.port, a.history_words, 5)
             finally:
                 s.stop()
-            print(f"second-turn TTFT {which}: {res['ttft'][which]:.3f} s", file=sys.stderr)
+            res.setdefault("ttft_usage", {})[which] = usage
+            print(f"second-turn TTFT {which}: {res['ttft'][which]:.3f} s, usage {usage}", file=sys.stderr)
     print("| streams | ringlm tok/s | llama-server tok/s | ratio |")
     print("| ---: | ---: | ---: | ---: |")
     for conc, v in res["aggregate"].items():
         print(f"| {conc} | {v['ringlm']:.2f} | {v['llama.cpp']:.2f} | {v['ringlm'] / v['llama.cpp']:.2f}x |")
     if res["ttft"]:
         r, l = res["ttft"]["ringlm"], res["ttft"]["llama.cpp"]
-        print(f"\nwarm second turn at ~{a.history_words} words of history: time to first token "
+        u = res["ttft_usage"]["ringlm"] or {}
+        print(f"\nwarm second turn at {u.get('prompt_tokens', '?')} prompt tokens "
+              f"({a.history_words} words of history): time to first token "
               f"ringlm {r:.3f} s, llama-server {l:.3f} s (ratio {l / r:.2f}x in ringlm's favour)")
     if a.json:
         with open(a.json, "w") as f:
