@@ -443,8 +443,7 @@ rlm_status srv_engine_start(srv_ctx *ctx, rlm_error *err) {
   ctx->active = calloc((size_t)ctx->n_rows, sizeof *ctx->active);
   ctx->rows = calloc((size_t)ctx->n_rows, sizeof *ctx->rows);
   ctx->queue_tail = &ctx->queue;
-  srv_pcache_init(&ctx->pcache, ctx->cfg.prompt_cache_bytes);
-  if (!ctx->active || !ctx->rows) {
+  if (!srv_pcache_init(&ctx->pcache, ctx->cfg.prompt_cache_bytes) || !ctx->active || !ctx->rows) {
     snprintf(err->msg, sizeof err->msg, "serve: out of memory");
     return err->code = RLM_ERR_NOMEM;
   }

@@ -17,14 +17,18 @@ typedef struct srv_snap {
   uint64_t used;      /* LRU clock                    */
 } srv_snap;
 
+typedef struct srv_radix srv_radix;
+
 typedef struct srv_pcache {
-  srv_snap *e;
+  srv_snap **e;                 /* the entries, in no order        */
   int n, cap;
   int64_t bytes, budget;
   uint64_t clock;
+  srv_radix *index;             /* ids -> entry                    */
 } srv_pcache;
 
-void srv_pcache_init(srv_pcache *pc, int64_t budget);
+/* false when out of memory. */
+bool srv_pcache_init(srv_pcache *pc, int64_t budget);
 void srv_pcache_free(srv_pcache *pc);
 /* Snapshots row (which holds ids[0:n)), evicting LRU entries for room;
  * nothing when it alone exceeds the budget or memory runs out. */

@@ -511,6 +511,8 @@ test('503 + Retry-After when the queue is full (-np 1 --queue 1)', async () => {
     const long = { prompt: 'The', max_tokens: 1000, ignore_eos: true, temperature: 0, stream: true };
     const first = s.stream('/v1/completions', long);
     await first.until(() => first.events.length > 0, 'the first chunk of the running request');
+    /* the first chunk may come before the engine takes the request off the queue */
+    await waitFor(async () => (await s.health()).rows_busy === 1, 'the running request on its row');
     const short = { prompt: 'It', max_tokens: 16, ignore_eos: true, temperature: 0, stream: true };
     const two = [s.stream('/v1/completions', short), s.stream('/v1/completions', short)];
     await waitFor(() => two.some((x) => x.status === 503) || two.every((x) => x.status !== undefined),
