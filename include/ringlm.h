@@ -642,6 +642,11 @@ RLM_API int rlm_session_rows(const rlm_session *s);
 RLM_API int64_t rlm_session_row_position(const rlm_session *s, int row);
 /* Empties a row for a new sequence; its storage is kept for reuse. */
 RLM_API rlm_status rlm_session_row_clear(rlm_session *s, int row, rlm_error *err);
+/* Empties a row and frees its caches' storage (they grow again when
+ * fed): what a server does to a row it will not reuse soon. */
+RLM_API rlm_status rlm_session_row_release(rlm_session *s, int row, rlm_error *err);
+/* KV bytes a row's caches hold (its storage, used or not). */
+RLM_API size_t rlm_session_row_kv_bytes(const rlm_session *s, int row);
 /* Forgets the last n tokens of a row in every layer, as if never fed,
  * also after its rings wrapped (no recomputation): what speculative
  * decoding needs after a verification. A ring can forget at most

@@ -295,6 +295,34 @@ TEST(row_state_restores_into_another_row) {
   }
 }
 
+/* A released row gives its storage back and then works as a fresh one. */
+TEST(released_row_is_fresh) {
+  for (int a = 0; a < N_ARCHS; a++) {
+    rlm_model *m = load(archs[a]);
+    if (!m) continue;
+    const int V = rlm_model_vocab_size(m), P = 40;
+    rlm_session *s = open_rows(m, 2, 8, 4, 4);
+    rlm_error err;
+    int32_t ids[2 * P], rows[2 * P];
+    float *lg = malloc(sizeof(float) * 2 * V);
+    for (int j = 0; j < P; j++) ids[j] = g_prompt[j], rows[j] = 0;
+    CHECK_EQ(rlm_session_decode(s, &(rlm_batch){P, ids, rows, NULL}, lg, &err), RLM_OK);
+    const size_t held = rlm_session_row_kv_bytes(s, 0), fresh = rlm_session_row_kv_bytes(s, 1);
+    CHECK(held > fresh + (size_t)P * 8); /* at least a byte per layer and token */
+    CHECK_EQ(rlm_session_row_release(s, 0, &err), RLM_OK);
+    CHECK_EQ(rlm_session_row_kv_bytes(s, 0), fresh); /* nothing but the row bookkeeping */
+    CHECK_EQ(rlm_session_row_position(s, 0), 0);
+    CHECK_EQ(rlm_session_row_release(s, 2, &err), RLM_ERR_INVALID);
+    for (int j = 0; j < 2 * P; j++) ids[j] = g_prompt[j % P], rows[j] = j / P; /* both rows, same text */
+    CHECK_EQ(rlm_session_decode(s, &(rlm_batch){2 * P, ids, rows, NULL}, lg, &err), RLM_OK);
+    CHECK(rel_err(lg, lg + V, V) <= 1e-6);
+    CHECK_EQ(rlm_session_row_kv_bytes(s, 0), held);
+    free(lg);
+    rlm_session_free(s);
+    rlm_model_free(m);
+  }
+}
+
 /* Bad batches, the n_ctx budget and refused rollbacks change nothing. */
 TEST(all_or_nothing) {
   rlm_model *m = load("gemma3_text");
@@ -421,6 +449,7 @@ int main(void) {
   RUN(batched_equals_alone);
   RUN(ragged_rollback_after_wrap);
   RUN(row_state_restores_into_another_row);
+  RUN(released_row_is_fresh);
   RUN(all_or_nothing);
   RUN(out_of_memory_changes_nothing);
   RUN(batched_steps_do_not_allocate);

@@ -135,6 +135,15 @@ void rlm__kv_reset(rlm_kv *kv) {
   kv->dense_pending = kv->cfg.dense_first;
 }
 
+void rlm__kv_release(rlm_kv *kv) {
+  rlm__kv_reset(kv);
+  store_free(&kv->k);
+  store_free(&kv->v);
+  rlm__free(kv->pos);
+  kv->pos = NULL;
+  kv->n_alloc = 0; /* as created without a reserve: the next append grows it */
+}
+
 int64_t rlm__kv_slot(const rlm_kv *kv, int64_t p) {
   int64_t keep = kv->cfg.keep;
   if (!kv->ring || p < keep) return p;

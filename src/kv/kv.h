@@ -83,6 +83,8 @@ rlm_status rlm__kv_reserve(rlm_kv *kv, int64_t n, rlm_error *err);
 rlm_status rlm__kv_grow(rlm_kv *kv, int64_t need, rlm_error *err);
 /* Forgets every position of every row (as created; slots are kept). */
 void rlm__kv_reset(rlm_kv *kv);
+/* Empties every row and frees the storage (the scratch stays). */
+void rlm__kv_release(rlm_kv *kv);
 /* A cache like rlm_kv_create's that uses `owner`'s operation scratch and
  * pool instead of its own: caches of one layer's rows, used one at a time
  * by one thread, need one scratch between them. cfg must equal owner's

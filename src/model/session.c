@@ -221,6 +221,19 @@ rlm_status rlm_session_row_clear(rlm_session *s, int row, rlm_error *err) {
   return RLM_OK;
 }
 
+rlm_status rlm_session_row_release(rlm_session *s, int row, rlm_error *err) {
+  if (!s || row < 0 || row >= s->p.n_rows) return bad_row("rlm_session_row_release", s, row, err);
+  for (int i = 0; i < s->m->cfg.n_layers; i++)
+    if (s->rows[row].kv[i]) rlm__kv_release(s->rows[row].kv[i]);
+  s->rows[row].pos = 0;
+  return RLM_OK;
+}
+
+size_t rlm_session_row_kv_bytes(const rlm_session *s, int row) {
+  if (!s || row < 0 || row >= s->p.n_rows) return 0;
+  return rlm_kv_nbytes_total(s->rows[row].kv, s->m->cfg.n_layers);
+}
+
 rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *err) {
   const char *fn = "rlm_session_rollback";
   if (!s || row < 0 || row >= s->p.n_rows) return bad_row(fn, s, row, err);
