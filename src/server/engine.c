@@ -63,13 +63,48 @@ static int64_t job_reserve(const srv_ctx *ctx, const srv_req *r) {
   return (int64_t)(ctx->cfg.kv_grow_per_token * (double)n + ctx->cfg.kv_ring_bytes);
 }
 
-/* Whether `more` bytes of KV fit beside the weights, the running jobs'
- * and the prompt cache, whose snapshots give way first. */
-static bool budget_fits(srv_ctx *ctx, int64_t more) {
+/* What a row's KV counts against the budget: what it holds, or for a
+ * running job what it may come to hold. */
+static int64_t row_cost(const srv_ctx *ctx, int r) {
+  const srv_job *j = ctx->active[r];
+  const int64_t held = ctx->rows[r].bytes;
+  return j && j->reserve > held ? j->reserve : held;
+}
+
+/* Bytes counted: weights, the prompt cache, every row but `except`. */
+static int64_t used_except(const srv_ctx *ctx, int except) {
+  int64_t n = ctx->cfg.weights_bytes + ctx->pcache.bytes;
+  for (int r = 0; r < ctx->n_rows; r++)
+    if (r != except) n += row_cost(ctx, r);
+  return n;
+}
+
+/* A free row other than `keep` that holds storage, least recently used
+ * first; -1 when none. */
+static int idle_with_storage(const srv_ctx *ctx, int keep) {
+  int best = -1;
+  for (int r = 0; r < ctx->n_rows; r++)
+    if (r != keep && !ctx->rows[r].busy && ctx->rows[r].bytes > ctx->fresh_row_bytes &&
+        (best < 0 || ctx->rows[r].used < ctx->rows[best].used))
+      best = r;
+  return best;
+}
+
+/* Whether a job booking `need` bytes fits on `row` (whose storage it
+ * reuses) within the budget. Snapshots of the prompt cache give way
+ * first, then the storage of other free rows. */
+static bool budget_fits(srv_ctx *ctx, int row, int64_t need) {
   if (!ctx->cfg.memory_budget) return true;
-  const int64_t room = ctx->cfg.memory_budget - ctx->cfg.weights_bytes - ctx->reserved - more;
-  while (ctx->pcache.bytes > room && srv_pcache_evict_one(&ctx->pcache)) {}
-  return ctx->pcache.bytes <= room;
+  for (;;) {
+    const int64_t held = ctx->rows[row].bytes;
+    if (used_except(ctx, row) + (need > held ? need : held) <= ctx->cfg.memory_budget) return true;
+    if (srv_pcache_evict_one(&ctx->pcache)) continue;
+    const int r = idle_with_storage(ctx, row);
+    if (r < 0) return false;
+    rlm_session_row_release(ctx->h.session, r, NULL);
+    ctx->rows[r].n_hist = 0;
+    ctx->rows[r].bytes = (int64_t)rlm_session_row_kv_bytes(ctx->h.session, r);
+  }
 }
 
 static void set_503(srv_err *e, const char *code, const char *msg, int retry) {
@@ -199,32 +234,23 @@ static bool waits(const srv_ctx *ctx, const srv_job *j) {
 
 /* The free row for job j with the prompt copied from its first choice's
  * row (rolled back to the prompt); 0 kept when that fails. */
-static int64_t copy_prompt(srv_ctx *ctx, const srv_job *j, int src, int *row) {
-  int64_t ignored;
-  *row = pick_row(ctx, &j->call->req, &ignored);
+static int64_t copy_prompt(srv_ctx *ctx, const srv_job *j, int src, int row) {
   void *img = NULL;
   size_t len = 0;
   const int64_t keep = j->call->req.n_prompt - 1;
-  ctx->rows[*row].n_hist = 0;
+  ctx->rows[row].n_hist = 0;
   if (rlm_session_row_save(ctx->h.session, src, &img, &len, NULL)) return 0;
-  rlm_status rc = rlm_session_row_restore(ctx->h.session, *row, img, len, NULL);
+  rlm_status rc = rlm_session_row_restore(ctx->h.session, row, img, len, NULL);
   rlm_free(img);
-  return rc ? 0 : keep_prefix(ctx, *row, keep);
+  return rc ? 0 : keep_prefix(ctx, row, keep);
 }
 
 /* Starts one job on a free row; false when the engine refused it (the job
  * is then failed). Called with ctx->mu held, on the engine thread. */
-static void admit(srv_ctx *ctx, srv_job *j) {
+static void admit(srv_ctx *ctx, srv_job *j, int row, int64_t keep_row) {
   const srv_req *r = &j->call->req;
-  int64_t keep;
-  int row;
   const int src = sibling_row(ctx, j);
-  if (src >= 0) {
-    keep = copy_prompt(ctx, j, src, &row);
-  } else {
-    row = pick_row(ctx, r, &keep);
-    keep = reuse(ctx, row, r, keep);
-  }
+  const int64_t keep = src >= 0 ? copy_prompt(ctx, j, src, row) : reuse(ctx, row, r, keep_row);
   rlm_gen_request q = rlm_gen_request_default();
   q.prompt = r->prompt, q.n_prompt = r->n_prompt, q.row = row, q.n_cached = keep;
   q.sampler = r->smp, q.max_tokens = r->max_tokens, q.max_context = ctx->cfg.n_ctx;
@@ -243,25 +269,28 @@ static void admit(srv_ctx *ctx, srv_job *j) {
   ctx->rows[got].n_hist = 0;
   ctx->active[got] = j;
   ctx->n_active++;
-  ctx->reserved += j->reserve;
+  ctx->rows[got].bytes = (int64_t)rlm_session_row_kv_bytes(ctx->h.session, got);
   ctx->n_prompt_tokens += r->n_prompt - keep;
   ctx->n_cache_hit += keep;
 }
 
 static void admit_queued(srv_ctx *ctx) {
   srv_job **link = &ctx->queue;
-  while (*link && ctx->n_active < ctx->n_rows && budget_fits(ctx, (*link)->reserve)) {
+  while (*link && ctx->n_active < ctx->n_rows) {
     srv_job *j = *link;
+    int64_t keep = 0;
+    const int row = pick_row(ctx, &j->call->req, &keep);
     if (waits(ctx, j)) { /* later jobs may go ahead of it */
       link = &j->next;
       continue;
     }
+    if (!j->call->abandoned && !budget_fits(ctx, row, j->reserve)) break; /* until rows finish */
     *link = j->next;
     if (ctx->queue_tail == &j->next) ctx->queue_tail = link;
     ctx->n_queued--;
     j->next = NULL;
     if (j->call->abandoned) job_done(ctx, j);
-    else admit(ctx, j);
+    else admit(ctx, j, row, keep);
   }
 }
 
@@ -344,7 +373,6 @@ static void remember_row(srv_ctx *ctx, srv_job *j) {
 static void end_job(srv_ctx *ctx, srv_job *j) {
   ctx->active[j->row] = NULL;
   ctx->n_active--;
-  ctx->reserved -= j->reserve;
   remember_row(ctx, j);
   job_done(ctx, j);
 }
@@ -410,6 +438,8 @@ static void step(srv_ctx *ctx) {
   const double kv = (double)rlm_session_kv_bytes(ctx->h.session);
   pthread_mutex_lock(&ctx->mu);
   ctx->kv_bytes = kv;
+  for (int r = 0; r < ctx->n_rows; r++) /* the rows only this thread changes */
+    ctx->rows[r].bytes = (int64_t)rlm_session_row_kv_bytes(ctx->h.session, r);
   if (rc) {
     fail_active(ctx, err.msg[0] ? err.msg : rlm_status_str(rc));
     return;
@@ -447,6 +477,9 @@ rlm_status srv_engine_start(srv_ctx *ctx, rlm_error *err) {
     snprintf(err->msg, sizeof err->msg, "serve: out of memory");
     return err->code = RLM_ERR_NOMEM;
   }
+  ctx->fresh_row_bytes = (int64_t)rlm_session_row_kv_bytes(ctx->h.session, 0);
+  for (int r = 0; r < ctx->n_rows; r++)
+    ctx->rows[r].bytes = (int64_t)rlm_session_row_kv_bytes(ctx->h.session, r);
   if (pthread_create(&ctx->thread, NULL, engine_main, ctx)) {
     snprintf(err->msg, sizeof err->msg, "serve: cannot start the engine thread");
     return err->code = RLM_ERR_INTERNAL;

@@ -82,6 +82,7 @@ typedef struct srv_row {          /* what a free row's KV still holds   */
   int32_t *hist;
   int64_t n_hist, cap;
   uint64_t used;                  /* LRU clock                          */
+  int64_t bytes;                  /* its caches' storage                */
   bool busy;
 } srv_row;
 
@@ -100,7 +101,7 @@ typedef struct srv_ctx {
   srv_row *rows;
   srv_pcache pcache;              /* snapshots of finished rows         */
   uint64_t clock;
-  int64_t reserved;               /* KV bytes booked by active jobs     */
+  int64_t fresh_row_bytes;        /* an unused row's (bookkeeping only) */
   double kv_bytes;                /* the session's, after each step     */
   int open_requests;              /* connections with a request on      */
   /* metrics */
