@@ -33,6 +33,7 @@ void srv_count_status(srv_ctx *ctx, int status) {
 /* ---- calls and jobs ------------------------------------------------------ */
 
 static void job_free_buffers(srv_job *j) {
+  free(j->marks);
   free(j->text);
   free(j->ids);
   free(j->lp);
@@ -335,8 +336,25 @@ static bool reserve_ids(srv_job *j, int64_t need, bool lp) {
   return ok;
 }
 
-/* The ids, logprobs and text of one event, appended to its job. */
+static bool append_output(srv_job *j, const rlm_gen_event *e);
+
+/* Where the output so far ends, as the end of one piece. */
+static bool add_mark(srv_job *j) {
+  const srv_mark *last = j->n_marks ? &j->marks[j->n_marks - 1] : NULL;
+  if ((last && last->text == j->n_text && last->ids == j->n_ids) || (!j->n_text && !j->n_ids))
+    return true;
+  if (!grow((void **)&j->marks, &j->cap_marks, j->n_marks + 1, sizeof *j->marks)) return false;
+  j->marks[j->n_marks++] = (srv_mark){j->n_text, j->n_ids};
+  return true;
+}
+
+/* The ids, logprobs and text of one event, appended to its job as one
+ * piece. */
 static bool append_event(srv_job *j, const rlm_gen_event *e) {
+  return append_output(j, e) && add_mark(j);
+}
+
+static bool append_output(srv_job *j, const rlm_gen_event *e) {
   const bool lp = e->logprob != NULL;
   if (!e->n_ids) return !e->text_len || append_text(j, e->text, e->text_len);
   if (!reserve_ids(j, j->n_ids + e->n_ids, lp)) return false;

@@ -91,8 +91,7 @@ typedef struct srv_stream {
   srv_call *call;
   struct MHD_Connection *mc;
   char id[48];
-  size_t sent_text[SRV_MAX_N];
-  int64_t sent_ids[SRV_MAX_N];
+  int64_t sent_mark[SRV_MAX_N];   /* pieces sent, per choice            */
   bool sent_finish[SRV_MAX_N];
   bool first, ended, failed;
   char *out;                      /* events not yet handed to MHD       */
@@ -158,20 +157,27 @@ static bool put_end(srv_stream *s) {
   return ok && put(s, "data: [DONE]\n\n", 14);
 }
 
-/* Waits for the call's next output and turns it into events (under mu).
- * false: the stream must end with an error (the client left, no memory). */
+/* Every finished job's finish_reason has been sent. */
+static bool all_sent(const srv_stream *s) {
+  for (int i = 0; i < s->call->req.n; i++)
+    if (!s->sent_finish[i]) return false;
+  return true;
+}
+
+/* Waits for the call's next output and turns it into events, one chunk
+ * per engine event (under mu). false: the stream must end with an error
+ * (the client left, no memory). */
 static bool refill(srv_stream *s) {
   srv_ctx *ctx = s->ctx;
   srv_call *c = s->call;
   for (;;) {
     if (cancelled(c)) return false;
-    const bool done = all_done(c);
-    json_t *o = failure(c) ? NULL
-                           : srv_chunk_json(ctx, c, s->id, s->sent_text, s->sent_ids, s->sent_finish,
-                                            s->first);
-    s->first = false;
-    if (o && !put_event(s, o)) return false;
-    if (done) return put_end(s);
+    if (failure(c)) return put_end(s);
+    for (json_t *o; (o = srv_chunk_json(ctx, c, s->id, s->sent_mark, s->sent_finish, s->first));) {
+      s->first = false;
+      if (!put_event(s, o)) return false;
+    }
+    if (all_done(c) && all_sent(s)) return put_end(s);
     if (s->n_out) return true;
     pthread_cond_wait(&c->cv, &ctx->mu);
   }

@@ -357,32 +357,36 @@ json_t *srv_completion_json(const srv_ctx *ctx, const srv_call *c, const char *i
   return o;
 }
 
-static json_t *chunk_choice(const srv_ctx *ctx, const srv_job *j, size_t from_text, int64_t from_id,
+static json_t *chunk_choice(const srv_ctx *ctx, const srv_job *j, srv_mark from, srv_mark to,
                             bool finish, bool first) {
-  json_t *text = json_stringn(j->text ? j->text + from_text : "", j->n_text - from_text);
+  json_t *text = json_stringn(j->text ? j->text + from.text : "", to.text - from.text);
   json_t *ch;
   if (j->call->req.chat) {
     json_t *delta = first ? json_pack("{s:s, s:o}", "role", "assistant", "content", text)
-                          : j->n_text > from_text ? json_pack("{s:o}", "content", text)
-                                                  : (json_decref(text), json_object());
+                          : to.text > from.text ? json_pack("{s:o}", "content", text)
+                                                : (json_decref(text), json_object());
     ch = json_pack("{s:i, s:o}", "index", j->index, "delta", delta);
   } else {
     ch = json_pack("{s:i, s:o}", "index", j->index, "text", text);
   }
-  json_object_set_new(ch, "logprobs", logprobs_of(ctx, j, from_id, j->n_ids, from_text));
+  json_object_set_new(ch, "logprobs", logprobs_of(ctx, j, from.ids, to.ids, from.text));
   json_object_set_new(ch, "finish_reason", finish ? json_string(finish_name(j->finish)) : json_null());
   return ch;
 }
 
-json_t *srv_chunk_json(const srv_ctx *ctx, const srv_call *c, const char *id, size_t *sent_text,
-                       int64_t *sent_ids, bool *sent_finish, bool first) {
+json_t *srv_chunk_json(const srv_ctx *ctx, const srv_call *c, const char *id, int64_t *sent_mark,
+                       bool *sent_finish, bool first) {
   json_t *choices = json_array();
   for (int i = 0; i < c->req.n; i++) {
     const srv_job *j = &c->jobs[i];
-    const bool fin = j->done && !sent_finish[i];
-    if (!first && !fin && j->n_text == sent_text[i] && j->n_ids == sent_ids[i]) continue;
-    json_array_append_new(choices, chunk_choice(ctx, j, sent_text[i], sent_ids[i], fin, first));
-    sent_text[i] = j->n_text, sent_ids[i] = j->n_ids;
+    const int64_t m = sent_mark[i];
+    const srv_mark from = m ? j->marks[m - 1] : (srv_mark){0, 0};
+    const bool piece = m < j->n_marks;
+    const srv_mark to = piece ? j->marks[m] : from;
+    const bool fin = j->done && !sent_finish[i] && m + piece == j->n_marks; /* with the last piece */
+    if (!first && !piece && !fin) continue;
+    json_array_append_new(choices, chunk_choice(ctx, j, from, to, fin, first));
+    sent_mark[i] = m + piece;
     sent_finish[i] = sent_finish[i] || fin;
   }
   if (!json_array_size(choices)) return json_decref(choices), NULL;

@@ -46,6 +46,13 @@ typedef struct srv_req {
 
 typedef struct srv_call srv_call;
 
+/* The end of one engine event's output in a job's text and ids: a stream
+ * sends one chunk per event (one detokenized piece). */
+typedef struct srv_mark {
+  size_t text;
+  int64_t ids;
+} srv_mark;
+
 /* One choice of a call, on one row once admitted. Fields past `call`
  * change under ctx->mu only. */
 typedef struct srv_job {
@@ -62,6 +69,8 @@ typedef struct srv_job {
   float *top_lp;
   int n_top;
   int64_t n_ids, cap_ids;
+  srv_mark *marks;                /* where each engine event's output ends */
+  int64_t n_marks, cap_marks;
   rlm_finish finish;
   bool done, cancelled;           /* done: no more output will come     */
   char fail[RLM_ERROR_MSG_MAX];   /* nonempty: the engine failed it     */
@@ -157,10 +166,11 @@ bool srv_parse_completion(const srv_ctx *ctx, const char *body, size_t len, bool
 void srv_req_free(srv_req *req);
 /* The non-streaming response of a finished call (under ctx->mu). */
 json_t *srv_completion_json(const srv_ctx *ctx, const srv_call *c, const char *id);
-/* One SSE chunk's object: each job's output from sent[i] on (advanced),
- * with finish_reason for jobs that finished. NULL when nothing is new. */
-json_t *srv_chunk_json(const srv_ctx *ctx, const srv_call *c, const char *id, size_t *sent_text,
-                       int64_t *sent_ids, bool *sent_finish, bool first);
+/* One SSE chunk's object: each job's next piece (its event after the
+ * sent_mark[i] sent so far, which advances), with finish_reason on a
+ * finished job's last. NULL when nothing is new. */
+json_t *srv_chunk_json(const srv_ctx *ctx, const srv_call *c, const char *id, int64_t *sent_mark,
+                       bool *sent_finish, bool first);
 json_t *srv_usage_json(const srv_call *c);
 json_t *srv_error_json(const srv_err *e);
 /* printf into e->msg with status 400 and param p. */
