@@ -1,6 +1,7 @@
 /* bench_qmm.c -- the prefill products: y[m][rows] = x[m][cols] W^T for
  * 4-bit MLX weights (g64, bf16 scales) with m = 512 input rows, on the
- * matrix shapes of a Gemma-3-1B layer, one thread.
+ * matrix shapes of a Gemma-3-1B layer and on a slice of its 8-bit tied
+ * lm_head (-m 8 or -m 1: the batched or one-row decode sizes), one thread.
  *
  *   exact   rlm__qmatmul (f32 activations; the default path)
  *   int8    rlm__qmatmul_q8 (activations quantized per block of 32)
@@ -34,6 +35,7 @@ static const shape SHAPES[] = {
     {"q_proj 1024x1152", 1024, 1152, 4, 1},
     {"gate/up 6912x1152", 6912, 1152, 4, 2},
     {"down 1152x6912", 1152, 6912, 4, 1},
+    {"head8 16384x1152", 16384, 1152, 8, 0},
 };
 
 static const shape SWEEP_SHAPES[] = {
@@ -155,8 +157,8 @@ int main(int argc, char **argv) {
     rlm__pool_free(pool);
     return 0;
   }
-  printf("bench_qmm: 4-bit g64 bf16 scales, m = %lld, %d thread(s), median of %d\n", (long long)m,
-         threads, reps);
+  printf("bench_qmm: 4-bit (head8: 8-bit) g64 bf16 scales, m = %lld, %d thread(s), median of %d\n",
+         (long long)m, threads, reps);
   for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++) {
     qmm_case c;
     case_make(&c, &SHAPES[s], m);

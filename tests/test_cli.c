@@ -409,29 +409,32 @@ TEST(perplexity_matches_logits) {
   CHECK_STR_CONTAINS(out, "mean KL 0.000000, top-1 agreement 100.0000%");
   CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s -f %s/missing.txt", g_bin, dir, g_dir), 1);
   CHECK_STR_CONTAINS(out, "missing.txt");
-  /* --act-bits 8 (int8 activations in 4-bit products) on the embedded
-   * 4-bit model: the same perplexity within 1%, in decode steps (chunk 1)
-   * and in prefill chunks. */
+  /* --act-bits 8 (int8 activations in 4- and 8-bit products) on the
+   * embedded 4-bit model and on the 8-bit one (every product, the tied
+   * lm_head too, takes the 8-bit-weight kernels): the same perplexity
+   * within 1%, in decode steps (chunk 1) and in prefill chunks. */
   const char *src = getenv("RINGLM_SOURCE_DIR");
   f = fopen(path, "w");
   for (int i = 0; f && i < 12; i++)
     fputs("The jury said that the city had been informed of the election. ", f);
   if (f) fclose(f);
-  double ppl[3] = {0, 0, 0};
+  static const char *models[2] = {"brown-15m-4bit", "brown-15m-8bit"};
   static const char *opts[3] = {"--prefill-chunk 1", "--prefill-chunk 1 --act-bits 8",
                                 "--act-bits 8"};
-  for (int k = 0; k < 3; k++) {
-    CHECK_EQ(
-        run(out, sizeof out, "%s perplexity -m %s/models/brown-15m-4bit -f %s %s 2>/dev/null | cat",
-            g_bin, src, path, opts[k]),
-        0);
-    p = strstr(out, "perplexity ");
-    ppl[k] = p ? strtod(p + 11, NULL) : 0;
+  for (int mi = 0; mi < 2; mi++) {
+    double ppl[3] = {0, 0, 0};
+    for (int k = 0; k < 3; k++) {
+      CHECK_EQ(run(out, sizeof out, "%s perplexity -m %s/models/%s -f %s %s 2>/dev/null | cat", g_bin,
+                   src, models[mi], path, opts[k]),
+               0);
+      p = strstr(out, "perplexity ");
+      ppl[k] = p ? strtod(p + 11, NULL) : 0;
+    }
+    test_note("%s: perplexity exact %g, int8 activations %g (decode), %g (prefill)", models[mi],
+              ppl[0], ppl[1], ppl[2]);
+    CHECK(ppl[0] > 1 && ppl[1] != ppl[0] && ppl[2] != ppl[0]);
+    CHECK(fabs(ppl[1] / ppl[0] - 1) < 0.01 && fabs(ppl[2] / ppl[0] - 1) < 0.01);
   }
-  test_note("perplexity exact %g, int8 activations %g (decode), %g (prefill)", ppl[0], ppl[1],
-            ppl[2]);
-  CHECK(ppl[0] > 1 && ppl[1] != ppl[0] && ppl[2] != ppl[0]);
-  CHECK(fabs(ppl[1] / ppl[0] - 1) < 0.01 && fabs(ppl[2] / ppl[0] - 1) < 0.01);
 }
 
 /* ---- the CLI's conventions (issue 11) ------------------------------------ */

@@ -436,116 +436,139 @@ static void run_table(const char *name, const rlm_quant_kernels *k) {
   t_run_isa(name, k != NULL, tests, N_OF(tests));
 }
 
-/* ---- 4-bit weights x int8 activations (qdot.c) ---------------------------- */
+/* ---- 4- and 8-bit weights x int8 activations (qdot.c) --------------------- */
 
-/* The VNNI kernel against its scalar reference (same integer sums, float
- * rounding apart), and both against the exact float product within what
- * int8 activations can cost: per element at most half a step, d/2, of
- * its block (d = max|x| / 127), so |y_q8 - y| <= sum_g |s| sum d_b/2 q_j
- * + rounding. Row ranges leave poison outside; every scale dtype and
- * group size; a column count of one and of many chunks. */
+/* One row's quantized x in the layout for w's bits, the dispatched way. */
+static void q8act_quantize_for(const rlm_qmat *w, const float *x, void *out) {
+  if (w->bits == 8) rlm__q8act_quantize_w8(x, w->cols, out);
+  else rlm__q8act_quantize(x, w->cols, out);
+}
+
+/* The fastest kernel (VNNI or AVX2 for 4 bits, AVX2 for 8) against its
+ * scalar reference (same integer sums, float rounding apart), and both
+ * against the exact float product within what int8 activations can cost
+ * (qdot.c's error contract): per element at most half a step, d/2, of its
+ * block (d = max|x| / 127), so |y_q8 - y| <= sum_g |s| sum d_b/2 q_j +
+ * rounding. Row ranges leave poison outside; both widths, every scale
+ * dtype and group size; a column count of one and of many chunks. */
 TEST(qmatvec_int8_activations) {
   static const int64_t COLS[] = {128, 384, 1152};
-  const rlm__qmv_q8_fn fast = rlm__qmv_q8_kernel();
+  static const int Q8_BITS[] = {4, 8};
   double worst_fast = 0, worst_bound = 0;
-  for (int ci = 0; ci < 3; ci++)
-    for (int gi = 0; gi < 3; gi++)
-      for (int di = 0; di < 3; di++) {
-        const int64_t rows = 37, cols = COLS[ci];
-        test_qmat t;
-        qmat_make(&t, rows, cols, 4, GROUPS[gi], DTYPES[di], &g_seed);
-        float *x = make_x(1, cols, &g_seed), *yr = xmalloc(rows * sizeof *yr), *yf = xmalloc(rows * sizeof *yf);
-        float *ye = xmalloc(rows * sizeof *ye), *xsum = xmalloc((size_t)(cols / GROUPS[gi]) * sizeof *xsum);
-        void *scratch = xmalloc(rlm__q8act_bytes(cols));
-        CHECK(rlm__q8act_ok(&t.w));
-        rlm__group_sums(x, 1, cols, GROUPS[gi], xsum);
-        rlm__q8act_quantize(x, cols, scratch);
-        poison(yf, rows);
-        rlm__qmv_q8_ref(&t.w, scratch, xsum, 0, rows, yr);
-        fast(&t.w, scratch, xsum, 3, rows - 2, yf);
-        rlm__qmatmul_ref(&t.w, x, xsum, 1, 0, rows, ye);
-        int bad = 0;
-        for (int64_t o = 0; o < rows; o++) {
-          double scale = error_scale(&t.w, x, o);
-          if (o < 3 || o >= rows - 2) {
-            bad += !is_poison(yf + o);
-            continue;
+  for (int bi = 0; bi < 2; bi++)
+    for (int ci = 0; ci < 3; ci++)
+      for (int gi = 0; gi < 3; gi++)
+        for (int di = 0; di < 3; di++) {
+          const int64_t rows = 37, cols = COLS[ci];
+          const int bits = Q8_BITS[bi];
+          const rlm__qmv_q8_fn fast = rlm__qmv_q8_kernel(bits);
+          test_qmat t;
+          qmat_make(&t, rows, cols, bits, GROUPS[gi], DTYPES[di], &g_seed);
+          float *x = make_x(1, cols, &g_seed), *yr = xmalloc(rows * sizeof *yr), *yf = xmalloc(rows * sizeof *yf);
+          float *ye = xmalloc(rows * sizeof *ye), *xsum = xmalloc((size_t)(cols / GROUPS[gi]) * sizeof *xsum);
+          void *scratch = xmalloc(rlm__q8act_bytes(cols));
+          CHECK(rlm__q8act_ok(&t.w));
+          rlm__group_sums(x, 1, cols, GROUPS[gi], xsum);
+          q8act_quantize_for(&t.w, x, scratch);
+          poison(yf, rows);
+          rlm__qmv_q8_ref(&t.w, scratch, xsum, 0, rows, yr);
+          fast(&t.w, scratch, xsum, 3, rows - 2, yf);
+          rlm__qmatmul_ref(&t.w, x, xsum, 1, 0, rows, ye);
+          int bad = 0;
+          for (int64_t o = 0; o < rows; o++) {
+            double scale = error_scale(&t.w, x, o);
+            if (o < 3 || o >= rows - 2) {
+              bad += !is_poison(yf + o);
+              continue;
+            }
+            double ef = fabs((double)yf[o] - yr[o]) / scale;
+            worst_fast = fmax(worst_fast, ef);
+            bad += ef > REL_TOL;
+            /* the activation-rounding bound, from the codes and block scales */
+            const uint32_t *wr = t.w.wq + o * rlm__quant_row_words(cols, bits);
+            double bound = 0;
+            for (int64_t c = 0; c < cols; c++) {
+              double amax = 0;
+              for (int k = 0; k < 32; k++) amax = fmax(amax, fabs((double)x[c / 32 * 32 + k]));
+              const int64_t gs = o * (cols / GROUPS[gi]) + c / GROUPS[gi];
+              bound += fabs((double)rlm__load_f(t.w.scales, t.w.sdtype, gs)) * rlm__quant_get(wr, c, bits) *
+                       (amax / 127.0 / 2 + amax * 1e-6);
+            }
+            double eb = fabs((double)yr[o] - ye[o]);
+            worst_bound = fmax(worst_bound, eb / (bound + 1e-4 * scale));
+            bad += eb > bound + 1e-4 * scale;
           }
-          double ef = fabs((double)yf[o] - yr[o]) / scale;
-          worst_fast = fmax(worst_fast, ef);
-          bad += ef > REL_TOL;
-          /* the activation-rounding bound, from the codes and block scales */
-          const uint32_t *wr = t.w.wq + o * rlm__quant_row_words(cols, 4);
-          double bound = 0;
-          for (int64_t c = 0; c < cols; c++) {
-            double amax = 0;
-            for (int k = 0; k < 32; k++) amax = fmax(amax, fabs((double)x[c / 32 * 32 + k]));
-            bound += fabs((double)rlm__load_f(t.w.scales, t.w.sdtype, o * (cols / GROUPS[gi]) + c / GROUPS[gi])) *
-                     rlm__quant_get(wr, c, 4) * (amax / 127.0 / 2 + amax * 1e-6);
-          }
-          double eb = fabs((double)yr[o] - ye[o]);
-          worst_bound = fmax(worst_bound, eb / (bound + 1e-4 * scale));
-          bad += eb > bound + 1e-4 * scale;
+          test_note("bits %d cols %lld group %d dtype %s", bits, (long long)cols, GROUPS[gi],
+                    rlm_dtype_name(DTYPES[di]));
+          CHECK_EQ(bad, 0);
+          free(scratch), free(xsum), free(ye), free(yf), free(yr), free(x);
+          qmat_free(&t);
         }
-        test_note("cols %lld group %d dtype %s", (long long)cols, GROUPS[gi], rlm_dtype_name(DTYPES[di]));
-        CHECK_EQ(bad, 0);
-        free(scratch), free(xsum), free(ye), free(yf), free(yr), free(x);
-        qmat_free(&t);
-      }
   printf("     int8 activations: fast vs ref %.2g (tol %g); ref vs exact %.2g of the rounding bound\n", worst_fast,
          REL_TOL, worst_bound);
 }
 
-/* Quantizing activations: the dispatched version writes the definition's
- * bytes (codes, per-lane scales, block scales), including all-zero blocks
- * and blocks with one huge element. */
+/* Quantizing activations: the dispatched versions write the definitions'
+ * bytes (codes, per-lane scales, block scales; both layouts), including
+ * all-zero blocks and blocks with one huge element. */
 TEST(q8act_quantize_matches_ref) {
   const int64_t cols = 1152;
-  const size_t n = (size_t)cols + (size_t)(cols / 128) * 16 * 4 + (size_t)(cols / 32) * 4;
+  const size_t n4 = (size_t)cols + (size_t)(cols / 128) * 16 * 4 + (size_t)(cols / 32) * 4;
+  const size_t n8 = 2 * (size_t)cols + (size_t)(cols / 32) * 4;
   float *x = make_x(1, cols, &g_seed);
   for (int i = 0; i < 32; i++) x[64 + i] = 0.0f;   /* a zero block: d = 0 */
   x[200] = 3e4f, x[300] = -1e-30f, x[301] = 1e-38f; /* one dominant element, tiny ones */
   unsigned char *a = xmalloc(rlm__q8act_bytes(cols)), *b = xmalloc(rlm__q8act_bytes(cols));
-  memset(a, 0xa5, n), memset(b, 0x5a, n);
+  memset(a, 0xa5, n4), memset(b, 0x5a, n4);
   rlm__q8act_quantize(x, cols, a);
   rlm__q8act_quantize_ref(x, cols, b);
-  CHECK(memcmp(a, b, n) == 0);
+  CHECK(memcmp(a, b, n4) == 0);
+  memset(a, 0xa5, n8), memset(b, 0x5a, n8);
+  rlm__q8act_quantize_w8(x, cols, a);
+  rlm__q8act_quantize_w8_ref(x, cols, b);
+  CHECK(memcmp(a, b, n8) == 0);
   free(a), free(b), free(x);
 }
 
-/* Many input rows (prefill): the VNNI kernel (2 x 4 register tiles, edges
- * row by row) against the reference, with m not a multiple of 4, an odd
- * number of output rows, groups of 32, 64, 128; and the pooled entry point
- * against it too. */
+/* Many input rows (prefill, batched decode): the fastest kernel for each
+ * width (4 bits: VNNI 2 x 4 register tiles or AVX2 1 x 8; 8 bits: AVX2
+ * 1 x 8) against the reference, with m not a multiple of 4 or 8, an odd
+ * number of output rows, groups of 32, 64, 128; and the pooled entry
+ * point against it too. */
 TEST(qmatmul_int8_activations) {
-  const int64_t rows = 29, cols = 384, m = 7;
-  for (int g = 32; g <= 128; g *= 2) {
-    test_qmat t;
-    qmat_make(&t, rows, cols, 4, g, RLM_DTYPE_BF16, &g_seed);
-    float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
-    float *yp = xmalloc(m * rows * sizeof *yp);
-    const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
-    char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
-    float *xsum = (float *)(scratch + m * stride);
-    rlm__group_sums(x, m, cols, g, xsum);
-    for (int64_t i = 0; i < m; i++) rlm__q8act_quantize(x + i * cols, cols, scratch + i * stride);
-    rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
-    poison(yf, m * rows);
-    rlm__qmm_q8_kernel()(&t.w, scratch, stride, xsum, m, 2, rows - 2, yf); /* odd count: an edge row */
-    rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
-    int bad = 0;
-    for (int64_t i = 0; i < m; i++)
-      for (int64_t o = 0; o < rows; o++) {
-        double scale = error_scale(&t.w, x + i * cols, o);
-        float f = yf[i * rows + o], r = yr[i * rows + o];
-        bad += (o < 2 || o >= rows - 2) ? !is_poison(&f) : fabs((double)f - r) > REL_TOL * scale;
-        bad += fabs((double)yp[i * rows + o] - r) > REL_TOL * scale;
+  const int64_t rows = 29, cols = 384;
+  static const int64_t M[] = {7, 8, 13};
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int mi = 0; mi < 3; mi++)
+      for (int g = 32; g <= 128; g *= 2) {
+        const int64_t m = M[mi];
+        test_qmat t;
+        qmat_make(&t, rows, cols, bits, g, RLM_DTYPE_BF16, &g_seed);
+        float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr);
+        float *yf = xmalloc(m * rows * sizeof *yf);
+        float *yp = xmalloc(m * rows * sizeof *yp);
+        const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
+        char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
+        float *xsum = (float *)(scratch + m * stride);
+        rlm__group_sums(x, m, cols, g, xsum);
+        for (int64_t i = 0; i < m; i++) q8act_quantize_for(&t.w, x + i * cols, scratch + i * stride);
+        rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
+        poison(yf, m * rows);
+        rlm__qmm_q8_kernel(bits)(&t.w, scratch, stride, xsum, m, 2, rows - 2, yf); /* odd count: an edge row */
+        rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
+        int bad = 0;
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t o = 0; o < rows; o++) {
+            double scale = error_scale(&t.w, x + i * cols, o);
+            float f = yf[i * rows + o], r = yr[i * rows + o];
+            bad += (o < 2 || o >= rows - 2) ? !is_poison(&f) : fabs((double)f - r) > REL_TOL * scale;
+            bad += fabs((double)yp[i * rows + o] - r) > REL_TOL * scale;
+          }
+        test_note("bits %d m %lld group %d", bits, (long long)m, g);
+        CHECK_EQ(bad, 0);
+        free(scratch), free(yp), free(yf), free(yr), free(x);
+        qmat_free(&t);
       }
-    test_note("group %d", g);
-    CHECK_EQ(bad, 0);
-    free(scratch), free(yp), free(yf), free(yr), free(x);
-    qmat_free(&t);
-  }
 }
 
 int main(void) {

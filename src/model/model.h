@@ -214,8 +214,9 @@ void rlm__rope(float *x, int n_heads, int head_dim, const float *cs);
 /* y [m][out] = x [m][in] . W^T over the pool; xsum scratch [m][in/32]. */
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
                  float *xsum);
-/* The same with int8 activations where the weights allow it (4-bit,
- * cols % 128 == 0); scratch: rlm__qmatmul_q8_bytes. */
+/* The same with int8 activations where the weights allow it (4- or 8-bit,
+ * cols % 128 == 0: every 4-bit layer and the 8-bit tied lm_head of an MLX
+ * 4-bit checkpoint); scratch: rlm__qmatmul_q8_bytes. */
 void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch);
 /* One row of an embedding (dense or quantized) into f32. */
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out);

@@ -1,5 +1,5 @@
-/* qdot.c -- 4-bit MLX affine weights times int8 activations, the integer
- * inner loop llama.cpp uses (its Q8_0 activations), for the decode mat-vec.
+/* qdot.c -- 4- and 8-bit MLX affine weights times int8 activations, the
+ * integer inner loop llama.cpp uses (its Q8_0 activations), for decode.
  *
  * The activation row x is quantized per block of 32: d_b = max|x| / 127,
  * xq = round(x / d_b) in [-127, 127] (symmetric, like Q8_0). Then
@@ -7,21 +7,47 @@
  *   y[o] = sum_g s_og * sum_{b in g} d_b * sum_{i in b} code_oi * xq_i
  *        + sum_g b_og * xsum_g          (xsum from the float x, exact)
  *
- * so only the activations are approximated (relative error about 0.4% of a
- * block's largest element per element); the weights are used exactly.
+ * so only the activations are approximated; the weights are used exactly.
+ * THE ERROR CONTRACT, the same for both bit widths: element i is off by at
+ * most half a step of its block, |x_i - d_b xq_i| <= d_b / 2 (plus the
+ * rounding of x_i * (127 / max|x|)), so
  *
- * Layout for the kernel: x is processed in chunks of 128 elements; a
- * chunk's 64 packed weight bytes hold even elements in low nibbles and odd
- * ones in high nibbles (MLX packs LSB first), so xq is stored per chunk as
- * [x0 x2 ... x126 | x1 x3 ... x127]: one AND, one shift and two VNNI
- * dot products (vpdpbusd: u8 codes x s8 activations, 4 products per int32
- * lane) cover 128 weights with no shuffles. Int32 lane k of a chunk then
- * holds weights 8k..8k+7, i.e. block k/4, so the per-lane float weight is
- * d_{k/4} * s_{group of block k/4}; xd16 stores d per lane per chunk.
+ *   |y_q8[o] - y_exact[o]| <= sum_i |s_g(i)| code_oi (d_b(i) / 2) + float rounding
+ *
+ * with y_exact the product of the dequantized weights and the f32 x
+ * (rlm__qmatmul_ref). Since s_g code_i = w_i - b_g, the bound reads the
+ * same for both widths in terms of the weights: sum_i |w_i - b_g| d_b / 2.
+ * tests/test_quant_fast.c checks it for both.
+ *
+ * The codes are the same for both widths; where they are stored is not,
+ * since each kernel wants them in the order of its decoded weights:
+ *
+ *   4-bit weights ("nibble layout"): x is processed in chunks of 128
+ *   elements; a chunk's 64 packed weight bytes hold even elements in low
+ *   nibbles and odd ones in high nibbles (MLX packs LSB first), so xq is
+ *   stored per chunk as [x0 x2 ... x126 | x1 x3 ... x127] (int8): one AND,
+ *   one shift and two VNNI dot products (vpdpbusd: u8 codes x s8
+ *   activations, 4 products per int32 lane) cover 128 weights with no
+ *   shuffles. Int32 lane k of a chunk then holds weights 8k..8k+7, i.e.
+ *   block k/4, so the per-lane float weight is d_{k/4} * s_{group of block
+ *   k/4}; xd16 stores d per lane per chunk.
+ *     scratch: int8 xq[cols] | float xd16[cols/128][16] | float d[cols/32]
+ *
+ *   8-bit weights ("quad layout", rlm__q8act_w8_pos): int16 codes, for
+ *   vpmaddwd against zero-extended u8 codes (qdot_avx2.c says why not
+ *   vpmaddubsw). In a chunk of 128 elements (blocks j = 0..3), element i
+ *   of block j sits at 16 * ((i % 16) / 2) + 8 * (i / 16) + 2 * j + i % 2:
+ *   8 runs of 16, run R holding the pair (2R, 2R+1) of each block's first
+ *   half and then of its second. That is the order in-lane unpacks put 4
+ *   blocks of natural-order code bytes in while widening them, and after
+ *   the 8 runs' products are summed int32 lane 4L + j holds block j, so
+ *   one float scale vector (d_j s_g(j)) serves 4 blocks.
+ *     scratch: int16 xq[cols] | float d[cols/32]
  *
  * The scalar reference computes the same sums in the natural order; the
- * fast kernel agrees with it to float rounding (the tests bound both).
- * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI.
+ * fast kernels agree with it to float rounding (the tests bound both).
+ * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI, and
+ * the only 8-bit ones (a VNNI machine runs those too).
  */
 #include "quant/quant.h"
 
@@ -34,11 +60,15 @@
 #endif
 
 size_t rlm__q8act_bytes(int64_t cols) {
-  /* xq (cols bytes) + xd16 (16 floats per 128-chunk) + d (a float per block) */
-  return (size_t)cols + (size_t)(cols / 128) * 16 * sizeof(float) + (size_t)(cols / 32) * sizeof(float) + 64;
+  /* nibble layout: xq (cols bytes) + xd16 (16 floats per 128-chunk) + d (a
+   * float per block); quad layout: xq (2 cols bytes) + d. The larger. */
+  const size_t d = (size_t)(cols / 32) * sizeof(float);
+  const size_t nibble = (size_t)cols + (size_t)(cols / 128) * 16 * sizeof(float) + d;
+  const size_t quad = 2 * (size_t)cols + d;
+  return (nibble > quad ? nibble : quad) + 64;
 }
 
-bool rlm__q8act_ok(const rlm_qmat *w) { return w->bits == 4 && w->cols % 128 == 0; }
+bool rlm__q8act_ok(const rlm_qmat *w) { return (w->bits == 4 || w->bits == 8) && w->cols % 128 == 0; }
 
 /* Per block of 32: d and the int8 codes, into the chunk layout. The
  * definition; q8act_quantize_avx512 produces the same bytes. */
@@ -105,26 +135,62 @@ void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
 
 void rlm__q8act_quantize_ref(const float *x, int64_t cols, void *scratch) { q8act_quantize_ref(x, cols, scratch); }
 
-/* Element e's code of row o (4-bit, MLX order). */
-static int code4(const rlm_qmat *w, int64_t o, int64_t e) {
-  const uint8_t *row = (const uint8_t *)w->wq + o * (w->cols / 2);
+/* Per block of 32: d and the codes as above, the codes as int16 in the
+ * quad layout. The definition; rlm__q8act_quantize_w8_avx2 writes the
+ * same bytes. */
+void rlm__q8act_quantize_w8_ref(const float *x, int64_t cols, void *scratch) {
+  int16_t *xq = scratch;
+  float *d = (float *)((char *)scratch + 2 * cols);
+  for (int64_t b = 0; b < cols / 32; b++) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+    d[b] = amax / 127.0f;
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < 32; i++) xq[rlm__q8act_w8_pos(b * 32 + i)] = (int16_t)lrintf(x[b * 32 + i] * inv);
+  }
+}
+
+void rlm__q8act_quantize_w8(const float *x, int64_t cols, void *scratch) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (rlm__cpu_avx2()) {
+    rlm__q8act_quantize_w8_avx2(x, cols, scratch);
+    return;
+  }
+#endif
+  rlm__q8act_quantize_w8_ref(x, cols, scratch);
+}
+
+/* Element e's code of row o (4 or 8 bits, MLX order: LSB first). */
+static int code_of(const rlm_qmat *w, int64_t o, int64_t e) {
+  const uint8_t *row = (const uint8_t *)w->wq + o * (w->cols * w->bits / 8);
+  if (w->bits == 8) return row[e];
   return (row[e / 2] >> (4 * (e % 2))) & 15;
+}
+
+/* Element e's activation code in the layout for w's bits. */
+static int xcode_of(const rlm_qmat *w, const void *scratch, int64_t e) {
+  if (w->bits == 8) return ((const int16_t *)scratch)[rlm__q8act_w8_pos(e)];
+  const int64_t c = e / 128, k = e % 128;
+  return ((const int8_t *)scratch)[c * 128 + (k % 2 ? 64 + k / 2 : k / 2)];
+}
+
+/* The block scales d [cols/32] in the layout for w's bits. */
+static const float *block_scales(const rlm_qmat *w, const void *scratch) {
+  const int64_t cols = w->cols;
+  if (w->bits == 8) return (const float *)((const char *)scratch + 2 * cols);
+  return (const float *)((const char *)scratch + cols) + (cols / 128) * 16;
 }
 
 /* The reference: integer block sums in natural order, then floats. */
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y) {
-  const int8_t *xq = scratch;
   const int64_t cols = w->cols, ng = cols / w->group_size;
-  const float *d = (const float *)((const char *)scratch + cols) + (cols / 128) * 16;
+  const float *d = block_scales(w, scratch);
   for (int64_t o = o0; o < o1; o++) {
     float acc = 0;
     for (int64_t b = 0; b < cols / 32; b++) {
       int32_t isum = 0;
-      for (int i = 0; i < 32; i++) {
-        int64_t e = b * 32 + i, c = e / 128, k = e % 128;
-        isum += code4(w, o, e) * xq[c * 128 + (k % 2 ? 64 + k / 2 : k / 2)];
-      }
+      for (int64_t e = b * 32; e < b * 32 + 32; e++) isum += code_of(w, o, e) * xcode_of(w, scratch, e);
       acc += (float)isum * (d[b] * rlm__load_f(w->scales, w->sdtype, o * ng + b * 32 / w->group_size));
     }
     for (int64_t g = 0; g < ng; g++) acc += rlm__load_f(w->biases, w->sdtype, o * ng + g) * xsum[g];
@@ -348,18 +414,20 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
     rlm__qmv_q8_ref(w, (const char *)scratch + (size_t)i * stride, xsum + i * ng, o0, o1, y + i * w->rows);
 }
 
-rlm__qmm_q8_fn rlm__qmm_q8_kernel(void) {
+rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (rlm__cpu_avx512_vnni()) return qmm_q8_rows;
-  if (rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
+  if (bits == 8 && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
+  if (bits == 4 && rlm__cpu_avx512_vnni()) return qmm_q8_rows;
+  if (bits == 4 && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
 #endif
   return rlm__qmm_q8_ref;
 }
 
-rlm__qmv_q8_fn rlm__qmv_q8_kernel(void) {
+rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
-  if (rlm__cpu_avx512_vnni()) return qmv_q8_rows;
-  if (rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
+  if (bits == 8 && rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
+  if (bits == 4 && rlm__cpu_avx512_vnni()) return qmv_q8_rows;
+  if (bits == 4 && rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
 #endif
   return rlm__qmv_q8_ref;
 }

@@ -1,13 +1,14 @@
-/* qdot_avx2.c -- the AVX2 versions of qdot.c's int8-activation kernels
- * (4-bit MLX weights x int8 activations), for x86 CPUs without AVX-512
- * VNNI: llama.cpp's Q4_0 x Q8_0 inner loop on 256-bit registers.
+/* qdot_avx2.c -- the AVX2 versions of qdot.c's int8-activation kernels,
+ * for x86 CPUs without AVX-512 VNNI: llama.cpp's Q4_0 x Q8_0 inner loop on
+ * 256-bit registers for 4-bit MLX weights, and an 8-bit-weight one.
  *
- * Same sums as rlm__qmv_q8_ref, same activation layout (qdot.c): a chunk
- * of 128 elements is 64 packed weight bytes, and its quantized x is
- * [x0 x2 ... x126 | x1 x3 ... x127]. So the half chunk h (32 weight bytes,
- * elements 64h..64h+63) has its even elements' codes in the low nibbles,
- * matching xq[32h..32h+31], and its odd ones in the high nibbles, matching
- * xq[64+32h..]: one AND and one shift decode it with no shuffle. Then
+ * 4-BIT WEIGHTS. Same sums as rlm__qmv_q8_ref, same activation layout
+ * (qdot.c's nibble layout): a chunk of 128 elements is 64 packed weight
+ * bytes, and its quantized x is [x0 x2 ... x126 | x1 x3 ... x127]. So the
+ * half chunk h (32 weight bytes, elements 64h..64h+63) has its even
+ * elements' codes in the low nibbles, matching xq[32h..32h+31], and its
+ * odd ones in the high nibbles, matching xq[64+32h..]: one AND and one
+ * shift decode it with no shuffle. Then
  *
  *   vpmaddubsw  u8 codes x s8 x -> s16 pair sums (at most 2*15*127, so
  *               the low and high halves add in s16 without saturating)
@@ -18,6 +19,33 @@
  * (32 int8 MACs per instruction pair; exact integers, so the results match
  * the reference to float summation order). The bias term, sum_g b_og *
  * xsum_g, is folded into the lanes before the one reduction.
+ *
+ * 8-BIT WEIGHTS (the tied lm_head / embedding of MLX 4-bit checkpoints,
+ * and every layer of 8-bit ones). vpmaddubsw would saturate: a pair of u8
+ * codes times s8 activations reaches 2*255*127 = 64770 > 32767. The ways
+ * around it inside vpmaddubsw cost instructions: splitting the codes into
+ * even and odd bytes (or nibbles) takes two vpmaddubsw and two vpmaddwd
+ * per 32 MACs, the sign trick (the code - 128, against x signed by it) a
+ * vpsignb per weight and input row and a correction term. Here instead
+ * the codes are zero-extended to s16 and multiplied by s16 activations
+ * with vpmaddwd alone: 2 multiplies per 32 MACs, and the products of a
+ * pair (at most 2*255*127) land in s32 exactly. The multiplies bound
+ * these loops (on Zen 3, 6 independent vpmaddwd plus 6 FMAs took twice
+ * as long as 6 vpmaddwd: they share pipes). The widening is done by in-lane unpacks of 4 blocks at once
+ * (16 per 128 codes, once per weight row for every input row), ordered so
+ * that after a chunk's 8 vpmaddwd are summed int32 lane 4L + j holds block
+ * j: one convert, multiply and FMA per 4 blocks instead of per block. x is
+ * stored to match (qdot.c's quad layout). Each lane sums 16 products, at
+ * most 16*255*127 < 2^24, so the convert to float is exact too.
+ *
+ * Measured on Zen 3 (one thread, m = 8, GMAC/s, best of 7 interleaved
+ * runs, bias terms left out): 256 x 1152 g64 rows in L2, natural-order
+ * blocks with the even/odd vpmaddubsw split 32.5, with vpmaddwd 42.8, the
+ * quad layout 48.8. The whole product (bench/bench_qmm, 16384 x 1152 g64
+ * bf16, median of 9): m = 8 31.7 against 25.3 for the f32 path
+ * (quant_x86.c), m = 1 19.4 against 12.3. The f32 path is close because
+ * per multiply-add both need about as many vector instructions here: a
+ * vpmaddwd and an add per 16 int16 products, one FMA per 8 floats.
  */
 #include "quant/quant.h"
 
@@ -29,34 +57,39 @@
 #define RLM_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define RLM_INLINE inline __attribute__((always_inline))
 
-/* Quantizing one activation row, the same operations as the definition
- * (q8act_quantize_ref in qdot.c) lane-wise: max of |x| (exact in any
- * order), the same division, x * inv rounded to nearest-even (what lrintf
- * does in the default rounding mode), narrowed with saturating packs
- * (never saturating: |code| <= 127); then each block's bytes put back in
- * element order and split into its 16 even and 16 odd elements. */
+/* One block of 32 activations: its d (to *d) and its 32 codes as int32 in
+ * element order, by the definition's operations (q8act_quantize_ref in
+ * qdot.c) lane-wise: max of |x| (exact in any order), the same division,
+ * x * inv rounded to nearest-even (what lrintf does in the default
+ * rounding mode). */
+RLM_AVX2 static RLM_INLINE void block_codes(const float *p, float *d, __m256i c[4]) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 v[4];
+  for (int i = 0; i < 4; i++) v[i] = _mm256_loadu_ps(p + 8 * i);
+  __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                           _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  *d = amax / 127.0f;
+  const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  for (int i = 0; i < 4; i++) c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+}
+
+/* Quantizing one activation row for 4-bit weights: each block's codes
+ * (block_codes) narrowed with saturating packs (never saturating:
+ * |code| <= 127), put back in element order and split into its 16 even
+ * and 16 odd elements. */
 RLM_AVX2 void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scratch) {
   int8_t *xq = scratch;
   float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
-  const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* packs interleave the 128-bit lanes */
   const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10,
                                          12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   for (int64_t b = 0; b < cols / 32; b++) {
-    const float *p = x + b * 32;
-    const __m256 v0 = _mm256_loadu_ps(p), v1 = _mm256_loadu_ps(p + 8);
-    const __m256 v2 = _mm256_loadu_ps(p + 16), v3 = _mm256_loadu_ps(p + 24);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
-    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-    const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-    d[b] = amax / 127.0f;
-    const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-    const __m256i q01 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v0, inv)),
-                                           _mm256_cvtps_epi32(_mm256_mul_ps(v1, inv)));
-    const __m256i q23 = _mm256_packs_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v2, inv)),
-                                           _mm256_cvtps_epi32(_mm256_mul_ps(v3, inv)));
+    __m256i c4[4];
+    block_codes(x + b * 32, &d[b], c4);
+    const __m256i q01 = _mm256_packs_epi32(c4[0], c4[1]), q23 = _mm256_packs_epi32(c4[2], c4[3]);
     const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), order); /* elements 0..31 */
     /* per 128-bit lane: 8 evens, 8 odds; then both lanes' evens, both odds */
     const __m256i eo = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(q, split), _MM_SHUFFLE(3, 1, 2, 0));
@@ -185,8 +218,8 @@ RLM_AVX2 static RLM_INLINE __m256 row_dot(const rlm_qmat *w, int64_t o, const in
 
 /* Decode (m = 1): row after row, so the weights are one sequential stream
  * (qdot.c measured why); four rows reduced together. */
-RLM_AVX2 void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
-                               float *y) {
+RLM_AVX2 static void qmv_w4(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                            float *y) {
   const int8_t *xq = scratch;
   const lane_groups l = lane_groups_of(w->group_size);
   int64_t o = o0;
@@ -204,13 +237,159 @@ RLM_AVX2 void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const flo
   }
 }
 
+/* ---- 8-bit weights -------------------------------------------------- */
+
+/* Quantizing one activation row for 8-bit weights: each block's codes
+ * (block_codes) as int16, then each chunk's put in the quad layout. Per
+ * block, packs_epi32 + permute4x64 leave pairs (2p, 2p+1) 0..7 in p0 and
+ * 8..15 in p1 (pair p of a block = its 32-bit unit p); run R of the chunk
+ * is [pair R of blocks 0..3 | pair 8 + R of blocks 0..3]: a 4 x 4
+ * transpose of 32-bit units across the blocks, per 128-bit lane. */
+RLM_AVX2 void rlm__q8act_quantize_w8_avx2(const float *x, int64_t cols, void *scratch) {
+  int16_t *xq = scratch;
+  float *d = (float *)((char *)scratch + 2 * cols);
+  for (int64_t c = 0; c < cols / 128; c++) {
+    __m256i za[4], zb[4]; /* per block: [pairs 0-3 | 8-11], [pairs 4-7 | 12-15] */
+    for (int j = 0; j < 4; j++) {
+      __m256i c4[4];
+      block_codes(x + (c * 4 + j) * 32, &d[c * 4 + j], c4);
+      const __m256i p0 = _mm256_permute4x64_epi64(_mm256_packs_epi32(c4[0], c4[1]), _MM_SHUFFLE(3, 1, 2, 0));
+      const __m256i p1 = _mm256_permute4x64_epi64(_mm256_packs_epi32(c4[2], c4[3]), _MM_SHUFFLE(3, 1, 2, 0));
+      za[j] = _mm256_permute2x128_si256(p0, p1, 0x20);
+      zb[j] = _mm256_permute2x128_si256(p0, p1, 0x31);
+    }
+    __m256i *out = (__m256i *)(xq + c * 128);
+    for (int half = 0; half < 2; half++) {
+      const __m256i *z = half ? zb : za;
+      const __m256i t0 = _mm256_unpacklo_epi32(z[0], z[1]), t1 = _mm256_unpackhi_epi32(z[0], z[1]);
+      const __m256i t2 = _mm256_unpacklo_epi32(z[2], z[3]), t3 = _mm256_unpackhi_epi32(z[2], z[3]);
+      _mm256_storeu_si256(out + 4 * half + 0, _mm256_unpacklo_epi64(t0, t2));
+      _mm256_storeu_si256(out + 4 * half + 1, _mm256_unpackhi_epi64(t0, t2));
+      _mm256_storeu_si256(out + 4 * half + 2, _mm256_unpacklo_epi64(t1, t3));
+      _mm256_storeu_si256(out + 4 * half + 3, _mm256_unpackhi_epi64(t1, t3));
+    }
+  }
+}
+
+/* The 128 codes of a chunk of one row (p: 4 blocks of natural-order
+ * bytes), zero-extended to s16 in the quad layout: q[R] against run R of
+ * x. Unit m (2 bytes) of lane L of a block holds its elements 16L + 2m,
+ * +1; interleaving the 4 blocks' units 16 then 32 bits wide gives e[k] =
+ * per lane [units 2k of blocks 0..3, units 2k + 1 of blocks 0..3], and
+ * widening its low and high halves gives runs 2k and 2k + 1. */
+RLM_AVX2 static RLM_INLINE void w8_chunk(const uint8_t *p, __m256i q[8]) {
+  const __m256i z = _mm256_setzero_si256();
+  const __m256i *v = (const __m256i *)p;
+  const __m256i r0 = _mm256_loadu_si256(v), r1 = _mm256_loadu_si256(v + 1);
+  const __m256i r2 = _mm256_loadu_si256(v + 2), r3 = _mm256_loadu_si256(v + 3);
+  const __m256i a = _mm256_unpacklo_epi16(r0, r1), b = _mm256_unpackhi_epi16(r0, r1);
+  const __m256i c = _mm256_unpacklo_epi16(r2, r3), d = _mm256_unpackhi_epi16(r2, r3);
+  const __m256i e[4] = {_mm256_unpacklo_epi32(a, c), _mm256_unpackhi_epi32(a, c), _mm256_unpacklo_epi32(b, d),
+                        _mm256_unpackhi_epi32(b, d)};
+  for (int k = 0; k < 4; k++) {
+    q[2 * k] = _mm256_unpacklo_epi8(e[k], z);
+    q[2 * k + 1] = _mm256_unpackhi_epi8(e[k], z);
+  }
+}
+
+/* A chunk's widened codes against its quantized x (128 int16): lane
+ * 4L + j gets block j's share, as floats (exact, see the top). */
+RLM_AVX2 static RLM_INLINE __m256 w8_dot(const __m256i q[8], const int16_t *x) {
+  const __m256i *v = (const __m256i *)x;
+  __m256i s[4];
+  for (int k = 0; k < 4; k++)
+    s[k] = _mm256_add_epi32(_mm256_madd_epi16(q[2 * k], _mm256_loadu_si256(v + 2 * k)),
+                            _mm256_madd_epi16(q[2 * k + 1], _mm256_loadu_si256(v + 2 * k + 1)));
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3])));
+}
+
+/* d[0..3] in both 128-bit lanes (lane 4L + j: block j's d). */
+RLM_AVX2 static RLM_INLINE __m256 bcast4(const float *d) {
+  const __m128 v = _mm_loadu_ps(d);
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(v), v, 1);
+}
+
+/* Lane 4L + j of a chunk reads group j * 32 / G of the chunk's own. */
+typedef struct w8_groups {
+  __m256i idx;
+  int per; /* groups per chunk: 128 / G */
+} w8_groups;
+
+RLM_AVX2 static RLM_INLINE w8_groups w8_groups_of(int group_size) {
+  const int g1 = 32 / group_size, g2 = 64 / group_size, g3 = 96 / group_size;
+  return (w8_groups){_mm256_setr_epi32(0, g1, g2, g3, 0, g1, g2, g3), 128 / group_size};
+}
+
+/* Row o's weight scales for chunk c at the lanes of their blocks. */
+RLM_AVX2 static RLM_INLINE __m256 w8_scales(const rlm_qmat *w, int64_t o, int64_t ng, int64_t c, w8_groups l) {
+  const __m128 s = load_per(w->scales, w->sdtype, o * ng + c * l.per, l.per);
+  return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), l.idx);
+}
+
+/* Rows ahead that w8_row prefetches (into L2) as it reads a row, chunk
+ * by chunk: the mat-vec streams the weights from DRAM (the lm_head is
+ * 302 MB), and this measured 12.5 -> 15.5 GB/s against 16 rows ahead
+ * (13) or 4 (13.5), none 12.5 (65536 x 1152). */
+enum { W8_PREFETCH_ROWS = 8 };
+
+/* Row o against one quantized x (codes xq, block scales d): the lane
+ * partial sums, bias folded in; *tail gets the bias tail. */
+RLM_AVX2 static RLM_INLINE __m256 w8_row(const rlm_qmat *w, int64_t o, const int16_t *xq, const float *d,
+                                         const float *xsum, w8_groups l, float *tail) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+  const uint8_t *r = (const uint8_t *)w->wq + o * cols;
+  const bool ahead = o + W8_PREFETCH_ROWS < w->rows;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; c++) {
+    __m256i q[8];
+    if (ahead) {
+      _mm_prefetch((const char *)(r + W8_PREFETCH_ROWS * cols + c * 128), _MM_HINT_T1);
+      _mm_prefetch((const char *)(r + W8_PREFETCH_ROWS * cols + c * 128 + 64), _MM_HINT_T1);
+    }
+    w8_chunk(r + c * 128, q);
+    const __m256 dv = bcast4(d + c * 4);
+    acc = _mm256_fmadd_ps(w8_dot(q, xq + c * 128), _mm256_mul_ps(dv, w8_scales(w, o, ng, c, l)), acc);
+  }
+  *tail = bias_fold(w, o, ng, xsum, &acc);
+  return acc;
+}
+
+/* Decode (m = 1) for 8-bit weights: row after row, four reduced together. */
+RLM_AVX2 static void qmv_w8(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                            float *y) {
+  const int16_t *xq = scratch;
+  const float *d = (const float *)((const char *)scratch + 2 * w->cols);
+  const w8_groups l = w8_groups_of(w->group_size);
+  int64_t o = o0;
+  for (; o + 4 <= o1; o += 4) {
+    float t[4], s[4];
+    const __m256 a0 = w8_row(w, o, xq, d, xsum, l, &t[0]), a1 = w8_row(w, o + 1, xq, d, xsum, l, &t[1]);
+    const __m256 a2 = w8_row(w, o + 2, xq, d, xsum, l, &t[2]), a3 = w8_row(w, o + 3, xq, d, xsum, l, &t[3]);
+    _mm_storeu_ps(s, hsum4(a0, a1, a2, a3));
+    for (int k = 0; k < 4; k++) y[o + k] = s[k] + t[k];
+  }
+  for (; o < o1; o++) {
+    float t;
+    const __m256 a = w8_row(w, o, xq, d, xsum, l, &t);
+    y[o] = hsum(a) + t;
+  }
+}
+
+RLM_AVX2 void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                               float *y) {
+  if (w->bits == 8) qmv_w8(w, scratch, xsum, o0, o1, y);
+  else qmv_w4(w, scratch, xsum, o0, o1, y);
+}
+
+/* ---- m rows, both widths -------------------------------------------- */
+
 enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16, QMM_TILE = 8 };
 
-/* Output row o against n <= QMM_TILE input rows, each half chunk decoded once
- * for the n; n a constant where it is inlined (row_xn), so the
- * accumulators stay in registers. */
-RLM_AVX2 static RLM_INLINE void tile_1xn(const rlm_qmat *w, int64_t o, const int8_t *const *xq,
-                                         const float *const *xs, int n, lane_groups l, float *y, int64_t i0) {
+/* Output row o against n <= QMM_TILE input rows (xq[k]: the nibble
+ * layout), each half chunk decoded once for the n; n a constant where it
+ * is inlined (row_xn), so the accumulators stay in registers. */
+RLM_AVX2 static RLM_INLINE void tile_w4(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs,
+                                        int n, lane_groups l, float *y, int64_t i0) {
   const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
   const uint8_t *r = (const uint8_t *)w->wq + o * (cols / 2);
   const __m256i low = _mm256_set1_epi8(15);
@@ -223,7 +402,7 @@ RLM_AVX2 static RLM_INLINE void tile_1xn(const rlm_qmat *w, int64_t o, const int
       const __m256i v = _mm256_loadu_si256((const __m256i *)(r + c * 64 + 32 * h));
       const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       for (int k = 0; k < n; k++) {
-        const int8_t *x = xq[k] + c * 128 + 32 * h;
+        const int8_t *x = (const int8_t *)xq[k] + c * 128 + 32 * h;
         const __m256 xd = _mm256_loadu_ps((const float *)(xq[k] + cols) + c * 16 + 8 * h);
         a[k] = _mm256_fmadd_ps(half_dot(lo, hi, x, x + 64), _mm256_mul_ps(s[h], xd), a[k]);
       }
@@ -235,9 +414,64 @@ RLM_AVX2 static RLM_INLINE void tile_1xn(const rlm_qmat *w, int64_t o, const int
   }
 }
 
+/* a[k] += b_o . xs[k] for the n inputs of a tile: each piece of 8 of row
+ * o's biases widened once for the n (the last piece padded with zeros,
+ * its group sums read masked), not once per input as bias_fold does. */
+RLM_AVX2 static RLM_INLINE void bias_tile(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, int n,
+                                          __m256 *a) {
+  for (int64_t g = 0; g < ng; g += 8) {
+    const int left = ng - g < 8 ? (int)(ng - g) : 8;
+    __m256 b;
+    __m256i mask = _mm256_set1_epi32(-1);
+    if (left == 8) {
+      b = load8(w->biases, w->sdtype, o * ng + g);
+    } else {
+      _Alignas(32) float t[8] = {0};
+      for (int i = 0; i < left; i++) t[i] = rlm__load_f(w->biases, w->sdtype, o * ng + g + i);
+      b = _mm256_load_ps(t);
+      mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    for (int k = 0; k < n; k++) a[k] = _mm256_fmadd_ps(b, _mm256_maskload_ps(xs[k] + g, mask), a[k]);
+  }
+}
+
+/* The same for 8-bit weights (xq[k]: the quad layout, codes then block
+ * scales at 2 cols bytes): each chunk widened once for the n. */
+RLM_AVX2 static RLM_INLINE void tile_w8(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs,
+                                        int n, w8_groups l, float *y, int64_t i0) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+  const uint8_t *r = (const uint8_t *)w->wq + o * cols;
+  __m256 a[QMM_TILE];
+  for (int k = 0; k < n; k++) a[k] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < chunks; c++) {
+    __m256i q[8];
+    w8_chunk(r + c * 128, q);
+    const __m256 sv = w8_scales(w, o, ng, c, l);
+#pragma GCC unroll 8 /* not done unasked at n = 8: 25 -> 30 GMAC/s (m = 8) */
+    for (int k = 0; k < n; k++) {
+      const __m256 dv = bcast4((const float *)(xq[k] + 2 * cols) + c * 4);
+      a[k] = _mm256_fmadd_ps(w8_dot(q, (const int16_t *)xq[k] + c * 128), _mm256_mul_ps(dv, sv), a[k]);
+    }
+  }
+  bias_tile(w, o, ng, xs, n, a);
+  for (int k = 0; k < n; k++) y[(i0 + k) * w->rows + o] = hsum(a[k]);
+}
+
+/* Both widths' lane maps, made once per call (one of them is used). */
+typedef struct tile_lanes {
+  lane_groups l4;
+  w8_groups l8;
+} tile_lanes;
+
+RLM_AVX2 static RLM_INLINE void tile_1xn(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs,
+                                         int n, tile_lanes l, float *y, int64_t i0) {
+  if (w->bits == 8) tile_w8(w, o, xq, xs, n, l.l8, y, i0);
+  else tile_w4(w, o, xq, xs, n, l.l4, y, i0);
+}
+
 /* One output row against n <= QMM_TILE input rows, n made a constant. */
-RLM_AVX2 static void row_xn(const rlm_qmat *w, int64_t o, const int8_t *const *xq, const float *const *xs, int n,
-                            lane_groups l, float *y, int64_t i0) {
+RLM_AVX2 static void row_xn(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs, int n,
+                            tile_lanes l, float *y, int64_t i0) {
   switch (n) {
   case 1: tile_1xn(w, o, xq, xs, 1, l, y, i0); break;
   case 2: tile_1xn(w, o, xq, xs, 2, l, y, i0); break;
@@ -250,28 +484,29 @@ RLM_AVX2 static void row_xn(const rlm_qmat *w, int64_t o, const int8_t *const *x
   }
 }
 
-/* m input rows (stride bytes apart in scratch), outputs y [m][rows],
- * blocked as qmm_q8_rows in qdot.c is: QMM_OUT_BLOCK weight rows (L2)
- * against QMM_IN_BLOCK quantized inputs (L1). Inside, one weight row
- * against QMM_TILE inputs: AVX2 has 16 registers, and a 2-row x 4-input
- * tile (as the VNNI kernel uses) spilled accumulators and ran about 1.2x
- * slower at m = 16 than one row x 4; x 8 measured the same as x 4. */
+/* m input rows (stride bytes apart in scratch, in the layout for w's
+ * bits), outputs y [m][rows], blocked as qmm_q8_rows in qdot.c is:
+ * QMM_OUT_BLOCK weight rows (L2) against QMM_IN_BLOCK quantized inputs
+ * (L1). Inside, one weight row against QMM_TILE inputs: AVX2 has 16
+ * registers, and a 2-row x 4-input tile (as the VNNI kernel uses) spilled
+ * accumulators and ran about 1.2x slower at m = 16 than one row x 4 (4
+ * bits); x 8 measured the same as x 4. For 8 bits the tile shares a
+ * chunk's widening (16 unpacks) among its inputs. */
 RLM_AVX2 void rlm__qmm_q8_avx2(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                                int64_t o0, int64_t o1, float *y) {
   const int64_t ng = w->cols / w->group_size;
-  const lane_groups l = lane_groups_of(w->group_size);
+  const tile_lanes l = {lane_groups_of(w->group_size), w8_groups_of(w->group_size)};
   for (int64_t ob = o0; ob < o1; ob += QMM_OUT_BLOCK) {
     const int64_t oe = ob + QMM_OUT_BLOCK < o1 ? ob + QMM_OUT_BLOCK : o1;
     for (int64_t ib = 0; ib < m; ib += QMM_IN_BLOCK) {
       const int64_t ie = ib + QMM_IN_BLOCK < m ? ib + QMM_IN_BLOCK : m;
       for (int64_t i0 = ib; i0 < ie; i0 += QMM_TILE) {
         const int n = ie - i0 < QMM_TILE ? (int)(ie - i0) : QMM_TILE;
-        const int8_t *xq[QMM_TILE];
+        const char *xq[QMM_TILE];
         const float *xs[QMM_TILE];
         for (int k = 0; k < n; k++)
-          xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
-        int64_t o = ob;
-        for (; o < oe; o++) row_xn(w, o, xq, xs, n, l, y, i0);
+          xq[k] = (const char *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
+        for (int64_t o = ob; o < oe; o++) row_xn(w, o, xq, xs, n, l, y, i0);
       }
     }
   }

@@ -66,15 +66,18 @@ size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size) {
 static void q8_prepare(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
   const struct q8_job *j = ctx;
   const int64_t cols = j->w->cols, ng = cols / j->w->group_size;
+  void (*quantize)(const float *, int64_t, void *) = rlm__q8act_quantize; /* the layout for w's bits */
+  if (j->w->bits == 8) quantize = rlm__q8act_quantize_w8;
   rlm__group_sums(j->x + i0 * cols, i1 - i0, cols, j->w->group_size, j->xsum + i0 * ng);
-  for (int64_t i = i0; i < i1; i++) rlm__q8act_quantize(j->x + i * cols, cols, (char *)j->scratch + (size_t)i * j->stride);
+  for (int64_t i = i0; i < i1; i++) quantize(j->x + i * cols, cols, (char *)j->scratch + (size_t)i * j->stride);
 }
 
-/* Layout of scratch: m quantized rows, then the group sums [m][cols/G]. */
+/* Layout of scratch: m quantized rows (each in the layout for w's bits),
+ * then the group sums [m][cols/G]. */
 void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y) {
   const size_t stride = q8_stride(w->cols);
   float *xsum = (float *)((char *)scratch + (size_t)m * stride);
-  struct q8_job j = {rlm__qmv_q8_kernel(), rlm__qmm_q8_kernel(), w, x, scratch, stride, xsum, m, y};
+  struct q8_job j = {rlm__qmv_q8_kernel(w->bits), rlm__qmm_q8_kernel(w->bits), w, x, scratch, stride, xsum, m, y};
   if (m == 1) q8_prepare(&j, 0, 1, 0, 1);
   else rlm__pool_for(pool, m, 1, (double)w->cols, q8_prepare, &j);
   rlm__pool_for(pool, w->rows, 16, (double)w->cols * (double)m, q8_range, &j);
