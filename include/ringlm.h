@@ -554,6 +554,9 @@ RLM_API void rlm_model_free(rlm_model *m);
 RLM_API int32_t rlm_model_vocab_size(const rlm_model *m);
 /* config.json's model_type, e.g. "llama". */
 RLM_API const char *rlm_model_arch(const rlm_model *m);
+/* What KV snapshots of this model carry: "model_type:H1:H2", FNV-1a 64 of
+ * config.json's bytes and of every weight's name, dtype and shape. */
+RLM_API const char *rlm_model_signature(const rlm_model *m);
 /* An end-of-sequence id of generation_config.json (else config.json). */
 RLM_API bool rlm_model_is_eos(const rlm_model *m, int32_t id);
 
@@ -653,16 +656,65 @@ RLM_API size_t rlm_session_row_kv_bytes(const rlm_session *s, int row);
  * prefill_chunk tokens fed since (its slack); a rollback it cannot cover,
  * or n beyond the row's position, is RLM_ERR_INVALID and changes nothing. */
 RLM_API rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *err);
-/* A row's whole KV state (every layer's cache, rings included, and its
- * position) as one checksummed byte image, *buf rlm_free'd by the caller:
- * a prompt cache keeps it and restores it into any row of a session with
- * the same model and parameters. Restore replaces the row; a malformed or
- * mismatched image is RLM_ERR_FORMAT naming the layer, and leaves the row
- * as it was (or, on a failure past the checks, empty: never mixed). */
-RLM_API rlm_status rlm_session_row_save(const rlm_session *s, int row, void **buf, size_t *len,
+/* ------------------------------------------------------------------------
+ * KV snapshots (docs/kv-snapshots.md): one row's whole KV state -- every
+ * layer's cache, rings with their sinks and slack, quantized triples as
+ * stored, positions -- and the token ids it holds, as a safetensors image
+ * with a CRC-32C, readable by mlx-lm's load_prompt_cache where mlx-lm has
+ * the cache kinds. A sliding layer stores its window (plus the slack that
+ * lets a restored row still roll back), not the whole prefix.
+ *
+ * Saving: tokens may be NULL with n_tokens 0 (none recorded), else
+ * n_tokens must equal the row's position. *buf is rlm_free'd by the
+ * caller. The file variant writes crash-safely: a temporary file in the
+ * same folder, fsync, rename, fsync of the folder; a crash or a failing
+ * write leaves the old file whole.
+ * Opening checks the framing, format, version and checksum
+ * (RLM_ERR_FORMAT naming the file and the problem). Loading into a row
+ * checks the model signature, every layer's kind, bits, window, keep,
+ * dtype and shapes against the session first, then makes room, and
+ * changes the row only when nothing can fail any more: a bad or foreign
+ * snapshot leaves the row as it was. Any row of any session of the same
+ * model and KV settings will do (prefill_chunk may differ).
+ */
+typedef struct rlm_snapshot rlm_snapshot;
+
+RLM_API rlm_status rlm_session_row_save(const rlm_session *s, int row, const int32_t *tokens,
+                                        int64_t n_tokens, void **buf, size_t *len, rlm_error *err);
+RLM_API rlm_status rlm_session_row_save_file(const rlm_session *s, int row, const int32_t *tokens,
+                                             int64_t n_tokens, const char *path, rlm_error *err);
+RLM_API rlm_status rlm_snapshot_open(rlm_snapshot **out, const char *path, rlm_error *err);
+/* buf must outlive the handle. */
+RLM_API rlm_status rlm_snapshot_open_memory(rlm_snapshot **out, const void *buf, size_t len,
+                                            rlm_error *err);
+RLM_API void rlm_snapshot_free(rlm_snapshot *sn);
+/* Is the snapshot one this session's rows can load? (nothing changes) */
+RLM_API rlm_status rlm_snapshot_check(const rlm_snapshot *sn, const rlm_session *s, rlm_error *err);
+RLM_API rlm_status rlm_session_row_load(rlm_session *s, int row, const rlm_snapshot *sn,
                                         rlm_error *err);
+/* rlm_snapshot_open_memory + rlm_session_row_load. */
 RLM_API rlm_status rlm_session_row_restore(rlm_session *s, int row, const void *buf, size_t len,
                                            rlm_error *err);
+/* Tokens the row held (its position), and the ids when recorded. */
+RLM_API int64_t rlm_snapshot_position(const rlm_snapshot *sn);
+RLM_API const int32_t *rlm_snapshot_tokens(const rlm_snapshot *sn, int64_t *n);
+/* "model_type:config hash:weights hash" (rlm_model_signature's). */
+RLM_API const char *rlm_snapshot_model(const rlm_snapshot *sn);
+RLM_API size_t rlm_snapshot_bytes(const rlm_snapshot *sn);
+RLM_API int rlm_snapshot_layers(const rlm_snapshot *sn);
+typedef struct rlm_snapshot_layer_info {
+  int cache;             /* tensor prefix; -1: KV-shared, no cache          */
+  int shares;            /* the donor layer of a KV-shared one, else -1     */
+  const char *kind;      /* rlm_kv_signature                                */
+  rlm_dtype dtype;
+  int window, keep;      /* rings; 0 otherwise                              */
+  int64_t offset;        /* tokens seen                                     */
+  int64_t first;         /* stored: [0, min(keep, offset)) and [first, offset) */
+  int64_t stored;
+  size_t bytes;          /* of its tensors                                  */
+} rlm_snapshot_layer_info;
+RLM_API rlm_status rlm_snapshot_layer(const rlm_snapshot *sn, int i, rlm_snapshot_layer_info *out,
+                                      rlm_error *err);
 /* KV bytes held by all layers' caches. */
 RLM_API size_t rlm_session_kv_bytes(const rlm_session *s);
 /* The KV footprint a session with params p would have: bytes per token of

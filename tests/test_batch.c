@@ -268,7 +268,7 @@ static void check_row_state_arch(const char *arch, int kb, int vb, int64_t max_k
   CHECK_EQ(rlm_session_decode(s, &(rlm_batch){20, ids, rows, NULL}, a, &err), RLM_OK);
   void *img = NULL;
   size_t len = 0;
-  CHECK_EQ(rlm_session_row_save(s, 0, &img, &len, &err), RLM_OK);
+  CHECK_EQ(rlm_session_row_save(s, 0, NULL, 0, &img, &len, &err), RLM_OK);
   CHECK_EQ(rlm_session_row_restore(s, 1, img, len, &err), RLM_OK);
   CHECK_EQ(rlm_session_row_position(s, 1), P);
   int32_t next[2] = {g_prompt[90], g_prompt[90]}, rr[2] = {0, 1};

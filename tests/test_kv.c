@@ -315,7 +315,40 @@ static void op_spec_round(sim *s, bool ragged) {
   for (int b = 0; b < s->B; b++) ref_truncate(s, b, before[b] + keep[b]);
 }
 
+/* A session snapshot's path: every row's live slots exported in position
+ * order and imported into a fresh cache (kv_state.c). */
+static void op_export_import(sim *s) {
+  rlm_error err;
+  rlm_kv *fresh;
+  rlm_kv_config c = s->cfg;
+  c.n_rows = s->B;
+  CHECK_EQ(rlm_kv_create(&fresh, &c, &err), RLM_OK);
+  for (int b = 0; b < s->B; b++) {
+    rlm_kv_live lv;
+    CHECK_EQ(rlm__kv_live(s->kv, b, &lv, &err), RLM_OK);
+    void *arr[6] = {0};
+    for (int a = 0; a < 6; a++) {
+      size_t n = rlm__kv_array_slot_bytes(s->kv, a) * (size_t)s->H * (size_t)lv.n;
+      if (!rlm__kv_array_slot_bytes(s->kv, a)) continue;
+      arr[a] = malloc(n ? n : 1);
+      rlm__kv_export(s->kv, b, &lv, a, arr[a]);
+    }
+    CHECK_EQ(rlm__kv_import(fresh, b, &lv, (const void *const *)arr, &err), RLM_OK);
+    CHECK_EQ(rlm_kv_offset(fresh, b), s->rows[b].n);
+    for (int a = 0; a < 6; a++) free(arr[a]);
+  }
+  bool empty = true;
+  for (int b = 0; b < s->B; b++) empty = empty && s->rows[b].n == 0;
+  if (empty) s->dense_pending = c.dense_first; /* an empty snapshot is a new cache */
+  rlm_kv_free(s->kv);
+  s->kv = fresh;
+}
+
 static void op_save_restore(sim *s) {
+  if (t_rng_next(&s->rng) % 2) {
+    op_export_import(s);
+    return;
+  }
   void *img;
   size_t len;
   rlm_error err;

@@ -110,8 +110,10 @@ char *rlm__path_join(const char *dir, const char *name);
 rlm_status rlm__mkdir(const char *path, rlm_error *err);
 rlm_status rlm__file_copy(const char *src, const char *dst, rlm_error *err);
 
-/* Atomic write: data goes to "<path>.tmp.<pid>", is fsync'd, then renamed
- * over path, so a crash leaves either the old file or the new one. */
+/* Atomic write: data goes to "<path>.tmp.<pid>", is fsync'd, renamed over
+ * path, and the folder is fsync'd, so a crash leaves either the old file
+ * or the new one, and a commit that returned is durable. On any failure
+ * the temporary file is removed and path is untouched. */
 typedef struct rlm_file_writer {
   int fd;
   char *path;     /* final name            */
@@ -125,6 +127,18 @@ rlm_status rlm__writer_write(rlm_file_writer *w, const void *p, size_t n,
                              rlm_error *err);
 rlm_status rlm__writer_commit(rlm_file_writer *w, rlm_error *err);
 void rlm__writer_abort(rlm_file_writer *w); /* removes the temp file */
+/* The whole of buf as path, through the writer above. */
+rlm_status rlm__file_write_atomic(const char *path, const void *buf, size_t n, rlm_error *err);
+/* Fault injection (tests): the nth write or fsync from now (0: the next)
+ * of every rlm_file_writer fails with errno e (ENOSPC, EIO); n < 0: off. */
+void rlm__io_fail_at(int64_t nth, int e);
+
+/* Checksums (checksum.c). FNV-1a 64 of data continuing h (RLM_FNV_START
+ * to start); CRC-32C of data continuing `crc` (0 to start). */
+#define RLM_FNV_START 1469598103934665603ull
+uint64_t rlm__fnv1a64(uint64_t h, const void *data, size_t n);
+uint32_t rlm__crc32c(uint32_t crc, const void *data, size_t n);
+uint32_t rlm__crc32c_ref(uint32_t crc, const void *data, size_t n); /* bitwise */
 
 /* ------------------------------------------------------------------------
  * Thread pool (pool.c). A fixed set of workers created once; work is a

@@ -3,6 +3,7 @@
 #include "base.h"
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
@@ -120,11 +121,43 @@ rlm_status rlm__writer_open(rlm_file_writer *w, const char *path,
   return RLM_OK;
 }
 
+static _Atomic int64_t g_io_fail_at = -1;
+static _Atomic int g_io_fail_errno;
+
+void rlm__io_fail_at(int64_t nth, int e) {
+  atomic_store(&g_io_fail_errno, e);
+  atomic_store(&g_io_fail_at, nth);
+}
+
+/* True (errno set) if this write or fsync must fail (fault injection). */
+static bool io_should_fail(void) {
+  int64_t n = atomic_load(&g_io_fail_at);
+  while (n >= 0)
+    if (atomic_compare_exchange_weak(&g_io_fail_at, &n, n - 1)) {
+      if (n == 0) errno = atomic_load(&g_io_fail_errno);
+      return n == 0;
+    }
+  return false;
+}
+
+/* Makes a rename in path's folder durable. */
+static rlm_status sync_parent(const char *path, rlm_error *err) {
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  bool ok = fd >= 0 && !io_should_fail() && fsync(fd) == 0;
+  int e = errno;
+  if (fd >= 0) close(fd);
+  return ok ? RLM_OK : rlm__err(err, RLM_ERR_IO, "%s: cannot sync the folder: %s", dir, strerror(e));
+}
+
 rlm_status rlm__writer_write(rlm_file_writer *w, const void *p, size_t n,
                              rlm_error *err) {
   const uint8_t *b = p;
   while (n > 0) {
-    ssize_t k = write(w->fd, b, n > (1u << 30) ? (1u << 30) : n);
+    ssize_t k = io_should_fail() ? -1 : write(w->fd, b, n > (1u << 30) ? (1u << 30) : n);
     if (k < 0 && errno == EINTR) continue;
     if (k <= 0)
       return rlm__err(err, RLM_ERR_IO, "%s: write failed: %s", w->tmp_path,
@@ -138,14 +171,17 @@ rlm_status rlm__writer_write(rlm_file_writer *w, const void *p, size_t n,
 
 rlm_status rlm__writer_commit(rlm_file_writer *w, rlm_error *err) {
   rlm_status rc = RLM_OK;
-  if (fsync(w->fd) != 0 || close(w->fd) != 0) {
-    w->fd = -1;
-    rc = rlm__err(err, RLM_ERR_IO, "%s: flush failed: %s", w->tmp_path, strerror(errno));
+  bool synced = !io_should_fail() && fsync(w->fd) == 0;
+  int e = errno;
+  if (close(w->fd) != 0 && synced) synced = false, e = errno;
+  w->fd = -1;
+  if (!synced) {
+    rc = rlm__err(err, RLM_ERR_IO, "%s: flush failed: %s", w->tmp_path, strerror(e));
+  } else if (rename(w->tmp_path, w->path) != 0) {
+    rc = rlm__err(err, RLM_ERR_IO, "%s: cannot rename into place: %s",
+                  w->path, strerror(errno));
   } else {
-    w->fd = -1;
-    if (rename(w->tmp_path, w->path) != 0)
-      rc = rlm__err(err, RLM_ERR_IO, "%s: cannot rename into place: %s",
-                    w->path, strerror(errno));
+    rc = sync_parent(w->path, err); /* the new file is in place either way */
   }
   if (rc) unlink(w->tmp_path);
   rlm__free(w->path);
@@ -180,4 +216,15 @@ rlm_status rlm__file_copy(const char *src, const char *dst, rlm_error *err) {
 out_unmap:
   rlm__file_unmap(&f);
   return rc;
+}
+
+rlm_status rlm__file_write_atomic(const char *path, const void *buf, size_t n, rlm_error *err) {
+  rlm_file_writer w;
+  rlm_status rc = rlm__writer_open(&w, path, err);
+  if (rc) return rc;
+  if ((rc = rlm__writer_write(&w, buf, n, err))) {
+    rlm__writer_abort(&w);
+    return rc;
+  }
+  return rlm__writer_commit(&w, err);
 }

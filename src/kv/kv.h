@@ -107,6 +107,39 @@ void rlm__kv_store_write(const rlm_kv *kv, rlm_kv_store *s, int b, int64_t n_all
 rlm_status rlm__kv_use_pool(rlm_kv *kv, rlm_pool *pool, rlm_error *err);
 
 /* ---- kv_ops.c: appends, reads, trim, rollback, decode plan ------------- */
-/* ---- kv_state.c: state image ------------------------------------------- */
+/* ---- kv_state.c: state image, live slots (snapshots) ------------------- */
+/* The positions one row holds, in position order: [0, n_sinks) (a ring's
+ * sinks), then [first, offset) (everything else it keeps: a ring's
+ * newest positions, its slack included; a plain cache's every position). */
+typedef struct rlm_kv_live {
+  int64_t offset;   /* next position                                      */
+  int64_t n_sinks;
+  int64_t first;
+  int64_t n;        /* n_sinks + offset - first                           */
+  bool wrapped;     /* the row's ring ever wrapped (decode plans read it)  */
+} rlm_kv_live;
+
+/* What `row` holds; RLM_ERR_INTERNAL if its positions are not of that
+ * shape (a broken invariant, never outside input). */
+rlm_status rlm__kv_live(const rlm_kv *kv, int row, rlm_kv_live *out, rlm_error *err);
+/* Bytes one slot of one head takes in storage array a: 0..2 are K's data,
+ * scales and biases, 3..5 V's; 0 for an array the kind does not have. */
+size_t rlm__kv_array_slot_bytes(const rlm_kv *kv, int a);
+/* Copies array a of the row's live slots (lv from rlm__kv_live) to dst,
+ * laid out [H][lv->n][slot bytes] in position order. */
+void rlm__kv_export(const rlm_kv *kv, int row, const rlm_kv_live *lv, int a, void *dst);
+/* Makes `row` hold exactly lv's positions, read from src[a] laid out as
+ * rlm__kv_export writes them (NULL where the kind has no array a). A ring
+ * with less slack than the one saved drops the oldest positions it cannot
+ * hold (no query can see them). lv is checked against this cache first
+ * (RLM_ERR_FORMAT: sinks, a ring that lacks part of its window, a plain
+ * cache with a hole, more than its capacity); the storage grows next
+ * (RLM_ERR_NOMEM); the row changes only after both. */
+rlm_status rlm__kv_import(rlm_kv *kv, int row, const rlm_kv_live *lv, const void *const src[6],
+                          rlm_error *err);
+/* rlm__kv_import's checks of lv alone (nothing changes). */
+rlm_status rlm__kv_check_live(const rlm_kv *kv, const rlm_kv_live *lv, rlm_error *err);
+/* Room for lv in every row (rlm__kv_import's growth, done ahead). */
+rlm_status rlm__kv_reserve_live(rlm_kv *kv, const rlm_kv_live *lv, rlm_error *err);
 
 #endif /* RLM_KV_H */

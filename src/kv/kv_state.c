@@ -1,5 +1,6 @@
-/* kv_state.c -- the state image of a cache (save/restore) and its temporal
- * view.
+/* kv_state.c -- the state image of a cache (save/restore), its temporal
+ * view, and a row's live slots in position order (what a session snapshot
+ * stores: rlm__kv_live, rlm__kv_export, rlm__kv_import).
  *
  * Image layout (little-endian; RLM_KV_STATE_VERSION 1):
  *   [0, 8)     magic "RLMKVST1"
@@ -21,11 +22,7 @@
 enum { KV_NFIELDS = 14 };
 static const char kv_magic[8] = {'R', 'L', 'M', 'K', 'V', 'S', 'T', '1'};
 
-static uint64_t fnv1a(const uint8_t *p, size_t n) {
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
+static uint64_t fnv1a(const uint8_t *p, size_t n) { return rlm__fnv1a64(RLM_FNV_START, p, n); }
 
 static void fields_of(const rlm_kv *kv, int64_t f[KV_NFIELDS]) {
   const rlm_kv_config *c = &kv->cfg;
@@ -183,4 +180,119 @@ rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots, int64
   *n = count;
   return count <= max ? RLM_OK : rlm__err(err, RLM_ERR_INVALID, "rlm_kv_temporal_view: %lld slots, room for %lld",
                                           (long long)count, (long long)max);
+}
+
+/* ---- live slots (session snapshots) ------------------------------------- */
+
+rlm_status rlm__kv_live(const rlm_kv *kv, int row, rlm_kv_live *out, rlm_error *err) {
+  const int32_t *pos = kv->pos + (int64_t)row * kv->n_alloc;
+  const int64_t off = kv->offset[row], keep = kv->ring ? kv->cfg.keep : 0;
+  int64_t sinks = 0, rest = 0, lo = off;
+  for (int64_t s = 0; s < kv->n_alloc; s++) {
+    const int64_t p = pos[s];
+    if (p < 0) continue;
+    if (p >= off) return rlm__err(err, RLM_ERR_INTERNAL, "kv live slots: position %lld at offset %lld",
+                                  (long long)p, (long long)off);
+    if (p < keep) sinks++;
+    else rest++, lo = RLM_MIN(lo, p);
+  }
+  if (sinks != RLM_MIN(keep, off) || rest != off - lo)
+    return rlm__err(err, RLM_ERR_INTERNAL, "kv live slots: %lld sinks and %lld positions from %lld "
+                    "to %lld are not consecutive", (long long)sinks, (long long)rest, (long long)lo,
+                    (long long)off);
+  *out = (rlm_kv_live){off, sinks, lo, sinks + rest, kv->wrapped[row]};
+  return RLM_OK;
+}
+
+static rlm_kv_store *store_of(const rlm_kv *kv, int a) {
+  return (rlm_kv_store *)(a < 3 ? &kv->k : &kv->v);
+}
+
+size_t rlm__kv_array_slot_bytes(const rlm_kv *kv, int a) {
+  const rlm_kv_store *s = store_of(kv, a);
+  if (a % 3 == 0) return (size_t)s->row_elems * s->elem_size;
+  return (size_t)s->sb_elems * rlm_dtype_size(kv->cfg.dtype);
+}
+
+/* Base of array a for (row, head): slot 0's first byte. */
+static uint8_t *array_base(const rlm_kv *kv, int a, int row, int h) {
+  const rlm_kv_store *s = store_of(kv, a);
+  void *arr[3] = {s->data, s->scales, s->biases};
+  size_t blk = (size_t)row * (size_t)kv->cfg.n_kv_heads + (size_t)h;
+  return (uint8_t *)arr[a % 3] + blk * (size_t)kv->n_alloc * rlm__kv_array_slot_bytes(kv, a);
+}
+
+/* The i-th live position of lv. */
+static int64_t live_pos(const rlm_kv_live *lv, int64_t i) {
+  return i < lv->n_sinks ? i : lv->first + (i - lv->n_sinks);
+}
+
+void rlm__kv_export(const rlm_kv *kv, int row, const rlm_kv_live *lv, int a, void *dst) {
+  const size_t sb = rlm__kv_array_slot_bytes(kv, a);
+  uint8_t *o = dst;
+  if (!sb) return;
+  for (int h = 0; h < kv->cfg.n_kv_heads; h++) {
+    const uint8_t *base = array_base(kv, a, row, h);
+    for (int64_t i = 0; i < lv->n; i++, o += sb)
+      memcpy(o, base + (size_t)rlm__kv_slot(kv, live_pos(lv, i)) * sb, sb);
+  }
+}
+
+/* Is lv something this cache could hold? A ring needs its sinks and at
+ * least the window a next query sees; a plain cache every position. */
+rlm_status rlm__kv_check_live(const rlm_kv *kv, const rlm_kv_live *lv, rlm_error *err) {
+  const int64_t off = lv->offset, keep = kv->ring ? kv->cfg.keep : 0;
+  const char *w = kv->signature;
+  if (off < 0 || lv->n_sinks != RLM_MIN(keep, off) || lv->first < lv->n_sinks || lv->first > off ||
+      lv->n != lv->n_sinks + off - lv->first)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: %lld sinks, positions %lld..%lld and %lld stored do "
+                    "not describe a cache with %lld sinks", w, (long long)lv->n_sinks,
+                    (long long)lv->first, (long long)off, (long long)lv->n, (long long)keep);
+  if (!kv->ring && (lv->first != 0 || off > kv->capacity))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: positions %lld..%lld, expected all of 0..%lld (at "
+                    "most %lld)", w, (long long)lv->first, (long long)off, (long long)off,
+                    (long long)kv->capacity);
+  const int64_t need = RLM_MAX(keep, off - (kv->cfg.window - keep)); /* a query at off sees this */
+  if (kv->ring && lv->first > need)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: positions from %lld, but a query at %lld sees back "
+                    "to %lld", w, (long long)lv->first, (long long)off, (long long)need);
+  return RLM_OK;
+}
+
+rlm_status rlm__kv_reserve_live(rlm_kv *kv, const rlm_kv_live *lv, rlm_error *err) {
+  return rlm__kv_grow(kv, RLM_MIN(lv->offset, kv->capacity), err);
+}
+
+rlm_status rlm__kv_import(rlm_kv *kv, int row, const rlm_kv_live *lv, const void *const src[6],
+                          rlm_error *err) {
+  rlm_status rc = rlm__kv_check_live(kv, lv, err);
+  if (rc) return rc;
+  /* the newest positions this ring holds; older saved slack is dropped */
+  const int64_t from = kv->ring ? RLM_MAX(lv->first, lv->offset - (kv->capacity - kv->cfg.keep))
+                                : lv->first;
+  if ((rc = rlm__kv_reserve_live(kv, lv, err))) return rc;
+  int32_t *pos = kv->pos + (int64_t)row * kv->n_alloc;
+  for (int64_t s = 0; s < kv->n_alloc; s++) pos[s] = -1;
+  for (int a = 0; a < 6; a++) {
+    const size_t sb = rlm__kv_array_slot_bytes(kv, a);
+    if (!sb) continue;
+    const uint8_t *in = src[a];
+    for (int h = 0; h < kv->cfg.n_kv_heads; h++) {
+      uint8_t *base = array_base(kv, a, row, h);
+      for (int64_t i = 0; i < lv->n; i++, in += sb) {
+        const int64_t p = live_pos(lv, i);
+        if (p >= lv->n_sinks && p < from) continue;
+        memcpy(base + (size_t)rlm__kv_slot(kv, p) * sb, in, sb);
+      }
+    }
+  }
+  for (int64_t i = 0; i < lv->n; i++) {
+    const int64_t p = live_pos(lv, i);
+    if (p < lv->n_sinks || p >= from) pos[rlm__kv_slot(kv, p)] = (int32_t)p;
+  }
+  kv->offset[row] = lv->offset;
+  kv->wrapped[row] = lv->wrapped || (kv->ring && lv->offset > kv->capacity);
+  if (lv->offset > 0) kv->dense_pending = false;
+  else if (kv->n_rows == 1) kv->dense_pending = kv->cfg.dense_first; /* as new */
+  return RLM_OK;
 }

@@ -291,6 +291,33 @@ static rlm_status bind_all(rlm_model *m, rlm_error *err) {
   return rc;
 }
 
+/* What a KV snapshot must match: model_type, then FNV-1a 64 of config.json's
+ * bytes and of every weight's name, dtype, shape and three 64-byte samples
+ * of its data (start, middle, end): a checkpoint retrained into the same
+ * shapes differs there, while reading a few pages per tensor keeps
+ * loading fast (hashing every byte would cost a pass over the weights). */
+static rlm_status make_signature(rlm_model *m, rlm_error *err) {
+  char *cfg;
+  size_t n;
+  rlm_status rc = rlm__file_read_all(m->config_path, &cfg, &n, err);
+  if (rc) return rc;
+  const uint64_t hc = rlm__fnv1a64(RLM_FNV_START, cfg, n);
+  rlm__free(cfg);
+  uint64_t hw = RLM_FNV_START;
+  for (size_t i = 0; i < rlm__st_count(m->st); i++) {
+    const rlm_st_tensor *t = rlm__st_at(m->st, i);
+    const int64_t d[2] = {t->dtype, t->ndim};
+    hw = rlm__fnv1a64(hw, t->name, strlen(t->name) + 1);
+    hw = rlm__fnv1a64(hw, d, sizeof d);
+    hw = rlm__fnv1a64(hw, t->shape, (size_t)t->ndim * sizeof *t->shape);
+    const size_t k = RLM_MIN(t->nbytes, (size_t)64), at[3] = {0, (t->nbytes - k) / 2, t->nbytes - k};
+    for (int j = 0; j < 3; j++) hw = rlm__fnv1a64(hw, (const uint8_t *)t->data + at[j], k);
+  }
+  snprintf(m->signature, sizeof m->signature, "%s:%016llx:%016llx", m->cfg.model_type,
+           (unsigned long long)hc, (unsigned long long)hw);
+  return RLM_OK;
+}
+
 rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   if (!out || !dir) return rlm__err(err, RLM_ERR_INVALID, "rlm_model_load: NULL argument");
   *out = NULL;
@@ -303,6 +330,7 @@ rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   if (!rc) rc = rlm__gen_config_load(&m->cfg, dir, err);
   if (!rc) rc = rlm__st_open(&m->st, dir, err);
   if (!rc) rc = bind_all(m, err);
+  if (!rc) rc = make_signature(m, err);
   if (rc) {
     rlm_model_free(m);
     return rc;
@@ -321,4 +349,5 @@ void rlm_model_free(rlm_model *m) {
 
 int32_t rlm_model_vocab_size(const rlm_model *m) { return m ? m->cfg.vocab : 0; }
 const char *rlm_model_arch(const rlm_model *m) { return m ? m->cfg.model_type : ""; }
+const char *rlm_model_signature(const rlm_model *m) { return m ? m->signature : ""; }
 

@@ -106,6 +106,7 @@ struct rlm_model {
   char *config_path;          /* <dir>/config.json: what messages about
                                  config values (also a session's) name   */
   rlm_safetensors *st;
+  char signature[96];         /* model_type:config hash:weight table hash */
   rlm_linear embed;           /* [vocab][hidden], rows looked up         */
   rlm_linear lm_head;         /* the embedding when tied                 */
   const float *final_norm;

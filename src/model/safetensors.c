@@ -84,6 +84,7 @@ struct rlm_safetensors {
   st_pair *meta;          /* [n_meta]: the first shard's __metadata__        */
   size_t n_meta;
   rlm_arena arena;        /* tensor names and metadata strings               */
+  bool borrowed;          /* rlm__st_open_memory: files[0] is the caller's  */
 };
 
 /* The shard being loaded: where its header and data buffer lie. */
@@ -116,6 +117,7 @@ static rlm_status st_create(rlm_safetensors **out, size_t n_files, rlm_error *er
 
 void rlm__st_free(rlm_safetensors *st) {
   if (!st) return;
+  if (st->borrowed) st->files[0].data = NULL; /* not ours to unmap */
   for (int i = 0; i < st->n_files; i++) rlm__file_unmap(&st->files[i]);
   rlm__free(st->files);
   rlm__free(st->tensors);
@@ -167,11 +169,10 @@ static rlm_status bad_tensor(const shard_ctx *c, const char *name, const char *f
   return rlm__err(c->err, RLM_ERR_FORMAT, "%s: tensor '%s': %s", c->path, name, detail);
 }
 
-/* Maps the file and checks the u64 header length against the file size. */
-static rlm_status shard_map(shard_ctx *c, const char *path) {
-  rlm_mapped_file *f = &c->st->files[c->fi];
-  rlm_status rc = rlm__file_map(f, path, c->err);
-  if (rc) return rc;
+/* Checks the u64 header length of file fi (mapped or borrowed) against
+ * its size and finds the header and the buffer. */
+static rlm_status shard_frame(shard_ctx *c) {
+  const rlm_mapped_file *f = &c->st->files[c->fi];
   c->path = f->path;
   if (f->size < 8)
     return rlm__err(c->err, RLM_ERR_FORMAT, "%s: truncated: %zu bytes", c->path, f->size);
@@ -376,7 +377,8 @@ static rlm_status shard_entries(shard_ctx *c, const json_t *root) {
 /* Maps `path` as file fi of st and appends its tensors to the table. */
 static rlm_status shard_load(rlm_safetensors *st, int fi, const char *path, rlm_error *err) {
   shard_ctx c = {.st = st, .fi = fi, .err = err};
-  rlm_status rc = shard_map(&c, path);
+  rlm_status rc = path ? rlm__file_map(&st->files[fi], path, err) : RLM_OK; /* NULL: in memory */
+  if (!rc) rc = shard_frame(&c);
   if (rc) return rc;
   /* Strict first, to learn whether integers were read as reals; the
    * shared reader then retries or reports. */
@@ -417,6 +419,24 @@ static rlm_status open_single(rlm_safetensors **out, const char *path, rlm_error
   rlm_status rc = st_create(&st, 1, err);
   if (rc) return rc;
   rc = shard_load(st, 0, path, err);
+  if (!rc) rc = table_finish(st, err);
+  if (rc) {
+    rlm__st_free(st);
+    return rc;
+  }
+  *out = st;
+  return RLM_OK;
+}
+
+rlm_status rlm__st_open_memory(rlm_safetensors **out, const char *name, const void *data,
+                               size_t len, rlm_error *err) {
+  rlm_safetensors *st = NULL;
+  rlm_status rc = st_create(&st, 1, err);
+  if (rc) return rc;
+  st->borrowed = true;
+  st->files[0] = (rlm_mapped_file){.data = data, .size = len, .path = rlm__strdup(name)};
+  rc = st->files[0].path ? RLM_OK : rlm__err_nomem(err, name, strlen(name));
+  if (!rc) rc = shard_load(st, 0, NULL, err);
   if (!rc) rc = table_finish(st, err);
   if (rc) {
     rlm__st_free(st);
@@ -787,6 +807,30 @@ rlm_status rlm__st_writer_save(rlm_st_writer *w, const char *path, rlm_error *er
   rc = writer_body(w, &fw, hdr, err);
   if (rc) rlm__writer_abort(&fw);
   if (!rc) rc = rlm__writer_commit(&fw, err);
+out_free_header:
+  free(hdr); /* jansson's allocator */
+  return rc;
+}
+
+rlm_status rlm__st_writer_image(rlm_st_writer *w, void **buf, size_t *len, rlm_error *err) {
+  if (!w || !buf || !len) return rlm__err(err, RLM_ERR_INVALID, ST_W "NULL argument");
+  if (w->n_entries > 1) qsort(w->entries, w->n_entries, sizeof *w->entries, cmp_entry_name);
+  char *hdr;
+  rlm_status rc = writer_header(w, "safetensors image", &hdr, err);
+  if (rc) return rc;
+  size_t n = strlen(hdr), pad = (8 - n % 8) % 8, total = 8 + n + pad;
+  for (size_t i = 0; i < w->n_entries; i++) total += w->entries[i].nbytes;
+  uint8_t *img = rlm__malloc(total), *p = img;
+  if (!img) {
+    rc = rlm__err_nomem(err, "safetensors image", total);
+    goto out_free_header;
+  }
+  store_u64_le(p, (uint64_t)(n + pad)), p += 8;
+  memcpy(p, hdr, n), p += n;
+  memset(p, ' ', pad), p += pad;
+  for (size_t i = 0; i < w->n_entries; i++)
+    if (w->entries[i].nbytes) memcpy(p, w->entries[i].data, w->entries[i].nbytes), p += w->entries[i].nbytes;
+  *buf = img, *len = total;
 out_free_header:
   free(hdr); /* jansson's allocator */
   return rc;

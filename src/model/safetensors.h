@@ -49,6 +49,10 @@ typedef struct rlm_st_tensor {
 typedef struct rlm_safetensors rlm_safetensors;
 
 rlm_status rlm__st_open(rlm_safetensors **out, const char *path, rlm_error *err);
+/* One safetensors image in memory (`len` bytes at `data`, which must
+ * outlive the handle); `name` stands for the file in messages. */
+rlm_status rlm__st_open_memory(rlm_safetensors **out, const char *name, const void *data,
+                               size_t len, rlm_error *err);
 void rlm__st_free(rlm_safetensors *st);
 size_t rlm__st_count(const rlm_safetensors *st);
 /* i in [0, count), tensors sorted by name (strcmp). */
@@ -80,6 +84,8 @@ rlm_status rlm__st_writer_add_owned(rlm_st_writer *w, const char *name,
 rlm_status rlm__st_writer_set_metadata(rlm_st_writer *w, const char *key,
                                        const char *value, rlm_error *err);
 rlm_status rlm__st_writer_save(rlm_st_writer *w, const char *path, rlm_error *err);
+/* The file save would write, as one rlm__malloc'd buffer. */
+rlm_status rlm__st_writer_image(rlm_st_writer *w, void **buf, size_t *len, rlm_error *err);
 
 /* dtype from its safetensors name; false if unknown. */
 bool rlm__dtype_from_name(const char *name, rlm_dtype *out);

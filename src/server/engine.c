@@ -240,7 +240,7 @@ static int64_t copy_prompt(srv_ctx *ctx, const srv_job *j, int src, int row) {
   size_t len = 0;
   const int64_t keep = j->call->req.n_prompt - 1;
   ctx->rows[row].n_hist = 0;
-  if (rlm_session_row_save(ctx->h.session, src, &img, &len, NULL)) return 0;
+  if (rlm_session_row_save(ctx->h.session, src, NULL, 0, &img, &len, NULL)) return 0;
   rlm_status rc = rlm_session_row_restore(ctx->h.session, row, img, len, NULL);
   rlm_free(img);
   return rc ? 0 : keep_prefix(ctx, row, keep);

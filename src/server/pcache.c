@@ -81,7 +81,7 @@ void srv_pcache_put(srv_pcache *pc, rlm_session *s, int row, const int32_t *ids,
   srv_snap *same = srv_radix_del(pc->index, ids, n); /* the same ids again: the newer stays */
   const int at = same ? find(pc, same) : -1;
   if (at >= 0) drop(pc, at);
-  if (rlm_session_row_save(s, row, &img, &len, NULL)) return;
+  if (rlm_session_row_save(s, row, ids, n, &img, &len, NULL)) return;
   const int64_t size = (int64_t)(len + (size_t)n * sizeof *ids);
   srv_snap *e = size <= pc->budget ? new_entry(pc, ids, n, img, len) : NULL;
   if (!e || !srv_radix_put(pc->index, ids, n, e, &old)) {
