@@ -217,4 +217,27 @@ static inline int t_run_cmd(char *out, size_t n, const char *fmt, ...) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* The whole file (malloc'd, NUL-terminated, its size in *n), or NULL. */
+static inline char *t_read_file(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *p = xmalloc((size_t)(len > 0 ? len : 0) + 1);
+  *n = fread(p, 1, (size_t)(len > 0 ? len : 0), f);
+  p[*n] = 0;
+  fclose(f);
+  return p;
+}
+
+/* Does the file hold exactly img[0, len)? */
+static inline bool t_same_file(const char *path, const void *img, size_t len) {
+  size_t n = 0;
+  char *p = t_read_file(path, &n);
+  bool ok = p && n == len && !memcmp(p, img, len);
+  free(p);
+  return ok;
+}
+
 #endif /* RLM_TEST_H */

@@ -272,7 +272,7 @@ TEST(chat_renders_the_conversation) {
   CHECK_EQ(run(out, sizeof out, "%s chat -m %s --ids 1 </dev/null", g_bin, dir),
            0); /* not chat's */
   CHECK_STR_CONTAINS(
-      out, "ringlm chat: warning: --ids applies to run, logits and tokenize only; ignored");
+      out, "ringlm chat: warning: --ids applies to run, logits, tokenize and cache-prompt only; ignored");
   CHECK(remove(path) == 0);
   CHECK_EQ(run(out, sizeof out, "%s chat -m %s </dev/null", g_bin, dir), 1);
   CHECK_STR_CONTAINS(out, "no chat_template");

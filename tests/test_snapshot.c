@@ -427,26 +427,6 @@ TEST(bad_files_foreign) {
 
 /* ---- crash safety ------------------------------------------------------- */
 
-static void *read_file(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  *n = (size_t)ftell(f);
-  fseek(f, 0, SEEK_SET);
-  void *p = malloc(*n + 1);
-  if (fread(p, 1, *n, f) != *n) *n = 0;
-  fclose(f);
-  return p;
-}
-
-static bool same_file(const char *path, const void *img, size_t len) {
-  size_t n = 0;
-  void *p = read_file(path, &n);
-  bool ok = p && n == len && !memcmp(p, img, len);
-  free(p);
-  return ok;
-}
-
 /* Only `keep` is left in g_tmp/dir (no temporary file). */
 static int files_in(const char *dir) {
   char cmd[600];
@@ -484,7 +464,7 @@ TEST(crash_safe_writes) {
     nanosleep(&ts, NULL);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
-    whole += same_file(path, ia, la) || same_file(path, ib, lb);
+    whole += t_same_file(path, ia, la) || t_same_file(path, ib, lb);
     rlm_snapshot *sn = NULL;
     CHECK_EQ(rlm_snapshot_open(&sn, path, &err), RLM_OK);
     rlm_snapshot_free(sn);
@@ -503,14 +483,14 @@ TEST(crash_safe_writes) {
       rlm_status rc = rlm_session_row_save_file(s, 1, NULL, 0, path, &err);
       rlm__io_fail_at(-1, 0);
       if (rc == RLM_OK) { /* past the last write: the new file is whole; put the old back */
-        CHECK(same_file(path, ib, lb));
+        CHECK(t_same_file(path, ib, lb));
         CHECK_EQ(rlm_session_row_save_file(s, 0, NULL, 0, path, &err), RLM_OK);
         continue;
       }
       failed++;
       CHECK(strstr(err.msg, strerror(errs[e])) != NULL);
-      CHECK(same_file(path, ia, la) || (nth >= 2 && same_file(path, ib, lb))); /* folder fsync */
-      if (!same_file(path, ia, la)) CHECK_EQ(rlm_session_row_save_file(s, 0, NULL, 0, path, &err), RLM_OK);
+      CHECK(t_same_file(path, ia, la) || (nth >= 2 && t_same_file(path, ib, lb))); /* folder fsync */
+      if (!t_same_file(path, ia, la)) CHECK_EQ(rlm_session_row_save_file(s, 0, NULL, 0, path, &err), RLM_OK);
       CHECK(files_in(dir));
     }
   CHECK(failed >= 4);
@@ -527,7 +507,7 @@ TEST(crash_safe_writes) {
   int st = 0;
   waitpid(pid, &st, 0);
   CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-  CHECK(same_file(path, ia, la));
+  CHECK(t_same_file(path, ia, la));
   CHECK(files_in(dir));
   rlm_free(ia), rlm_free(ib);
   rlm_session_free(s);

@@ -3,7 +3,9 @@
  * KiB/MiB/GiB), and their total size; `ringlm inspect -m DIR`: the model
  * as ringlm runs it (architecture, layer types and windows, parameters,
  * weight format, KV bytes for each --kv-bits). Bad usage exits 2. */
-#include "cli.h"
+#include "model_cli.h"
+
+#include <sys/stat.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -219,5 +221,9 @@ int cmd_inspect(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc < 0 ? CLI_OK : rc;
   if (a.dir) return inspect_model(a.dir, (int)a.group, (int)a.chunk);
-  return list_tensors(a.path);
+  struct stat st;
+  bool not_cache = true;
+  if (stat(a.path, &st) == 0 && S_ISREG(st.st_mode) && (rc = mcli_inspect_cache(a.path, &not_cache)))
+    return rc;
+  return not_cache ? list_tensors(a.path) : CLI_OK;
 }

@@ -71,7 +71,9 @@ static const char run_help[] =
     "after it; --chat renders the prompt as one user turn of the chat template\n"
     "instead (then only the reply is printed). Up to -n tokens, stopping at an EOS\n"
     "id (generation_config.json), a --stop string or the context (-c). Greedy with\n"
-    "--temp 0 (the default). A stats line on stderr at the end.\n";
+    "--temp 0 (the default). A stats line on stderr at the end. --prompt-cache FILE\n"
+    "starts from a KV snapshot (ringlm cache-prompt, or an earlier run) when the\n"
+    "prompt begins with its tokens, else computes the prompt and saves it there.\n";
 
 int cmd_run(int argc, char **argv) {
   model_opts o = mcli_defaults();
@@ -85,10 +87,13 @@ int cmd_run(int argc, char **argv) {
   if ((rc = mcli_open(&o, &c, false))) return rc;
   if ((rc = mcli_prompt_ids(&o, &c, &ids, &n, &text))) goto out_close;
   if (!o.no_display_prompt && !o.chat) o.echo = text;
+  size_t n_cached = 0;
+  if (o.prompt_cache_file && (rc = mcli_prompt_cache(&c, &o, ids, n, &n_cached))) goto out_free_prompt;
   if (!(gen = malloc(((size_t)mcli_gen_room(&c, &o) + 1) * sizeof *gen)))
     rc = cli_fail(&(rlm_error){RLM_ERR_NOMEM, "out of memory"});
-  else rc = mcli_generate(&c, &o, ids, n, 0, gen, &n_out);
+  else rc = mcli_generate(&c, &o, ids, n, n_cached, gen, &n_out);
   free(gen);
+out_free_prompt:
   free(text);
   free(ids);
 out_close:

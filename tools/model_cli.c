@@ -32,14 +32,15 @@ enum {
   C_TOK = 1 << 5,
   C_BATCH = 1 << 6,
   C_SERVE = 1 << 7,
+  C_CACHE = 1 << 8,
   C_GEN = C_RUN | C_CHAT | C_BATCH,                                  /* they sample text */
   C_SMP = C_GEN | C_SERVE,                                           /* sampler defaults */
-  C_SESSION = C_RUN | C_LOGITS | C_PPL | C_CHAT | C_BENCH | C_BATCH | C_SERVE, /* hold a session */
+  C_SESSION = C_RUN | C_LOGITS | C_PPL | C_CHAT | C_BENCH | C_BATCH | C_SERVE | C_CACHE, /* hold a session */
   C_SPEC = C_RUN | C_BENCH | C_BATCH | C_SERVE,                      /* speculate        */
   C_ALL = C_SESSION | C_TOK,
 };
 static const char *const cmd_names[] = {"run", "logits", "perplexity", "chat", "bench", "tokenize",
-                                        "batch", "serve"};
+                                        "batch", "serve", "cache-prompt"};
 
 typedef enum opt_kind {
   OPT_FLAG,  /* bool, no value                          */
@@ -77,18 +78,24 @@ typedef struct opt_def {
 static const opt_def opts[] = {
     {{"-m", "--model"}, "DIR", OPT_STR, C_ALL, F(dir), .help = "model folder (Hugging Face layout)",
      .def = "the embedded model, or $RINGLM_MODEL"},
-    {{"-p", "--prompt"}, "TEXT", OPT_STR, C_RUN | C_LOGITS | C_TOK, F(prompt),
+    {{"-p", "--prompt"}, "TEXT", OPT_STR, C_RUN | C_LOGITS | C_TOK | C_CACHE, F(prompt),
      .help = "the prompt text"},
-    {{"-f", "--file"}, "FILE", OPT_STR, C_RUN | C_LOGITS | C_TOK, F(file),
+    {{"-f", "--file"}, "FILE", OPT_STR, C_RUN | C_LOGITS | C_TOK | C_CACHE, F(file),
      .help = "read the prompt from FILE ('-': stdin)"},
     {{"-f", "--file"}, "FILE", OPT_STR, C_PPL, F(file),
      .help = "the text to score ('-': stdin); required"},
-    {{"--ids"}, "1,2,3", OPT_STR, C_RUN | C_LOGITS, F(ids_arg),
+    {{"--ids"}, "1,2,3", OPT_STR, C_RUN | C_LOGITS | C_CACHE, F(ids_arg),
      .help = "the prompt as token ids, separated by commas or spaces"},
     {{"--ids"}, "1,2,3", OPT_STR, C_TOK, F(ids_arg),
      .help = "--decode: the ids, separated by commas or spaces (tokenize's output)"},
     {{"-o", "--output"}, "FILE", OPT_STR, C_LOGITS, F(out),
      .help = "the .npy file to write; required"},
+    {{"-o", "--output"}, "CACHE", OPT_STR, C_CACHE, F(out),
+     .help = "the KV snapshot file to write (safetensors); required"},
+    {{"--prompt-cache"}, "FILE", OPT_STR, C_RUN, F(prompt_cache_file),
+     .help = "start from FILE's KV when the prompt begins with its tokens; else compute, save"},
+    {{"--prompt-cache-ro"}, NULL, OPT_FLAG, C_RUN, F(prompt_cache_ro),
+     .help = "use --prompt-cache FILE but never write it"},
     {{"--decode"}, NULL, OPT_FLAG, C_TOK, F(decode), .help = "print the text of --ids instead"},
     {{"--no-special"}, NULL, OPT_FLAG, C_TOK, F(no_special),
      .help = "encode without the special tokens the tokenizer adds (e.g. BOS)"},
@@ -431,13 +438,15 @@ static int check_run(model_opts *o) {
   if (!o->chat && o->chat_template)
     cli_warn(o->cmd, "--chat-template applies to chat and run --chat only; ignored");
   if (!o->chat) o->system = o->chat_template = NULL;
+  if (o->prompt_cache_ro && !o->prompt_cache_file)
+    return cli_usage_error(o->cmd, "--prompt-cache-ro needs --prompt-cache FILE");
   return CLI_OK;
 }
 
 /* The inputs each command needs, checked before anything loads. */
 static int check_inputs(model_opts *o, unsigned bit) {
   int n_in = !!o->ids_arg + !!o->prompt + !!o->file;
-  if ((bit & (C_RUN | C_LOGITS)) && n_in != 1)
+  if ((bit & (C_RUN | C_LOGITS | C_CACHE)) && n_in != 1)
     return cli_usage_error(o->cmd, "give exactly one of -p TEXT, -f FILE and --ids 1,2,3");
   if (bit == C_TOK && o->decode && (!o->ids_arg || n_in != 1))
     return cli_usage_error(o->cmd, "--decode takes --ids and no text");

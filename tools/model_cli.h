@@ -55,6 +55,8 @@ typedef struct model_opts {
   long max_body;                             /* serve --max-body-bytes    */
   long timeout_s;                            /* serve --timeout           */
   long queue;                                /* serve --queue             */
+  const char *prompt_cache_file;             /* run --prompt-cache FILE   */
+  bool prompt_cache_ro;                      /* run --prompt-cache-ro     */
 } model_opts;
 
 /* Everything a model command holds open; free with mcli_close. */
@@ -108,6 +110,16 @@ long mcli_gen_room(const model_ctx *c, const model_opts *o);
  * holds the prompt and every generated id but the last. */
 int mcli_generate(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n, size_t n_cached,
                   int32_t *gen, long *n_out);
+/* run --prompt-cache (cmd_cache.c): loads o->prompt_cache_file into row 0
+ * when the prompt ids begin with its tokens (*n_cached: how many the
+ * session then holds, at most n - 1), else leaves the row empty; then,
+ * unless --prompt-cache-ro, prefills up to n - 1 and saves the file when
+ * it holds less. A corrupt or mismatched file fails (exit 1). */
+int mcli_prompt_cache(model_ctx *c, const model_opts *o, const int32_t *ids, size_t n,
+                      size_t *n_cached);
+/* inspect PATH for a KV snapshot: describes it (CLI_OK), fails on a bad
+ * one, or sets *not_cache for a file that is no snapshot at all. */
+int mcli_inspect_cache(const char *path, bool *not_cache);
 /* The engine parameters of --draft-max and --lookup. */
 rlm_gen_params mcli_gen_params(const model_opts *o);
 /* A generation request for ids[0:n) with the options' sampler, -n, -c,

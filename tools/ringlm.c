@@ -21,6 +21,9 @@ static const char usage[] =
     "  run [-m DIR] (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat] [--temp T] ...\n"
     "                  generate and stream text after the prompt (raw completion;\n"
     "                  --chat applies the chat template)\n"
+    "                  --prompt-cache FILE: start from a saved prompt's KV\n"
+    "  cache-prompt [-m DIR] (-p TEXT | -f FILE) -o CACHE [--kv-bits B] ...\n"
+    "                  prefill a prompt once and save its KV snapshot (safetensors)\n"
     "  batch [-m DIR] -f PROMPTS [--parallel P] [-n N] ...\n"
     "                  every line of PROMPTS (text or JSON) in one continuous batch,\n"
     "                  results as JSON Lines in input order\n"
@@ -41,7 +44,8 @@ static const char usage[] =
     "                  text to token ids and back with the folder's tokenizer.json\n"
     "  quantize IN OUT [--bits B] [--group-size G] [--quantize-embeddings] [-t N]\n"
     "                  MLX affine-quantize a safetensors file or a Hugging Face folder\n"
-    "  inspect PATH    list the tensors of a safetensors file or model folder\n"
+    "  inspect PATH    list the tensors of a safetensors file or model folder;\n"
+    "                  of a KV snapshot (cache-prompt): model, layers, tokens, bytes\n"
     "  inspect -m DIR  the model: layers, windows, parameters, KV bytes per --kv-bits\n"
     "  version         the version, the commit it was built from, the CPU features\n"
     "  help            this text\n"
@@ -88,7 +92,7 @@ static int dispatch(int argc, char **argv) {
       {"quantize", cmd_quantize}, {"inspect", cmd_inspect}, {"run", cmd_run},
       {"logits", cmd_logits},     {"tokenize", cmd_tokenize}, {"perplexity", cmd_perplexity},
       {"chat", cmd_chat},         {"bench", cmd_bench},       {"batch", cmd_batch},
-      {"serve", cmd_serve}};
+      {"serve", cmd_serve},       {"cache-prompt", cmd_cache_prompt}};
   const char *cmd = argv[1];
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
