@@ -7,6 +7,7 @@
  * a corrupt, truncated, foreign or non-snapshot file, or other KV
  * settings, is one line on stderr naming the file, exit 1, and the file
  * is left as it was; inspect shows a ring storing its window plus slack. */
+#include "base/base.h"
 #include "test.h"
 
 #include <sys/stat.h>
@@ -115,6 +116,19 @@ TEST(bad_files_exit_1_and_stay) {
   fwrite(img, 1, n, f);
   fclose(f);
   check_bad(pc, "", "checksum mismatch");
+  img[n / 2] ^= 4;
+  char *v = memmem(img, n, "\"1.ringlm_version\":\"1\"", 22), *crc = memmem(img, n, "\"1.ringlm_crc32c\":\"", 19);
+  CHECK(v && crc);
+  if (!v || !crc) return;
+  v[20] = '2'; /* a future version, with its checksum right */
+  memcpy(crc + 19, "00000000", 8);
+  char hex[9];
+  snprintf(hex, sizeof hex, "%08x", rlm__crc32c(0, img, n));
+  memcpy(crc + 19, hex, 8);
+  f = fopen(pc, "wb");
+  fwrite(img, 1, n, f);
+  fclose(f);
+  check_bad(pc, "", "format version 2 is newer");
   f = fopen(pc, "wb");
   fwrite(img, 1, n / 3, f); /* truncated */
   fclose(f);

@@ -330,7 +330,7 @@ TEST(bad_files_truncated_and_flipped) {
   test_note("%zu-byte file", len);
   char path[300];
   snprintf(path, sizeof path, "%s/trunc.safetensors", g_tmp);
-  for (size_t k = 0; k < len; k += 1 + len / 40) { /* files too: the message names the file */
+  for (size_t k = 0; k < len; k++) { /* files too: the message names the file */
     write_file(path, img, k);
     rlm_snapshot *sn = NULL;
     CHECK(rlm_snapshot_open(&sn, path, &err) != RLM_OK);
