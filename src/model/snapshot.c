@@ -80,14 +80,14 @@ static rlm_status mlx_meta(rlm_st_writer *w, int c, const rlm_kv *kv, const rlm_
   const char *cls = mlx_class(k);
   char key[32];
   int64_t v[6] = {k->keep, k->window, lv->offset, lv->n, k->group_size, k->k_bits};
-  int first = 0, n = 0;
+  int n = 0; /* meta-state entries; 0: mlx-lm's "" */
   if (!strcmp(cls, "QuantizedKVCache")) v[0] = lv->offset, v[1] = k->group_size, v[2] = k->k_bits, n = 3;
   else if (!strcmp(cls, "RotatingKVCache")) n = 4;
   else if (!strcmp(cls, "QuantizedRotatingKVCache")) n = 6;
   snprintf(key, sizeof key, "2.%d", c);
   rlm_status rc = rlm__st_writer_set_metadata(w, key, cls, err);
   if (!rc && n == 0) snprintf(key, sizeof key, "0.%d", c), rc = rlm__st_writer_set_metadata(w, key, "", err);
-  for (int j = first; !rc && j < n; j++) {
+  for (int j = 0; !rc && j < n; j++) {
     snprintf(key, sizeof key, "0.%d.%d", c, j);
     rc = put_meta(w, err, key, "%lld", (long long)v[j]);
   }
