@@ -729,7 +729,51 @@ TEST(config_and_argument_errors) {
   rlm_kv_free(NULL);
 }
 
+/* A state image whose fields were edited and its checksum recomputed (as
+ * a hostile writer would) is refused, not trusted: offsets out of range,
+ * positions in the wrong slot or past the offset, a hole. */
+static void edit_and_reseal(uint8_t *img, size_t len, size_t at, const void *v, size_t n) {
+  memcpy(img + at, v, n);
+  uint64_t h = rlm__fnv1a64(RLM_FNV_START, img, len - 8);
+  memcpy(img + len - 8, &h, 8);
+}
+
+TEST(state_restore_validates_fields) {
+  rlm_kv *kinds[2] = {make_cache(RLM_KV_PLAIN, 0, 0, 8, 1), make_cache(RLM_KV_ROTATING, 16, 2, 8, 1)};
+  uint64_t rng = 3;
+  float out[4 * 4 * 64];
+  for (int c = 0; c < 2; c++) {
+    rlm_kv *kv = kinds[c];
+    for (int i = 0; i < 40; i++) decode_one(kv, &rng, out); /* the ring wraps */
+    void *img0;
+    size_t len;
+    rlm_error err;
+    CHECK_EQ(rlm_kv_state_save(kv, &img0, &len, &err), RLM_OK);
+    uint8_t *img = malloc(len);
+    const size_t off_at = 16 + 14 * 8, pos_at = off_at + 8 + 1; /* one row */
+    const int64_t bad_off[] = {-1, 1ll << 40, 3};               /* 3: positions past it */
+    const int32_t bad_pos[] = {999999, -7, 39};                 /* 39 sits in slot 39 only */
+    int refused = 0, cases = 0;
+    for (int k = 0; k < 6; k++, cases++) {
+      memcpy(img, img0, len);
+      if (k < 3) edit_and_reseal(img, len, off_at, &bad_off[k], 8);
+      else edit_and_reseal(img, len, pos_at + 4 * (size_t)(k - 3), &bad_pos[k - 3], 4);
+      rlm_status rc = rlm_kv_state_restore(kv, img, len, &err);
+      refused += rc == RLM_ERR_FORMAT;
+      test_note("%s case %d: %s", rlm_kv_signature(kv), k, rc ? err.msg : "accepted");
+    }
+    CHECK_EQ(refused, cases);
+    memcpy(img, img0, len); /* the untouched image still restores */
+    CHECK_EQ(rlm_kv_state_restore(kv, img, len, &err), RLM_OK);
+    CHECK_EQ(rlm_kv_offset(kv, 0), 40);
+    free(img);
+    rlm_free(img0);
+    rlm_kv_free(kv);
+  }
+}
+
 int main(void) {
+  RUN(state_restore_validates_fields);
   RUN(decode_plan_ring_life);
   RUN(decode_plan_plain_growth);
   RUN(bytes_per_token_4bit);

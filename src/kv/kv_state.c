@@ -127,6 +127,31 @@ static void swap_scratch(rlm_kv *a, rlm_kv *b) {
 #undef SWAP
 }
 
+/* A checksum only proves the image was not damaged, not that its writer
+ * was ringlm: every offset and position must be one the cache could hold
+ * (each position below its row's offset, in the slot the ring rule gives
+ * it, a plain cache's offset within its capacity) and a row's positions
+ * its sinks plus one consecutive run, or reads and trims would index
+ * outside the storage. */
+static rlm_status check_rows(const rlm_kv *t, rlm_error *err) {
+  const char *w = "kv state image";
+  for (int b = 0; b < t->n_rows; b++) {
+    const int64_t off = t->offset[b];
+    if (off < 0 || off > INT32_MAX || (!t->ring && off > t->capacity))
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: row %d's offset %lld is out of range", w, b, (long long)off);
+    const int32_t *pos = t->pos + (int64_t)b * t->n_alloc;
+    for (int64_t sl = 0; sl < t->n_alloc; sl++)
+      if (pos[sl] != -1 && (pos[sl] < 0 || pos[sl] >= off || rlm__kv_slot(t, pos[sl]) != sl))
+        return rlm__err(err, RLM_ERR_FORMAT, "%s: row %d slot %lld holds position %d, impossible at "
+                        "offset %lld", w, b, (long long)sl, pos[sl], (long long)off);
+    rlm_kv_live lv;
+    if (rlm__kv_live(t, b, &lv, NULL) || rlm__kv_check_live(t, &lv, NULL))
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: row %d's positions are not a cache's (a hole, or "
+                      "missing sinks or window)", w, b);
+  }
+  return RLM_OK;
+}
+
 rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error *err) {
   if (!kv || !buf) return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_state_restore: NULL argument");
   int64_t f[KV_NFIELDS];
@@ -152,6 +177,10 @@ rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error
   for (int i = 0; i < 6; p += alen[i], i++)
     if (alen[i]) memcpy(arr[i], p, alen[i]); /* dense kinds have no scales */
   t->dense_pending = f[13] != 0;
+  if ((rc = check_rows(t, err))) {
+    rlm_kv_free(t);
+    return rc;
+  }
   swap_scratch(t, kv); /* the caller's scratch, pool and sharing stay */
   rlm_kv old = *kv;    /* swap so the caller's handle stays valid */
   *kv = *t;
