@@ -261,11 +261,12 @@ static rlm_status row_open(rlm_gen *g, gen_row *w, const rlm_gen_request *r, rlm
   if (!rc && g->tok) rc = rlm_detok_stream_create(&w->ds, g->tok, true, err);
   if (!rc && g->tok) rc = rlm_stop_create(&w->stop, r->stops, r->n_stops, err);
   const int64_t need = r->n_prompt + (r->max_tokens >= 0 ? r->max_tokens : HIST_SLACK) + MAX_DRAFT + 2;
-  if (!rc && need > w->cap_hist) {
+  if (!rc && need > w->cap_hist) { /* the old history stays until then: the draft row holds it */
+    int32_t *h = rlm__malloc((size_t)need * sizeof *h);
+    if (!h) return rlm__err_nomem(err, "history", (size_t)need * sizeof *h);
     rlm__free(w->hist);
-    w->cap_hist = 0;
-    if (!(w->hist = rlm__malloc((size_t)need * sizeof *w->hist))) rc = rlm__err_nomem(err, "history", 0);
-    else w->cap_hist = need;
+    w->hist = h;
+    w->cap_hist = need;
   }
   return rc;
 }
@@ -650,15 +651,28 @@ static rlm_status after_pass(rlm_gen *g, int *n_events, rlm_error *err) {
   return RLM_OK;
 }
 
+/* A step that failed after draft passes: each draft row forgets the
+ * pending id and proposals they fed, back to what draft_catch_up leaves,
+ * so the step can run again (its pass 0 feeds the pending id). */
+static void draft_unwind(rlm_gen *g) {
+  for (int r = 0; r < g->R; r++) {
+    gen_row *w = &g->rows[r];
+    if (w->st != ROW_FREE && w->dfed > w->n_hist - 1) draft_reuse(g, r, w->n_hist - 1);
+  }
+}
+
 rlm_status rlm_gen_step(rlm_gen *g, const rlm_gen_event **events, int *n_events, rlm_error *err) {
   if (!g || !events || !n_events) return rlm__err(err, RLM_ERR_INVALID, "rlm_gen_step: NULL argument");
   *events = g->ev, *n_events = 0;
   rlm_status rc = RLM_OK;
   if (g->d) rc = propose_draft(g, err);
   else if (g->p.lookup_n) propose_lookup(g);
-  if (rc) return rc;
-  const int n = build_pass(g);
-  if (n && (rc = rlm_session_decode(g->t, &(rlm_batch){n, g->ids, g->brow, g->want}, g->lg, err))) return rc;
+  const int n = rc ? 0 : build_pass(g);
+  if (n && !rc) rc = rlm_session_decode(g->t, &(rlm_batch){n, g->ids, g->brow, g->want}, g->lg, err);
+  if (rc) {
+    if (g->d) draft_unwind(g);
+    return rc;
+  }
   g->tot.steps += n > 0;
   for (int r = 0; r < g->R; r++) g->rows[r].st_row.steps += g->rows[r].st != ROW_FREE;
   return after_pass(g, n_events, err);

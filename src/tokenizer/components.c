@@ -151,7 +151,7 @@ static rlm_status compile_regex(rlm_tokenizer *t, const char *re, size_t n, pcre
   if (!*out) {
     PCRE2_UCHAR msg[160] = "out of memory";
     if (code) pcre2_get_error_message(code, msg, sizeof msg);
-    return rlm__err(err, code ? RLM_ERR_UNSUPPORTED : RLM_ERR_NOMEM,
+    return rlm__err(err, code && code != PCRE2_ERROR_HEAP_FAILED ? RLM_ERR_UNSUPPORTED : RLM_ERR_NOMEM,
                     "%s: Split regex does not compile with PCRE2 at offset %zu: %s", t->path,
                     (size_t)off, (const char *)msg);
   }
