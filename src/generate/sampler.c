@@ -205,12 +205,6 @@ typedef uint32_t u32x4 __attribute__((vector_size(16)));
 
 static inline bool any_lane(i32x4 m) { return (m[0] | m[1] | m[2] | m[3]) != 0; }
 
-static inline uint32_t f2u(float x) {
-  uint32_t u;
-  memcpy(&u, &x, sizeof u);
-  return u;
-}
-
 static inline float u2f(uint32_t u) {
   float x;
   memcpy(&x, &u, sizeof x);

@@ -162,9 +162,10 @@ rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error
   c.reserve = f[12];
   rlm_kv *t;
   if ((rc = rlm_kv_create(&t, &c, err))) return rc;
-  if (image_size(t) != n || t->n_alloc != f[12]) {
+  const size_t want = image_size(t);
+  if (want != n || t->n_alloc != f[12]) {
     rlm_kv_free(t);
-    return rlm__err(err, RLM_ERR_FORMAT, "kv state image: %zu bytes, expected %zu", n, image_size(t));
+    return rlm__err(err, RLM_ERR_FORMAT, "kv state image: %zu bytes, expected %zu", n, want);
   }
   const uint8_t *p = (const uint8_t *)buf + 16 + KV_NFIELDS * 8;
   memcpy(t->offset, p, (size_t)t->n_rows * 8), p += (size_t)t->n_rows * 8;
