@@ -295,13 +295,21 @@ static void scratch_borrow(rlm_kv *kv, const rlm_kv *o) {
   kv->borrowed = true;
 }
 
+/* Field by field, reserve aside: memcmp would compare padding bytes,
+ * which struct copies need not carry (clang's do not). */
+static bool same_config(const rlm_kv_config *a, const rlm_kv_config *b) {
+  return a->kind == b->kind && a->n_rows == b->n_rows && a->n_kv_heads == b->n_kv_heads &&
+         a->head_dim_k == b->head_dim_k && a->head_dim_v == b->head_dim_v && a->dtype == b->dtype &&
+         a->k_bits == b->k_bits && a->v_bits == b->v_bits && a->group_size == b->group_size &&
+         a->window == b->window && a->keep == b->keep && a->max_chunk == b->max_chunk &&
+         a->dense_first == b->dense_first && a->q_per_kv == b->q_per_kv;
+}
+
 rlm_status rlm__kv_create_sharing(rlm_kv **out, const rlm_kv_config *cfg, const rlm_kv *owner,
                                   rlm_error *err) {
   if (!out || !cfg || !owner) return rlm__err(err, RLM_ERR_INVALID, "rlm__kv_create_sharing: NULL argument");
   *out = NULL;
-  rlm_kv_config a = *cfg, b = owner->cfg;
-  a.reserve = b.reserve = 0;
-  if (memcmp(&a, &b, sizeof a))
+  if (!same_config(cfg, &owner->cfg))
     return rlm__err(err, RLM_ERR_INTERNAL, "rlm__kv_create_sharing: configuration differs from the owner's");
   rlm_kv *kv = rlm__calloc(1, sizeof *kv);
   if (!kv) return rlm__err_nomem(err, "kv cache", sizeof *kv);

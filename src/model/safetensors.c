@@ -344,8 +344,8 @@ static int cmp_tensor_data(const void *a, const void *b) {
 /* The shard's tensors, sorted by offset, must tile the data buffer exactly:
  * no overlap, no hole, nothing left over (as the reference demands). */
 static rlm_status shard_coverage(shard_ctx *c, size_t first) {
-  rlm_st_tensor *t = c->st->tensors + first;
   size_t n = c->st->n_tensors - first;
+  rlm_st_tensor *t = n ? c->st->tensors + first : NULL; /* no table at all for 0 tensors */
   if (n > 1) qsort(t, n, sizeof *t, cmp_tensor_data);
   uint64_t expect = 0;
   for (size_t i = 0; i < n; i++) {

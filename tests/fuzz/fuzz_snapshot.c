@@ -18,13 +18,15 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc, (void)argv;
   char dir[512];
   snprintf(dir, sizeof dir, "%s/tests/fixtures/models/gemma4_text", fuzz_src());
-  if (rlm_model_load(&g_m, dir, NULL)) abort();
+  rlm_error e;
+  if (rlm_model_load(&g_m, dir, &e)) fprintf(stderr, "fuzz_snapshot: %s\n", e.msg), abort();
   g_vocab = rlm_model_vocab_size(g_m);
   for (int i = 0; i < N_SESS; i++) {
     rlm_session_params p = rlm_session_params_default();
     p.n_rows = 2, p.prefill_chunk = 8, p.kv_group_size = 32;
     if (i) p.k_bits = p.v_bits = 4, p.max_kv = 24;
-    if (rlm_session_create(&g_s[i], g_m, &p, NULL) || rlm_session_create(&g_twin[i], g_m, &p, NULL)) abort();
+    if (rlm_session_create(&g_s[i], g_m, &p, &e) || rlm_session_create(&g_twin[i], g_m, &p, &e))
+      fprintf(stderr, "fuzz_snapshot: %s\n", e.msg), abort();
     const int32_t ids[5] = {1, 7, 9, 11, 3};
     rlm_session_eval(g_s[i], ids, 5, NULL, false, NULL);
     rlm_session_eval(g_twin[i], ids, 5, NULL, false, NULL);
@@ -75,7 +77,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const int32_t id = 4;
     rlm_session_eval(s, &id, 1, a, false, NULL);
     rlm_session_eval(twin, &id, 1, a + g_vocab, false, NULL);
-    if (memcmp(a, a + g_vocab, sizeof(float) * (size_t)g_vocab)) abort();
+    if (memcmp(a, a + g_vocab, sizeof(float) * (size_t)g_vocab))
+      fprintf(stderr, "fuzz_snapshot: row 0 changed\n"), abort();
     rlm_session_rollback(s, 0, 1, NULL);
     rlm_session_rollback(twin, 0, 1, NULL);
   }
