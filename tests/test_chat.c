@@ -314,6 +314,17 @@ TEST(hostile_templates) {
   sprintf(p, " }}");
   EXPECT_ERROR(chain, RLM_ERR_FORMAT, "expression nested deeper than 256 levels");
   EXPECT("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns }}", "<Namespace {'me': <Namespace {...}>}>");
+  /* the step limit: few loop iterations, each a lot of work */
+  EXPECT_ERROR("{% set l = range(50000) | list %}{% for i in range(2000) %}{% if -1 in l %}{% endif %}{% endfor %}",
+               RLM_ERR_INVALID,
+               "more than 50000000 steps of work");
+  /* messages JSON nested past the value depth limit */
+  static char msgs[4096];
+  p = msgs + sprintf(msgs, "[{\"role\": \"user\", \"content\": \"hi\", \"x\": ");
+  for (int i = 0; i < 300; i++) *p++ = '[';
+  for (int i = 0; i < 300; i++) *p++ = ']';
+  sprintf(p, "}]");
+  expect_error_at(__LINE__, "{{ messages[0].content }}", msgs, RLM_ERR_INVALID, "JSON input nested deeper than 128");
 }
 
 TEST(bad_arguments) {
