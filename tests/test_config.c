@@ -193,6 +193,33 @@ TEST(config_errors_name_the_field) {
   check_cases(cases, N_OF(cases));
 }
 
+/* JSON nested past the parser's depth limit (jansson's 2048) in any of the
+ * JSON files a model folder brings: one line naming the file, no crash
+ * (a recursive parser without a limit would overflow the stack). */
+TEST(json_nesting_depth_is_limited) {
+  static const char *files[] = {"config.json", "generation_config.json"};
+  for (int f = 0; f < 2; f++) {
+    char dir[400], path[600];
+    copy_fixture("llama", dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+    FILE *fp = fopen(path, "w");
+    CHECK(fp != NULL);
+    if (!fp) return;
+    fputs("{\"deep\": ", fp);
+    for (int i = 0; i < 100000; i++) fputc('[', fp);
+    for (int i = 0; i < 100000; i++) fputc(']', fp);
+    fputs("}", fp);
+    fclose(fp);
+    rlm_model *m = NULL;
+    rlm_error err = {0};
+    CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_ERR_FORMAT);
+    test_note("%s: %s", files[f], err.msg);
+    CHECK(strstr(err.msg, path) != NULL && !strchr(err.msg, '\n'));
+    CHECK(strstr(err.msg, "depth") != NULL);
+    rlm_model_free(m);
+  }
+}
+
 /* A data_offsets value of 2^63 or more makes jansson read the whole
  * header with integers as reals; that used to be reported as a bad shape
  * of whichever tensor came first. */
@@ -386,6 +413,7 @@ int main(void) {
   t_tmpdir(g_tmp, sizeof g_tmp, "config");
   RUN(session_params_errors);
   RUN(config_errors_name_the_field);
+  RUN(json_nesting_depth_is_limited);
   RUN(safetensors_offsets_beyond_int64);
   RUN(nan_values_are_refused);
   RUN(max_positions_from_config);
