@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 secs=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors config tokenizer template kv_state snapshot request ids)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors config tokenizer template kv_state snapshot request ids batch)
 # clang and its runtime (libFuzzer), only here: the normal build uses gcc.
 bash scripts/deps.sh >/dev/null
 for p in clang libclang-rt-14-dev; do

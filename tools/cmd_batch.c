@@ -191,6 +191,19 @@ static void free_item(batch_item *it) {
   it->prompt = it->out = NULL, it->error = it->text = NULL;
 }
 
+long mcli_batch_parse(model_ctx *c, const model_opts *o, const char *text, size_t len, long *n_invalid) {
+  batch_run b = {.c = c, .o = o};
+  rlm_status rc = read_items(&b, text, len);
+  long n = rc ? -1 : b.n_items;
+  *n_invalid = 0;
+  for (long i = 0; b.items && i < b.n_items; i++) {
+    *n_invalid += b.items[i].error != NULL;
+    free_item(&b.items[i]);
+  }
+  free(b.items);
+  return n;
+}
+
 /* ---- output, in input order ------------------------------------------------ */
 
 /* The line's result object, keys in the documented order (json_pack

@@ -120,6 +120,10 @@ int mcli_prompt_cache(model_ctx *c, const model_opts *o, const int32_t *ids, siz
 /* inspect PATH for a KV snapshot: describes it (CLI_OK), fails on a bad
  * one, or sets *not_cache for a file that is no snapshot at all. */
 int mcli_inspect_cache(const char *path, bool *not_cache);
+/* batch's prompt-file parser alone (cmd_batch.c), for the fuzz target:
+ * the number of lines read (-1: out of memory), *n_invalid of them
+ * refused with a message. */
+long mcli_batch_parse(model_ctx *c, const model_opts *o, const char *text, size_t len, long *n_invalid);
 /* The engine parameters of --draft-max and --lookup. */
 rlm_gen_params mcli_gen_params(const model_opts *o);
 /* A generation request for ids[0:n) with the options' sampler, -n, -c,
