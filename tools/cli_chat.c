@@ -33,6 +33,11 @@ int cli_chat_load_template(const model_opts *o, rlm_chat_template **out) {
             o->chat_template, strerror(errno));
     return CLI_FAIL;
   }
+  if (strspn(src, " \t\r\n") == len) { /* renders every conversation to nothing */
+    fprintf(stderr, "ringlm: %s: the chat template (--chat-template) is empty\n", o->chat_template);
+    free(src);
+    return CLI_FAIL;
+  }
   rlm_status rc = rlm_chat_template_parse(out, src, len, &err);
   free(src);
   return rc ? template_fail(o, &err) : CLI_OK;
@@ -149,6 +154,13 @@ int cli_chat_render_ids(const model_ctx *c, const model_opts *o, const rlm_chat_
   /* no specials added: the template wrote them */
   rlm_status st = cli_encode(c->tok, text, len, false, ids, n, &err);
   rlm_free(text);
+  if (!st && !*n) { /* else "rlm_gen_add: need a prompt", naming no file */
+    fprintf(stderr, "ringlm: %s: the chat template renders the conversation to no tokens\n",
+            o->chat_template ? o->chat_template : o->dir);
+    free(*ids);
+    *ids = NULL;
+    return CLI_FAIL;
+  }
   return st ? cli_fail(&err) : CLI_OK;
 }
 

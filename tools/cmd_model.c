@@ -9,22 +9,42 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-/* float32 [rows][cols] as NumPy's .npy version 1.0. */
-static bool write_npy(const char *path, const float *data, long rows, long cols) {
+/* float32 [rows][cols] as NumPy's .npy version 1.0, into f. */
+static bool put_npy(FILE *f, const float *data, long rows, long cols) {
   char hdr[128];
   int n = snprintf(hdr, sizeof hdr,
                    "{'descr': '<f4', 'fortran_order': False, 'shape': (%ld, %ld), }", rows, cols);
   int total = 10 + n + 1, pad = (64 - total % 64) % 64;
-  FILE *f = fopen(path, "wb");
-  if (!f) return false;
   unsigned short hl = (unsigned short)(n + pad + 1);
   bool ok = fwrite("\x93NUMPY\x01\x00", 1, 8, f) == 8 && fwrite(&hl, 2, 1, f) == 1 &&
             fwrite(hdr, 1, (size_t)n, f) == (size_t)n;
   for (int i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
-  ok = ok && fputc('\n', f) != EOF &&
-       fwrite(data, sizeof(float), (size_t)(rows * cols), f) == (size_t)(rows * cols);
-  return fclose(f) == 0 && ok;
+  return ok && fputc('\n', f) != EOF &&
+         fwrite(data, sizeof(float), (size_t)(rows * cols), f) == (size_t)(rows * cols);
+}
+
+/* The .npy appears whole or not at all: written to path.tmp.<pid> beside
+ * it and renamed into place (a failed write used to leave a partial file);
+ * a path that exists and is no regular file (/dev/stdout) is written
+ * directly. */
+static bool write_npy(const char *path, const float *data, long rows, long cols) {
+  struct stat st;
+  char tmp[4096];
+  bool direct = stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+  if (!direct && snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+    return errno = ENAMETOOLONG, false;
+  FILE *f = fopen(direct ? path : tmp, "wb");
+  if (!f) return false;
+  bool ok = put_npy(f, data, rows, cols);
+  int e = errno; /* the write's error; fclose may set its own */
+  if (fclose(f) != 0 && ok) ok = false, e = errno;
+  if (ok && !direct && rename(tmp, path) != 0) ok = false, e = errno;
+  if (!ok && !direct) remove(tmp);
+  errno = e;
+  return ok;
 }
 
 static const char logits_help[] =

@@ -359,14 +359,18 @@ static rlm_status parse_scales(rlm_model_config *c, const json_t *o, const char 
   return RLM_OK;
 }
 
-static void parse_misc(rlm_model_config *c, const json_t *o) {
+static rlm_status parse_misc(rlm_model_config *c, const json_t *o, const char *path,
+                             rlm_error *err) {
   const json_t *tie = json_object_get(o, "tie_word_embeddings");
+  if (tie && !json_is_null(tie) && !json_is_boolean(tie))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: tie_word_embeddings is neither true nor false", path);
   c->tie_embeddings = json_is_boolean(tie) ? json_is_true(tie) : c->gemma;
   const char *dt = json_string_value(json_object_get(o, "dtype"));
   if (!dt) dt = json_string_value(json_object_get(o, "torch_dtype"));
   c->dtype = RLM_DTYPE_BF16;
   if (dt && !strcmp(dt, "float32")) c->dtype = RLM_DTYPE_F32;
   if (dt && !strcmp(dt, "float16")) c->dtype = RLM_DTYPE_F16;
+  return RLM_OK;
 }
 
 /* ---- per-layer shapes ----------------------------------------------------- */
@@ -512,8 +516,8 @@ static rlm_status parse_all(rlm_model_config *c, const json_t *o, const char *pa
       (rc = parse_rope(c, o, path, err)) || (rc = parse_layer_types(c, o, path, err)) ||
       (rc = parse_scales(c, o, path, err)))
     return rc;
-  parse_misc(c, o);
-  if ((rc = parse_gemma4(c, o, path, err)) || (rc = parse_layer_shapes(c, o, path, err)))
+  if ((rc = parse_misc(c, o, path, err)) || (rc = parse_gemma4(c, o, path, err)) ||
+      (rc = parse_layer_shapes(c, o, path, err)))
     return rc;
   for (int i = 0; i < c->n_layers; i++) c->max_inter = RLM_MAX(c->max_inter, c->layer_inter[i]);
   return RLM_OK;

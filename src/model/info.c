@@ -5,19 +5,44 @@
 #include "model/model.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <stdint.h>
 #include <unistd.h>
 
-/* eos_token_id: an integer or a list of them. */
-static void read_eos(rlm_model_config *c, const json_t *o) {
+/* A token id as config.json and generation_config.json write one: an
+ * integer in int32 range (an integral real too, for a file read with its
+ * integers as reals, rlm__json_load_buf). */
+static bool token_id(const json_t *v, int32_t *id) {
+  const double d = json_number_value(v);
+  if (!json_is_number(v) || d != floor(d) || d < (double)INT32_MIN || d > (double)INT32_MAX)
+    return false;
+  *id = (int32_t)d;
+  return true;
+}
+
+/* bos_token_id: an id; eos_token_id: an id or a list of them (the first 8
+ * kept); null or absent: none. Any other value is an error naming the
+ * file, not a silent "no EOS" that lets generation run on. */
+static rlm_status read_eos(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
   const json_t *e = json_object_get(o, "eos_token_id"), *b = json_object_get(o, "bos_token_id");
-  if (json_is_integer(b)) c->bos = (int32_t)json_integer_value(b);
-  if (json_is_integer(e)) {
-    c->eos[0] = (int32_t)json_integer_value(e), c->n_eos = 1;
-  } else if (json_is_array(e)) {
-    c->n_eos = 0;
-    for (size_t i = 0; i < json_array_size(e) && c->n_eos < 8; i++)
-      if (json_is_integer(json_array_get(e, i))) c->eos[c->n_eos++] = (int32_t)json_integer_value(json_array_get(e, i));
+  int32_t id;
+  if (b && !json_is_null(b) && !token_id(b, &c->bos))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: bos_token_id is not a token id", path);
+  if (!e || json_is_null(e)) return RLM_OK;
+  if (token_id(e, &id)) {
+    c->eos[0] = id, c->n_eos = 1;
+    return RLM_OK;
   }
+  if (!json_is_array(e))
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: eos_token_id is neither a token id nor a list of them",
+                    path);
+  c->n_eos = 0;
+  for (size_t i = 0; i < json_array_size(e); i++) {
+    if (!token_id(json_array_get(e, i), &id))
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: eos_token_id[%zu] is not a token id", path, i);
+    if (c->n_eos < 8) c->eos[c->n_eos++] = id;
+  }
+  return RLM_OK;
 }
 
 static rlm_status read_json_if_present(const char *dir, const char *name, rlm_model_config *c, rlm_error *err) {
@@ -27,8 +52,9 @@ static rlm_status read_json_if_present(const char *dir, const char *name, rlm_mo
   rlm_status rc = RLM_OK;
   if (access(path, F_OK) == 0 && !(rc = rlm__json_load_file(path, &root, err))) {
     const json_t *tc = json_object_get(root, "text_config");
-    read_eos(c, root);
-    if (json_is_object(tc)) read_eos(c, tc);
+    rc = json_is_object(root) ? read_eos(c, root, path, err)
+                              : rlm__err(err, RLM_ERR_FORMAT, "%s: not a JSON object", path);
+    if (!rc && json_is_object(tc)) rc = read_eos(c, tc, path, err);
     json_decref(root);
   }
   rlm__free(path);

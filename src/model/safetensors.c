@@ -16,6 +16,7 @@
  */
 #include "model/safetensors.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -557,7 +558,7 @@ static rlm_status open_dir(rlm_safetensors **out, const char *dir, rlm_error *er
     rc = rlm__err_nomem(err, dir, strlen(dir) + sizeof ST_INDEX_NAME + 1);
   else if (rlm__path_exists(index))
     rc = open_index(out, index, err);
-  else if (rlm__path_exists(single))
+  else if (rlm__path_exists(single) || errno != ENOENT) /* unreadable: open says why */
     rc = open_single(out, single, err);
   else
     rc = rlm__err(err, RLM_ERR_NOT_FOUND, "%s: folder has neither %s nor %s", dir,

@@ -113,7 +113,10 @@ static bool empty_or_null(const json_t *v) {
 }
 
 static rlm_status check_model_options(rlm_tokenizer *t, const json_t *m, rlm_error *err) {
-  const char *type = json_string_value(json_object_get(m, "type"));
+  const json_t *tv = json_object_get(m, "type"); /* absent: BPE, as tokenizers reads it */
+  const char *type = json_string_value(tv);
+  if (tv && !json_is_null(tv) && !type)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: model type is not a string", t->path);
   if (type && strcmp(type, "BPE"))
     return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: model type '%s' is not supported (only BPE)",
                     t->path, type);
