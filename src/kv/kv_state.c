@@ -157,6 +157,12 @@ rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t n, rlm_error
   int64_t f[KV_NFIELDS];
   rlm_status rc = check_image(kv, buf, n, f, err);
   if (rc) return rc;
+  /* the size the fields imply, before allocating what they ask for */
+  double per_slot = 4;
+  for (int a = 0; a < 6; a++) per_slot += (double)kv->cfg.n_kv_heads * (double)rlm__kv_array_slot_bytes(kv, a);
+  const double want_n = 16 + KV_NFIELDS * 8 + 9.0 * (double)f[1] + (double)f[1] * (double)f[12] * per_slot + 8;
+  if (want_n != (double)n)
+    return rlm__err(err, RLM_ERR_FORMAT, "kv state image: %zu bytes, its fields say %.0f", n, want_n);
   rlm_kv_config c = kv->cfg;
   c.n_rows = (int)f[1];
   c.reserve = f[12];
