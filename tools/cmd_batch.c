@@ -155,7 +155,7 @@ static rlm_status parse_line(model_ctx *c, const model_opts *o, batch_item *it, 
   it->max_tokens = o->n_gen;
   rlm_status rc = RLM_OK;
   if (!len) rc = item_fail(it, "empty line");
-  else if (s[lead] == '{') rc = parse_json(c, it, s + lead, len - lead);
+  else if (lead < len && s[lead] == '{') rc = parse_json(c, it, s + lead, len - lead);
   else rc = encode_text(c, it, s, len);
   if (!rc && !it->done) rc = check_room(c, o, it);
   if (!rc && !it->done && it->max_tokens == 0) { /* nothing to generate: no request */

@@ -105,6 +105,9 @@ static rlm_status check_image(const rlm_kv *kv, const uint8_t *img, size_t n, in
     if (i != 1 && i != 12 && i != 13 && f[i] != mine[i])
       return rlm__err(err, RLM_ERR_FORMAT, "%s: configuration field %d is %lld, this cache has %lld", w,
                       i, (long long)f[i], (long long)mine[i]);
+  if (f[13] != 0 && (f[13] != 1 || !kv->cfg.dense_first)) /* else the first append reads a twin */
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: dense_pending %lld in a cache that is not dense-first", w,
+                    (long long)f[13]);
   if (f[1] < 1 || f[1] > (1 << 16) || f[12] < 0 || f[12] > kv->capacity)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: %lld rows, %lld slots out of range", w, (long long)f[1],
                     (long long)f[12]);
