@@ -94,6 +94,11 @@ rlm_status rlm__kv_create_sharing(rlm_kv **out, const rlm_kv_config *cfg, const 
 /* Could `row` go back to position `to` (rollback or trim feasibility)? */
 bool rlm__kv_can_rewind(const rlm_kv *kv, int row, int64_t to);
 int64_t rlm__kv_slot(const rlm_kv *kv, int64_t p);
+/* Row b's positions table, NULL while no slot exists (so that no
+ * arithmetic is done on a NULL table). */
+static inline int32_t *rlm__kv_row_pos(const rlm_kv *kv, int64_t b) {
+  return kv->n_alloc ? kv->pos + b * kv->n_alloc : NULL;
+}
 /* View of (row, head) of a store as an attention matrix. */
 rlm_attn_mat rlm__kv_mat(const rlm_kv *kv, const rlm_kv_store *s, int b, int h,
                          int64_t n_alloc);

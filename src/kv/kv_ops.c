@@ -64,7 +64,7 @@ static void write_token(rlm_kv *kv, int b, int64_t p, const float *k, const floa
  * sinks below keep, the rest in their slots)? */
 static bool row_holds(const rlm_kv *kv, int b, int64_t lo, int64_t hi) {
   if (!kv->ring) return true;
-  const int32_t *pos = kv->pos + (int64_t)b * kv->n_alloc;
+  const int32_t *pos = rlm__kv_row_pos(kv, b);
   int64_t keep = kv->cfg.keep;
   for (int64_t p = RLM_MAX(0, RLM_MAX(keep, lo)); p < hi; p++)
     if (pos[rlm__kv_slot(kv, p)] != p) return false;
@@ -92,7 +92,7 @@ typedef struct kv_read {
 } kv_read;
 
 static rlm_attn_seg ring_seg(const rlm_kv *kv, int b, int h) {
-  return (rlm_attn_seg){kv->n_alloc, kv->pos + (int64_t)b * kv->n_alloc,
+  return (rlm_attn_seg){kv->n_alloc, rlm__kv_row_pos(kv, b),
                         rlm__kv_mat(kv, &kv->k, b, h, kv->n_alloc),
                         rlm__kv_mat(kv, &kv->v, b, h, kv->n_alloc)};
 }
@@ -251,7 +251,7 @@ bool rlm__kv_can_rewind(const rlm_kv *kv, int row, int64_t to) {
 }
 
 static void row_forget(rlm_kv *kv, int b, int64_t to) {
-  int32_t *pos = kv->pos + (int64_t)b * kv->n_alloc;
+  int32_t *pos = rlm__kv_row_pos(kv, b);
   for (int64_t p = to; p < kv->offset[b]; p++) {
     int64_t s = rlm__kv_slot(kv, p);
     if (pos[s] == p) pos[s] = -1;

@@ -142,7 +142,7 @@ static rlm_status check_rows(const rlm_kv *t, rlm_error *err) {
     const int64_t off = t->offset[b];
     if (off < 0 || off > INT32_MAX || (!t->ring && off > t->capacity))
       return rlm__err(err, RLM_ERR_FORMAT, "%s: row %d's offset %lld is out of range", w, b, (long long)off);
-    const int32_t *pos = t->pos + (int64_t)b * t->n_alloc;
+    const int32_t *pos = rlm__kv_row_pos(t, b);
     for (int64_t sl = 0; sl < t->n_alloc; sl++)
       if (pos[sl] != -1 && (pos[sl] < 0 || pos[sl] >= off || rlm__kv_slot(t, pos[sl]) != sl))
         return rlm__err(err, RLM_ERR_FORMAT, "%s: row %d slot %lld holds position %d, impossible at "
@@ -205,7 +205,7 @@ rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots, int64
                                 int64_t *n, rlm_error *err) {
   if (!kv || !slots || !n || row < 0 || row >= kv->n_rows)
     return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_temporal_view: bad arguments");
-  const int32_t *pos = kv->pos + (int64_t)row * kv->n_alloc;
+  const int32_t *pos = rlm__kv_row_pos(kv, row);
   int64_t off = kv->offset[row], keep = kv->ring ? kv->cfg.keep : 0;
   int64_t lo = kv->ring ? RLM_MAX(keep, off - (kv->cfg.window - keep)) : 0;
   int64_t count = 0;
@@ -224,7 +224,7 @@ rlm_status rlm_kv_temporal_view(const rlm_kv *kv, int row, int64_t *slots, int64
 /* ---- live slots (session snapshots) ------------------------------------- */
 
 rlm_status rlm__kv_live(const rlm_kv *kv, int row, rlm_kv_live *out, rlm_error *err) {
-  const int32_t *pos = kv->pos + (int64_t)row * kv->n_alloc;
+  const int32_t *pos = rlm__kv_row_pos(kv, row);
   const int64_t off = kv->offset[row], keep = kv->ring ? kv->cfg.keep : 0;
   int64_t sinks = 0, rest = 0, lo = off;
   for (int64_t s = 0; s < kv->n_alloc; s++) {
@@ -310,7 +310,7 @@ rlm_status rlm__kv_import(rlm_kv *kv, int row, const rlm_kv_live *lv, const void
   const int64_t from = kv->ring ? RLM_MAX(lv->first, lv->offset - (kv->capacity - kv->cfg.keep))
                                 : lv->first;
   if ((rc = rlm__kv_reserve_live(kv, lv, err))) return rc;
-  int32_t *pos = kv->pos + (int64_t)row * kv->n_alloc;
+  int32_t *pos = rlm__kv_row_pos(kv, row);
   for (int64_t s = 0; s < kv->n_alloc; s++) pos[s] = -1;
   for (int a = 0; a < 6; a++) {
     const size_t sb = rlm__kv_array_slot_bytes(kv, a);
