@@ -77,18 +77,55 @@ static size_t decompose(uint32_t cp, uint32_t *out) {
   return d[2] ? n + decompose(d[2], out + n) : n;
 }
 
-/* Stable insertion sort of each run of non-starters by combining class. */
-static void reorder(uint32_t *cps, size_t n) {
-  for (size_t i = 1; i < n; i++) {
+/* Canonical ordering: each maximal run of non-starters (class > 0) is
+ * sorted by combining class, stably, as unicode-normalization does.
+ *
+ * This was one insertion sort over the whole text: O(k^2) in the length k
+ * of a run, so "a" followed by marks of mixed classes took 49 ms for 10 KB
+ * and 6.6 s for 100 KB (Qwen). Now a short run is insertion-sorted (real
+ * text has 1-3 marks per starter) and a longer one is counting-sorted by
+ * class, through tmp: O(k + 256) per run, O(n) for the text. Both sorts are
+ * stable, so the order (and the ids) are the same as before. */
+enum { SHORT_RUN = 32 };
+
+static void sort_run_insertion(uint32_t *cps, size_t k) {
+  for (size_t i = 1; i < k; i++) {
     uint32_t c = cps[i];
     int cc = ccc(c);
-    if (!cc) continue;
     size_t j = i;
     while (j > 0 && ccc(cps[j - 1]) > cc) {
       cps[j] = cps[j - 1];
       j--;
     }
     cps[j] = c;
+  }
+}
+
+/* Code points are below 2^21 and classes below 2^8: each is sorted as
+ * class << 21 | cp, by its top 8 bits. */
+static void sort_run_counting(uint32_t *cps, size_t k, uint32_t *tmp) {
+  size_t start[257] = {0};
+  for (size_t i = 0; i < k; i++) {
+    cps[i] |= (uint32_t)ccc(cps[i]) << 21;
+    start[(cps[i] >> 21) + 1]++;
+  }
+  for (int c = 1; c <= 256; c++) start[c] += start[c - 1];
+  for (size_t i = 0; i < k; i++) tmp[start[cps[i] >> 21]++] = cps[i] & 0x1FFFFF;
+  memcpy(cps, tmp, k * sizeof *cps);
+}
+
+/* tmp has room for tmp_cap code points (the unused tail of the buffer). */
+static void reorder(uint32_t *cps, size_t n, uint32_t *tmp, size_t tmp_cap) {
+  for (size_t i = 0; i < n;) {
+    if (!ccc(cps[i])) {
+      i++;
+      continue;
+    }
+    size_t j = i + 1;
+    while (j < n && ccc(cps[j])) j++;
+    if (j - i > SHORT_RUN && j - i <= tmp_cap) sort_run_counting(cps + i, j - i, tmp);
+    else sort_run_insertion(cps + i, j - i);
+    i = j;
   }
 }
 
@@ -131,6 +168,8 @@ rlm_status rlm__nfc(const char *s, size_t n, char **out, size_t *out_len, rlm_er
     *out = NULL;
     return rlm__err_nomem(err, "NFC", 4 * n);
   }
+  rlm__tok_hint_huge(*out, work ? 4 * n + 1 : n + 1);
+  rlm__tok_hint_huge(cps, work ? (4 * n + 1) * sizeof *cps : 0);
   if (!work) {
     memcpy(*out, s, n);
     *out_len = n;
@@ -144,7 +183,9 @@ rlm_status rlm__nfc(const char *s, size_t n, char **out, size_t *out_len, rlm_er
     m += decompose(cp, cps + m);
     i += k;
   }
-  reorder(cps, m);
+  /* m <= 1.5 n (no character decomposes into more than 1.5 code points
+   * per UTF-8 byte), so most of cps is free: the run sort uses it. */
+  reorder(cps, m, cps + m, 4 * n + 1 - m);
   m = compose_all(cps, m);
   size_t o = 0;
   for (size_t i = 0; i < m; i++) o += rlm__utf8_encode(cps[i], *out + o);

@@ -146,6 +146,7 @@ struct rlm_tokenizer {
   /* model: BPE */
   tok_strmap vocab;          /* model token string -> id                 */
   tok_u64map merges;         /* (left << 32 | right) -> rank << 32 | id  */
+  uint32_t n_ranks;          /* merges listed (ranks are 0..n_ranks-1)    */
   int32_t unk_id;            /* -1: none                                 */
   bool byte_fallback;        /* unknown chars become <0xXX> tokens       */
   bool fuse_unk;             /* consecutive unknown chars: one unk       */
@@ -209,10 +210,11 @@ typedef struct tok_span {
   size_t start, end;
 } tok_span;
 
+/* 12 bytes: a long word has one per byte, so its size is the merge loop's
+ * memory traffic. */
 typedef struct tok_sym {
-  int32_t id;
-  int32_t prev, next; /* -1 at the ends                   */
-  bool dead;          /* merged into its left neighbour   */
+  int32_t id;         /* -1: merged into its left neighbour */
+  int32_t prev, next; /* -1 at the ends                     */
 } tok_sym;
 
 typedef struct tok_merge {
@@ -221,6 +223,23 @@ typedef struct tok_merge {
   int32_t new_id;
 } tok_merge;
 
+/* Long words (bpe.c): candidate merges bucketed by rank. A bucket is a
+ * vector of positions, in push order, in one arena; the per-rank arrays are
+ * all zero between words. */
+typedef struct tok_buckets {
+  uint32_t *off;        /* [n_ranks]: where the bucket starts in pos         */
+  uint32_t *len;        /* [n_ranks]: its positions; 0: empty                */
+  uint32_t *cap;        /* [n_ranks]: its room                               */
+  int32_t *new_id;      /* [n_ranks]: the id its pair merges into            */
+  uint64_t *live;       /* [n_ranks / 64 + 1]: bit set: the bucket has entries */
+  int32_t *pos;         /* the arena: every bucket, moved on when it grows   */
+  size_t cap_pos;
+  uint32_t n_pos;       /* arena slots used in this word                     */
+  int64_t cur;          /* the rank being merged; -1 before the first        */
+  bool on;              /* merging a long word: pushes go to the buckets     */
+  bool fallback;        /* a push broke rank order: the heap took over       */
+} tok_buckets;
+
 typedef struct tok_ctx {
   const rlm_tokenizer *t;
   int32_t *ids;        /* output so far */
@@ -228,16 +247,20 @@ typedef struct tok_ctx {
   tok_sym *syms;
   size_t cap_syms;
   tok_merge *heap;
-  size_t cap_heap;
+  size_t cap_heap, n_heap;
+  tok_buckets bq;      /* instead of the heap for long words */
   char *word;          /* byte-level ignore_merges: the mapped word */
   size_t cap_word;
   tok_span *spans[2];  /* pre-tokenizer: pieces before / after a Split */
   size_t cap_spans[2];
   pcre2_general_context *gc; /* PCRE2 allocations through rlm__malloc */
   pcre2_match_data *md;
+  pcre2_match_context *mc;   /* the match limit, set per subject */
   rlm_error *err;
 } tok_ctx;
 
+/* Asks for huge pages for a big scratch block (a hint; encode.c). */
+void rlm__tok_hint_huge(void *p, size_t bytes);
 /* Grows *p to hold at least `need` elements of `size` bytes. */
 rlm_status rlm__tok_reserve(void **p, size_t *cap, size_t need, size_t size, rlm_error *err);
 rlm_status rlm__tok_push_id(tok_ctx *c, int32_t id);

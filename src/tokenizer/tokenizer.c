@@ -101,6 +101,7 @@ static rlm_status load_merges(rlm_tokenizer *t, const json_t *merges, rlm_error 
   char *buf = NULL;
   size_t cap = 0;
   rlm_status rc = RLM_OK;
+  t->n_ranks = (uint32_t)json_array_size(merges);
   for (size_t i = 0; i < json_array_size(merges) && !rc; i++)
     rc = add_merge(t, json_array_get(merges, i), (uint32_t)i, &buf, &cap, err);
   rlm__free(buf);
