@@ -399,6 +399,23 @@ RLM_API rlm_status rlm_kv_state_restore(rlm_kv *kv, const void *buf, size_t len,
                                         rlm_error *err);
 RLM_API void rlm_free(void *p);
 
+/* Allocations that have failed on the calling thread, the library's and
+ * jansson's: libringlm gives jansson its malloc-backed allocator
+ * (json_set_alloc_funcs) when it loads, so that they are counted and
+ * tests can make them fail. A host that builds JSON with jansson compares
+ * this count before and after, since an ignored json_object_set_new
+ * failure silently loses a member. */
+RLM_API uint64_t rlm_alloc_failures(void);
+
+/* jansson's json_loadb(buf, len, flags, error) for hosts that use jansson
+ * (error: a json_error_t * or NULL; returns the json_t *), safe when an
+ * allocation fails: jansson 2.14's lexer then drops a byte of a string or
+ * writes past its buffer (akheron/jansson#362), so the library's injected
+ * failures are only counted during the parse, and a parse during which
+ * any allocation failed returns NULL with *nomem set and "out of memory"
+ * in error. A real malloc failure inside jansson remains jansson's bug. */
+RLM_API void *rlm_json_loadb(const char *buf, size_t len, size_t flags, void *error, bool *nomem);
+
 /* Compiled decode: prepare does the host bookkeeping of the next decode
  * step (growth of the buffers, rotation) and says where each row's token
  * goes; a fixed device graph then writes that slot and attends, and commit

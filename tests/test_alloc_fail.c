@@ -26,15 +26,17 @@
  * file); the generation engine with a draft session (create, add, steps, a
  * 1-id request on a never-used row, a row reused by a longer request).
  * Rows that already hold a few hundred ids are restored from snapshot
- * images made once, so a run does not prefill them again. Each path
- * prints "path: N allocations, N failures injected, 0 leaks".
+ * images made once, so a run does not prefill them again; the server's
+ * request parsing and answers (oai.c, compiled in by alloc_fail_oai.c).
+ * Each path prints "path: N allocations, N failures injected, 0 leaks".
  *
- * Only allocations through rlm__malloc & co. are counted: PCRE2's go
- * through them (the tokenizer's general context), jansson's do not (and
- * jansson 2.14's lexer crashes when its allocator fails, so it is not
- * routed through the counter here).
+ * Allocations through rlm__malloc & co. are counted: PCRE2's and
+ * jansson's go through them (the tokenizer's general context;
+ * json_set_alloc_funcs), and a JSON parse counts as one (base.h: jansson's
+ * lexer cannot survive a failure, so the parse is failed as a whole).
  */
 #include "base/base.h"
+#include "srv.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -1008,6 +1010,152 @@ TEST(generation) {
   rlm_model_free(c.m);
 }
 
+/* ---- 9. the server's requests and answers ---------------------------------------------- */
+
+/* oai.c's parsing of completions and chat completions bodies (JSON,
+ * sampling fields, stop strings, the chat template, the tokenizer) and its
+ * answers (a finished call's body, stream chunks, usage, errors) as
+ * `ringlm serve` runs them. A parse that fails must say 500 (out of
+ * memory), never 400; an answer whose building met a failed allocation
+ * must be refused (srv_json_text NULL: the server then answers 500),
+ * never sent short. */
+static const char *const k_bodies[] = {
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+    "\"content\": \"Tell me about the old village.\"}], \"n\": 2, \"temperature\": 0.7, \"top_p\": 0.9, "
+    "\"stop\": [\"\\n\\n\", \"END\"], \"logprobs\": true, \"top_logprobs\": 2, \"seed\": 7, "
+    "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"max_tokens\": 16}",
+    "{\"prompt\": \"The old man walked into the village\", \"logprobs\": 2, \"stop\": \"x\", "
+    "\"max_completion_tokens\": 8, \"frequency_penalty\": 0.5}",
+    "{\"prompt\": [1, 2, 3, 4, 5, 6], \"n\": 1, \"top_k\": 40, \"ignore_eos\": true}",
+};
+
+enum { SRV_IDS = 6 };
+
+typedef struct srv_path_ctx {
+  srv_ctx ctx;
+  srv_req req[3];
+  srv_call call;     /* a finished call answering req[0] or req[1]        */
+  int32_t ids[SRV_IDS], top_ids[SRV_IDS * 2];
+  float lp[SRV_IDS], top_lp[SRV_IDS * 2];
+  srv_mark marks[3];
+  char text[64];
+} srv_path_ctx;
+
+static void srv_reset(path *p) {
+  srv_path_ctx *c = p->ctx;
+  memset(c->req, 0, sizeof c->req);
+}
+
+/* The call's jobs: finished, with ids, logprobs and three events. */
+static void srv_fill_call(srv_path_ctx *c, const srv_req *r) {
+  memset(&c->call, 0, sizeof c->call);
+  c->call.req = *r;
+  c->call.req.logprobs = 2;
+  for (int i = 0; i < r->n; i++) {
+    srv_job *j = &c->call.jobs[i];
+    *j = (srv_job){.call = &c->call, .index = i, .row = i, .text = c->text, .n_text = strlen(c->text),
+                   .ids = c->ids, .lp = c->lp, .top_ids = c->top_ids, .top_lp = c->top_lp, .n_top = 2,
+                   .n_ids = SRV_IDS, .marks = c->marks, .n_marks = 3, .done = true,
+                   .finish = i ? RLM_FINISH_LENGTH : RLM_FINISH_STOP};
+  }
+}
+
+/* Text without the "created" seconds, which may tick between runs. */
+static void put_answer(path *p, const char *s) {
+  for (const char *at; (at = strstr(s, "\"created\":"));) {
+    put(p, s, (size_t)(at - s));
+    for (s = at + 10; *s >= '0' && *s <= '9'; s++) {}
+  }
+  put(p, s, strlen(s));
+}
+
+/* One answer: built, then turned into text as the server does. */
+static rlm_status srv_answer(path *p, json_t *(*build)(srv_path_ctx *c, int k), int k, rlm_error *err) {
+  srv_path_ctx *c = p->ctx;
+  const uint64_t fails = rlm_alloc_failures();
+  char *s = srv_json_text(build(c, k), fails);
+  if (!s && rlm_alloc_failures() == fails)
+    return rlm__err(err, RLM_ERR_INTERNAL, "an answer was refused with no allocation failing");
+  if (!s) return rlm__err(err, RLM_ERR_NOMEM, "building the answer: out of memory");
+  put_answer(p, s);
+  rlm__free(s);
+  return RLM_OK;
+}
+
+static json_t *build_full(srv_path_ctx *c, int k) {
+  srv_fill_call(c, &c->req[k]);
+  return srv_completion_json(&c->ctx, &c->call, "chatcmpl-test");
+}
+
+static json_t *build_chunks(srv_path_ctx *c, int k) {
+  srv_fill_call(c, &c->req[k]);
+  int64_t sent[SRV_MAX_N] = {0};
+  bool fin[SRV_MAX_N] = {0};
+  json_t *a = json_array();
+  for (bool first = true;; first = false) {
+    json_t *o = srv_chunk_json(&c->ctx, &c->call, "cmpl-test", sent, fin, first);
+    if (!o) break;
+    json_array_append_new(a, o);
+  }
+  srv_err e;
+  srv_nomem(&e, "for a test");
+  json_array_append_new(a, srv_usage_json(&c->call));
+  json_array_append_new(a, srv_error_json(&e));
+  return a;
+}
+
+static rlm_status srv_step(path *p, int i, rlm_error *err) {
+  srv_path_ctx *c = p->ctx;
+  if (i >= 3) return srv_answer(p, i < 5 ? build_full : build_chunks, i == 4, err);
+  srv_err e = {0};
+  if (!srv_parse_completion(&c->ctx, k_bodies[i], strlen(k_bodies[i]), i == 0, &c->req[i], &e)) {
+    CHECK_EQ(e.status, 500); /* out of memory is the server's fault, not the request's */
+    return rlm__err(err, e.status == 500 ? RLM_ERR_NOMEM : RLM_ERR_INVALID, "%d %s", e.status, e.msg);
+  }
+  const srv_req *r = &c->req[i];
+  put(p, r->prompt, (size_t)r->n_prompt * sizeof *r->prompt);
+  for (int k = 0; k < r->n_stops; k++) put(p, r->stops[k], strlen(r->stops[k]) + 1);
+  put_i64(p, r->n), put_i64(p, r->logprobs), put_i64(p, r->max_tokens);
+  put(p, &r->smp, sizeof r->smp);
+  return RLM_OK;
+}
+
+static void srv_fini(path *p) {
+  srv_path_ctx *c = p->ctx;
+  for (int i = 0; i < 3; i++) srv_req_free(&c->req[i]);
+}
+
+TEST(server_requests) {
+  static srv_path_ctx c;
+  char dir[512], tok[600];
+  brown_dir(dir, sizeof dir);
+  snprintf(tok, sizeof tok, "%s/tokenizer.json", dir);
+  rlm_tokenizer *t = NULL;
+  rlm_chat_template *tm = NULL;
+  rlm_error err;
+  c.ctx.h.model = load_model(dir);
+  if (!c.ctx.h.model) return;
+  CHECK_EQ(rlm_tokenizer_load(&t, tok, &err), RLM_OK);
+  CHECK_EQ(rlm_chat_template_load(&tm, dir, &err), RLM_OK);
+  c.ctx.h.tok = t, c.ctx.h.tmpl = tm;
+  c.ctx.cfg.smp = rlm_sampler_params_default();
+  c.ctx.cfg.max_tokens = -1, c.ctx.cfg.n_ctx = 256, c.ctx.cfg.model_name = "brown";
+  snprintf(c.text, sizeof c.text, "the old village, caf\xc3\xa9 \xe6\x97\xa5");
+  for (int i = 0; i < SRV_IDS; i++) {
+    c.ids[i] = 100 + 7 * i, c.lp[i] = -0.25f * (float)i;
+    c.top_ids[2 * i] = c.ids[i], c.top_ids[2 * i + 1] = 3 + i;
+    c.top_lp[2 * i] = c.lp[i], c.top_lp[2 * i + 1] = c.lp[i] - 1.5f;
+  }
+  c.marks[0] = (srv_mark){4, 2}, c.marks[1] = (srv_mark){11, 4}, c.marks[2] = (srv_mark){strlen(c.text), SRV_IDS};
+  path p = {.n_steps = 6, .ctx = &c, .reset = srv_reset, .step = srv_step, .fini = srv_fini};
+  snprintf(p.name, sizeof p.name,
+           "server: 3 request bodies parsed (chat, text, ids), 2 answers, a stream's chunks");
+  sweep(&p);
+  rlm_chat_template_free(tm);
+  rlm_tokenizer_free(t);
+  rlm_model_free(c.ctx.h.model);
+}
+
 int main(void) {
   g_src = t_env("RINGLM_SOURCE_DIR");
   t_tmpdir(g_dir, sizeof g_dir, "alloc-fail");
@@ -1020,6 +1168,7 @@ int main(void) {
   RUN(chat_template);
   RUN(snapshot);
   RUN(generation);
+  RUN(server_requests);
   printf("total %.1f s\n", now_s() - t0);
   return t_finish(g_dir);
 }

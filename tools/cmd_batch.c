@@ -129,7 +129,9 @@ static rlm_status json_fields(const model_ctx *c, batch_item *it, const json_t *
 
 static rlm_status parse_json(const model_ctx *c, batch_item *it, const char *s, size_t len) {
   json_error_t je;
-  json_t *j = json_loadb(s, len, 0, &je); /* '{' first: an object, or an error */
+  bool nomem;
+  json_t *j = rlm_json_loadb(s, len, 0, &je, &nomem); /* '{' first: an object, or an error */
+  if (nomem) return RLM_ERR_NOMEM;
   if (!j) return item_fail(it, "invalid JSON at column %d: %s", je.column, je.text);
   rlm_status rc = json_fields(c, it, j);
   json_decref(j);
@@ -228,9 +230,14 @@ static json_t *error_json(const batch_item *it, long index) {
 static rlm_status print_ready(batch_run *b) {
   for (; b->next_print < b->n_items && b->items[b->next_print].done; b->next_print++) {
     batch_item *it = &b->items[b->next_print];
+    const uint64_t fails = rlm_alloc_failures();
     json_t *j = it->error ? error_json(it, b->next_print) : result_json(b, it, b->next_print);
     char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(j);
+    if (s && rlm_alloc_failures() != fails) { /* a member may be missing */
+      free(s);
+      s = NULL;
+    }
     if (!s) return RLM_ERR_NOMEM;
     puts(s);
     free(s);

@@ -3,7 +3,9 @@
  * Every heap allocation in src/ goes through rlm__malloc & co. so that the
  * tests can count allocations (the decode loop must make none) and inject
  * failures (fail the N-th allocation, walk every cleanup path). Both hooks
- * are atomics and cost one relaxed increment per allocation.
+ * are atomics and cost one relaxed increment per allocation. A thread's
+ * failed allocations are counted too (rlm_alloc_failures): jansson, which
+ * allocates through here, does not always report its own.
  *
  * Arena layout: a singly linked list of blocks, newest first; each block is
  * a header followed by its bytes. Reset keeps a lone block; when a call
@@ -18,6 +20,16 @@
 
 static _Atomic uint64_t g_alloc_count = 0;
 static _Atomic int64_t g_fail_at = -1; /* countdown; 0 = fail this one */
+static _Thread_local uint64_t t_failures; /* allocations that failed here */
+static _Thread_local int t_soft;           /* > 0: in a soft region (a JSON parse) */
+static _Thread_local bool t_soft_counted;  /* the region's one point has passed     */
+
+uint64_t rlm_alloc_failures(void) { return t_failures; }
+
+void rlm__alloc_soft(bool on) {
+  if (on && t_soft++ == 0) t_soft_counted = false;
+  if (!on) t_soft--;
+}
 
 uint64_t rlm__alloc_count(void) { return atomic_load(&g_alloc_count); }
 void rlm__alloc_fail_at(int64_t nth) { atomic_store(&g_fail_at, nth); }
@@ -31,22 +43,40 @@ static bool alloc_should_fail(void) {
   return false;
 }
 
-void *rlm__malloc(size_t n) {
+/* Counts an injection point: every allocation, but a soft region's only
+ * once (all of a JSON parse's allocations fail alike: the parse reports
+ * out of memory). An injected failure is counted as a failure of this
+ * thread; the allocation is refused unless the thread is in a soft region. */
+static bool fail_now(void) {
+  if (t_soft) {
+    if (t_soft_counted) return false;
+    t_soft_counted = true;
+  }
   atomic_fetch_add_explicit(&g_alloc_count, 1, memory_order_relaxed);
-  if (alloc_should_fail()) return NULL;
-  return malloc(n ? n : 1);
+  if (!alloc_should_fail()) return false;
+  t_failures++;
+  return t_soft == 0;
+}
+
+void *rlm__malloc(size_t n) {
+  if (fail_now()) return NULL;
+  void *p = malloc(n ? n : 1);
+  if (!p) t_failures++;
+  return p;
 }
 
 void *rlm__calloc(size_t count, size_t size) {
-  atomic_fetch_add_explicit(&g_alloc_count, 1, memory_order_relaxed);
-  if (alloc_should_fail()) return NULL;
-  return calloc(count ? count : 1, size ? size : 1);
+  if (fail_now()) return NULL;
+  void *p = calloc(count ? count : 1, size ? size : 1);
+  if (!p) t_failures++;
+  return p;
 }
 
 void *rlm__realloc(void *p, size_t n) {
-  atomic_fetch_add_explicit(&g_alloc_count, 1, memory_order_relaxed);
-  if (alloc_should_fail()) return NULL;
-  return realloc(p, n ? n : 1);
+  if (fail_now()) return NULL;
+  void *q = realloc(p, n ? n : 1);
+  if (!q) t_failures++;
+  return q;
 }
 
 void rlm__free(void *p) { free(p); }

@@ -65,8 +65,18 @@ void *rlm__calloc(size_t count, size_t size);
 void *rlm__realloc(void *p, size_t n);
 void rlm__free(void *p);
 char *rlm__strdup(const char *s);
-uint64_t rlm__alloc_count(void);       /* allocations so far (all threads) */
+uint64_t rlm__alloc_count(void);       /* injection points so far (all threads):
+                                          every allocation, a soft region once */
 void rlm__alloc_fail_at(int64_t nth);  /* fail the nth from now; <0 = off  */
+/* Soft region (nests): an injected failure is counted in
+ * rlm_alloc_failures() but the memory is still handed out. Only around a
+ * jansson parse, whose lexer writes out of bounds when an allocation
+ * fails (akheron/jansson#362, unfixed in 2.14): the parse is then reported
+ * as out of memory without jansson ever seeing NULL. A region is one
+ * injection point, its first allocation: any failure in it has the same
+ * effect, and a sweep over a 500 KB tokenizer.json's 10^5 allocations,
+ * each reloading it, would take hours. */
+void rlm__alloc_soft(bool on);
 
 /* Arena: bump allocation from large blocks, freed all at once. Used for
  * per-call scratch (reset, not freed, between calls) and for parsed
@@ -214,8 +224,23 @@ bool rlm__cpu_avx512_vnni(void); /* and AVX-512 VNNI                    */
 
 /* ------------------------------------------------------------------------
  * JSON (json.c) over jansson. Parse errors name the file, line and column.
+ *
+ * jansson allocates through rlm__malloc/rlm__free (json.c installs them at
+ * load), so its allocations are counted and can be made to fail like ours.
+ * jansson 2.14 survives a failed allocation while it builds or dumps, but
+ * not while it parses: its lexer ignores a string buffer that could not
+ * grow, then drops a byte or writes past the buffer (akheron/jansson#362).
+ * So every parse goes through rlm_json_loadb (ringlm.h), and code that
+ * builds JSON compares rlm_alloc_failures() before and after, since a
+ * builder that ignores json_object_set_new's result loses a member.
  * ---------------------------------------------------------------------- */
 typedef struct json_t json_t;
+typedef struct json_error_t json_error_t;
+
+/* rlm_json_loadb, typed. */
+json_t *rlm__json_parse(const char *buf, size_t len, size_t flags, json_error_t *je, bool *nomem);
+/* json_dumps(j, flags), NULL when any allocation failed; free with rlm__free. */
+char *rlm__json_dumps(const json_t *j, size_t flags);
 
 rlm_status rlm__json_load_file(const char *path, json_t **out, rlm_error *err);
 rlm_status rlm__json_load_buf(const char *buf, size_t len, const char *what,

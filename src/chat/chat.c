@@ -139,10 +139,12 @@ static rlm_status load_config(const char *path, json_t **out, rlm_error *err) {
   char *text;
   size_t len;
   json_error_t je;
+  bool nomem;
   rlm_status rc = rlm__file_read_all(path, &text, &len, err);
   if (rc) return rc;
-  *out = json_loadb(text, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &je);
+  *out = rlm__json_parse(text, len, JSON_DECODE_INT_AS_REAL | JSON_ALLOW_NUL, &je, &nomem);
   rlm__free(text);
+  if (nomem) return rlm__err(err, RLM_ERR_NOMEM, "%s: out of memory parsing JSON", path);
   if (!*out)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: invalid JSON at line %d column %d: %s", path, je.line, je.column,
                     je.text);
@@ -184,6 +186,7 @@ rlm_status rlm_chat_template_load(rlm_chat_template **out, const char *dir, rlm_
 static rlm_status json_arg(jj_ctx *cx, const char *what, const char *text, json_type type, jj_value *out) {
   json_t *j;
   rlm_status rc = rlm__json_load_buf(text, strlen(text), what, &j, cx->err);
+  if (rc == RLM_ERR_NOMEM) return rc;
   if (rc) {
     if (cx->err) cx->err->code = RLM_ERR_INVALID;
     return RLM_ERR_INVALID;

@@ -334,7 +334,7 @@ static bool on_lines(const cfg_text *t) { return t->indent > 0 && t->indent < 32
 
 /* v as JSON, laid out like a top-level member's value of the file. */
 static void tb_value(text_buf *b, const cfg_text *t, const json_t *v) {
-  char *d = json_dumps(v, on_lines(t) ? JSON_INDENT(t->indent) : 0);
+  char *d = rlm__json_dumps(v, on_lines(t) ? JSON_INDENT(t->indent) : 0);
   if (!d) {
     b->failed = true;
     return;
@@ -343,7 +343,7 @@ static void tb_value(text_buf *b, const cfg_text *t, const json_t *v) {
     tb_put(b, s, 1);
     if (*s == '\n') tb_spaces(b, t->indent);
   }
-  free(d); /* jansson's allocator */
+  rlm__free(d);
 }
 
 /* A new `"key": value` member after a separator, on its own line or not. */

@@ -384,7 +384,9 @@ static rlm_status shard_load(rlm_safetensors *st, int fi, const char *path, rlm_
   /* Strict first, to learn whether integers were read as reals; the
    * shared reader then retries or reports. */
   json_error_t je;
-  json_t *root = json_loadb(c.hdr, c.hdr_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
+  bool nomem;
+  json_t *root = rlm__json_parse(c.hdr, c.hdr_len, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je, &nomem);
+  if (nomem) return rlm__err(err, RLM_ERR_NOMEM, "%s: out of memory parsing the header", c.path);
   c.ints_as_reals = !root && strstr(je.text, "too big integer");
   if (!root && (rc = rlm__json_load_buf(c.hdr, c.hdr_len, c.path, &root, err))) return rc;
   if (!json_is_object(root)) {
@@ -617,12 +619,16 @@ static void *grow(void *arr, size_t *cap, size_t need, size_t elem) {
 }
 
 /* jansson refuses strings that are not UTF-8; checking when a name is added
- * reports it as RLM_ERR_INVALID naming the tensor, not as a failed save. */
-static bool json_text_ok(const char *s) {
+ * reports it as RLM_ERR_INVALID naming the tensor, not as a failed save.
+ * NULL from json_string is also what a failed allocation gives: *nomem
+ * tells the two apart. */
+static bool json_text_ok(const char *s, bool *nomem) {
+  const uint64_t fails = rlm_alloc_failures();
   json_t *j = json_string(s);
   bool ok = j != NULL;
   json_decref(j);
-  return ok;
+  if (rlm_alloc_failures() != fails) *nomem = true;
+  return ok || *nomem;
 }
 
 rlm_status rlm__st_writer_create(rlm_st_writer **out, rlm_error *err) {
@@ -658,9 +664,11 @@ static rlm_status writer_validate(const rlm_st_writer *w, const char *name, rlm_
                                   int ndim, const int64_t *shape, const void *data,
                                   size_t nbytes, rlm_error *err) {
   const rlm_status bad = RLM_ERR_INVALID;
+  bool nomem = false;
   if (!w || !name || !*name) return rlm__err(err, bad, ST_W "NULL writer or empty name");
-  if (strcmp(name, "__metadata__") == 0 || !json_text_ok(name))
+  if (strcmp(name, "__metadata__") == 0 || !json_text_ok(name, &nomem))
     return rlm__err(err, bad, ST_W "tensor '%s': name reserved or not UTF-8", name);
+  if (nomem) return rlm__err_nomem(err, "tensor name check", strlen(name));
   if (rlm_dtype_size(dtype) == 0)
     return rlm__err(err, bad, ST_W "tensor '%s': invalid dtype %d", name, (int)dtype);
   if (ndim < 0 || ndim > RLM_MAX_DIMS || (ndim > 0 && !shape))
@@ -709,9 +717,11 @@ rlm_status rlm__st_writer_add_owned(rlm_st_writer *w, const char *name, rlm_dtyp
 
 rlm_status rlm__st_writer_set_metadata(rlm_st_writer *w, const char *key, const char *value,
                                        rlm_error *err) {
-  if (!w || !key || !*key || !value || !json_text_ok(key) || !json_text_ok(value))
+  bool nomem = false;
+  if (!w || !key || !*key || !value || !json_text_ok(key, &nomem) || !json_text_ok(value, &nomem))
     return rlm__err(err, RLM_ERR_INVALID, ST_W "metadata '%s': empty, NULL or not UTF-8",
                     key ? key : "(null)");
+  if (nomem) return rlm__err_nomem(err, "metadata check", strlen(value));
   char *v = rlm__strdup(value);
   if (!v) return rlm__err_nomem(err, "metadata value", strlen(value) + 1);
   for (size_t i = 0; i < w->n_meta; i++) {
@@ -759,11 +769,12 @@ static json_t *meta_json(const rlm_st_writer *w) {
   return m;
 }
 
-/* The compact JSON header (jansson-allocated: free with free()). Offsets
+/* The compact JSON header (free with rlm__free). Offsets
  * follow the entries' order, which save has sorted by name. Names were
  * checked at add time, so jansson can fail here only for lack of memory. */
 static rlm_status writer_header(const rlm_st_writer *w, const char *path, char **out,
                                 rlm_error *err) {
+  const uint64_t nomem = rlm_alloc_failures();
   json_t *root = json_object();
   bool ok = root != NULL;
   if (ok && w->n_meta > 0) ok = json_object_set_new(root, "__metadata__", meta_json(w)) == 0;
@@ -772,7 +783,7 @@ static rlm_status writer_header(const rlm_st_writer *w, const char *path, char *
     ok = json_object_set_new(root, w->entries[i].name, entry_json(&w->entries[i], off)) == 0;
     off += w->entries[i].nbytes;
   }
-  *out = ok ? json_dumps(root, JSON_COMPACT) : NULL;
+  *out = ok && rlm_alloc_failures() == nomem ? rlm__json_dumps(root, JSON_COMPACT) : NULL;
   json_decref(root);
   if (!*out)
     return rlm__err(err, RLM_ERR_NOMEM, "%s: out of memory building the safetensors header", path);
@@ -809,7 +820,7 @@ rlm_status rlm__st_writer_save(rlm_st_writer *w, const char *path, rlm_error *er
   if (rc) rlm__writer_abort(&fw);
   if (!rc) rc = rlm__writer_commit(&fw, err);
 out_free_header:
-  free(hdr); /* jansson's allocator */
+  rlm__free(hdr);
   return rc;
 }
 
@@ -833,6 +844,6 @@ rlm_status rlm__st_writer_image(rlm_st_writer *w, void **buf, size_t *len, rlm_e
     if (w->entries[i].nbytes) memcpy(p, w->entries[i].data, w->entries[i].nbytes), p += w->entries[i].nbytes;
   *buf = img, *len = total;
 out_free_header:
-  free(hdr); /* jansson's allocator */
+  rlm__free(hdr);
   return rc;
 }

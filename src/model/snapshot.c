@@ -276,10 +276,22 @@ static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
   return true;
 }
 
+/* Metadata `key` parsed as JSON into *out (NULL: missing or not JSON, for
+ * the caller to name); fails only for lack of memory. */
+static rlm_status meta_json(const rlm_snapshot *sn, const char *key, json_t **out, rlm_error *err) {
+  const char *t = rlm__st_metadata(sn->st, key);
+  json_error_t je;
+  bool nomem = false;
+  *out = t ? rlm__json_parse(t, strlen(t), 0, &je, &nomem) : NULL;
+  return nomem ? rlm__err(err, RLM_ERR_NOMEM, "%s: out of memory parsing metadata %s", sn->name, key)
+               : RLM_OK;
+}
+
 static rlm_status read_tokens(rlm_snapshot *sn, rlm_error *err) {
-  const char *t = rlm__st_metadata(sn->st, "1.ringlm_tokens");
-  json_t *a = t ? json_loads(t, 0, NULL) : NULL;
-  rlm_status rc = json_is_array(a) ? RLM_OK : bad(err, sn, "metadata 1.ringlm_tokens is not a JSON array");
+  json_t *a;
+  rlm_status rc = meta_json(sn, "1.ringlm_tokens", &a, err);
+  if (rc) return rc;
+  rc = json_is_array(a) ? RLM_OK : bad(err, sn, "metadata 1.ringlm_tokens is not a JSON array");
   const size_t n = rc ? 0 : json_array_size(a);
   if (!rc && n && (int64_t)n != sn->position)
     rc = bad(err, sn, "%zu token ids for position %lld", n, (long long)sn->position);
@@ -307,11 +319,11 @@ static bool json_i64(const json_t *o, const char *k, int64_t lo, int64_t hi, int
 static rlm_status read_layer(rlm_snapshot *sn, int i, int *next_cache, rlm_error *err) {
   char key[40];
   snprintf(key, sizeof key, "1.ringlm_layer_%d", i);
-  const char *t = rlm__st_metadata(sn->st, key);
-  json_t *o = t ? json_loads(t, 0, NULL) : NULL;
+  json_t *o;
+  rlm_status rc = meta_json(sn, key, &o, err);
+  if (rc) return rc;
   snap_layer *L = &sn->layers[i];
-  int64_t v[8];
-  rlm_status rc = RLM_OK;
+  int64_t v[8] = {0};
   const json_t *kind = json_object_get(o, "kind"), *dt = json_object_get(o, "dtype"),
                *wr = json_object_get(o, "wrapped");
   if (!json_is_object(o)) {

@@ -25,6 +25,7 @@ struct srv_conn {
   size_t n_body, cap;
   bool too_big, answered;
   const srv_route *route;
+  uint64_t fails; /* rlm_alloc_failures() when the route was called */
 };
 
 /* ---- answers --------------------------------------------------------------- */
@@ -45,15 +46,17 @@ int srv_reply_text(srv_conn *c, int status, const char *type, char *body, size_t
 }
 
 int srv_reply_json(srv_conn *c, int status, json_t *o) {
-  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
-  return srv_reply_text(c, status, "application/json", s, s ? strlen(s) : 0);
+  char *s = srv_json_text(o, c->fails);
+  if (!s) {
+    srv_err e;
+    srv_nomem(&e, "building the response");
+    return srv_reply_error(c, &e);
+  }
+  return srv_reply_text(c, status, "application/json", s, strlen(s));
 }
 
 int srv_reply_error(srv_conn *c, const srv_err *e) {
-  json_t *o = srv_error_json(e);
-  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
+  char *s = srv_json_text(srv_error_json(e), rlm_alloc_failures());
   if (!s) return MHD_NO;
   struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
   if (r && e->retry_after > 0) {
@@ -111,10 +114,9 @@ static bool put(srv_stream *s, const char *p, size_t n) {
   return true;
 }
 
-/* "data: {json}\n\n" (takes o). */
-static bool put_event(srv_stream *s, json_t *o) {
-  char *j = o ? json_dumps(o, JSON_COMPACT) : NULL;
-  json_decref(o);
+/* "data: {json}\n\n" (takes o, built since `fails`). */
+static bool put_event(srv_stream *s, json_t *o, uint64_t fails) {
+  char *j = srv_json_text(o, fails);
   bool ok = j && put(s, "data: ", 6) && put(s, j, strlen(j)) && put(s, "\n\n", 2);
   free(j);
   return ok;
@@ -142,16 +144,17 @@ static bool cancelled(const srv_call *c) {
 static bool put_end(srv_stream *s) {
   const srv_call *c = s->call;
   const char *fail = failure(c);
+  const uint64_t fails = rlm_alloc_failures();
   bool ok = true;
   if (fail) {
     srv_err e = error_of(500, "server_error", NULL, fail);
-    ok = put_event(s, srv_error_json(&e));
+    ok = put_event(s, srv_error_json(&e), fails);
   } else if (c->req.include_usage) {
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", s->id, "object",
                           c->req.chat ? "chat.completion.chunk" : "text_completion", "created",
                           (json_int_t)time(NULL), "model", s->ctx->cfg.model_name, "choices",
                           "usage", srv_usage_json(c));
-    ok = put_event(s, o);
+    ok = put_event(s, o, fails);
   }
   s->ended = true;
   return ok && put(s, "data: [DONE]\n\n", 14);
@@ -173,9 +176,13 @@ static bool refill(srv_stream *s) {
   for (;;) {
     if (cancelled(c)) return false;
     if (failure(c)) return put_end(s);
-    for (json_t *o; (o = srv_chunk_json(ctx, c, s->id, s->sent_mark, s->sent_finish, s->first));) {
+    for (;;) {
+      const uint64_t fails = rlm_alloc_failures();
+      json_t *o = srv_chunk_json(ctx, c, s->id, s->sent_mark, s->sent_finish, s->first);
+      if (!o && rlm_alloc_failures() != fails) return false; /* not "nothing new" */
+      if (!o) break;
       s->first = false;
-      if (!put_event(s, o)) return false;
+      if (!put_event(s, o, fails)) return false;
     }
     if (all_done(c) && all_sent(s)) return put_end(s);
     if (s->n_out) return true;
@@ -326,6 +333,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     snprintf(e.msg, sizeof e.msg, "the body is larger than --max-body-bytes %zu", ctx->cfg.max_body);
     return (enum MHD_Result)srv_reply_error(c, &e);
   }
+  c->fails = rlm_alloc_failures();
   return (enum MHD_Result)c->route->fn(ctx, c, c->body ? c->body : "", c->n_body);
 }
 

@@ -21,6 +21,37 @@ void srv_bad(srv_err *e, const char *param, const char *fmt, ...) {
   va_end(ap);
 }
 
+void srv_nomem(srv_err *e, const char *what) {
+  *e = (srv_err){.status = 500, .type = "server_error"};
+  snprintf(e->msg, sizeof e->msg, "out of memory %s", what);
+}
+
+char *srv_json_text(json_t *o, uint64_t fails) {
+  char *s = o && rlm_alloc_failures() == fails ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  if (s && rlm_alloc_failures() != fails) {
+    free(s);
+    s = NULL;
+  }
+  return s;
+}
+
+bool srv_parse_json(const char *body, size_t len, json_t **out, srv_err *e) {
+  json_error_t je;
+  bool nomem;
+  *out = rlm_json_loadb(body, len, 0, &je, &nomem);
+  if (nomem) return srv_nomem(e, "parsing the request body"), false;
+  if (!*out) {
+    srv_bad(e, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+    return false;
+  }
+  if (json_is_object(*out)) return true;
+  json_decref(*out);
+  *out = NULL;
+  srv_bad(e, NULL, "the body must be a JSON object");
+  return false;
+}
+
 void srv_req_free(srv_req *req) {
   for (int i = 0; i < req->n_stops; i++) free(req->stops[i]);
   free(req->prompt);
@@ -68,7 +99,7 @@ static bool add_stop(srv_req *r, json_t *s, srv_err *e) {
   if (!json_is_string(s)) return srv_bad(e, "stop", "'stop' must be a string or a list of strings"), false;
   if (!json_string_length(s)) return true; /* an empty stop matches nothing useful */
   if (!(r->stops[r->n_stops] = strdup(json_string_value(s))))
-    return srv_bad(e, "stop", "out of memory"), false;
+    return srv_nomem(e, "copying 'stop'"), false;
   r->n_stops++;
   return true;
 }
@@ -146,12 +177,13 @@ static bool encode(const srv_ctx *ctx, const char *param, const char *text, size
   size_t cap = len + 16, n = 0;
   for (int tries = 0; tries < 2; tries++) {
     free(r->prompt);
-    if (!(r->prompt = malloc(cap * sizeof *r->prompt))) return srv_bad(e, param, "out of memory"), false;
+    if (!(r->prompt = malloc(cap * sizeof *r->prompt))) return srv_nomem(e, "for the prompt's ids"), false;
     rlm_status rc = rlm_tokenize(ctx->h.tok, text, len, add_special, r->prompt, cap, &n, &err);
     if (!rc) {
       r->n_prompt = (int64_t)n;
       return true;
     }
+    if (rc == RLM_ERR_NOMEM) return srv_nomem(e, "encoding the prompt"), false;
     if (n <= cap) return srv_bad(e, param, "'%s': %s", param, err.msg), false;
     cap = n; /* it needs more room: once more with exactly that */
   }
@@ -162,7 +194,7 @@ static bool ids_prompt(const srv_ctx *ctx, json_t *a, srv_req *r, srv_err *e) {
   const int32_t vocab = rlm_model_vocab_size(ctx->h.model);
   size_t n = json_array_size(a), i;
   json_t *v;
-  if (!(r->prompt = malloc((n ? n : 1) * sizeof *r->prompt))) return srv_bad(e, "prompt", "out of memory"), false;
+  if (!(r->prompt = malloc((n ? n : 1) * sizeof *r->prompt))) return srv_nomem(e, "for the prompt's ids"), false;
   json_array_foreach(a, i, v) {
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab)
       return srv_bad(e, "prompt", "'prompt'[%zu] is not a token id in [0, %d)", i, vocab), false;
@@ -208,7 +240,12 @@ static bool chat_prompt(const srv_ctx *ctx, json_t *o, srv_req *r, srv_err *e) {
   if (!m) return srv_bad(e, "messages", "'messages' is required"), false;
   if (!check_messages(m, e)) return false;
   if (!ctx->h.tmpl) return srv_bad(e, "messages", "the model has no chat template"), false;
+  const uint64_t fails = rlm_alloc_failures();
   char *msgs = json_dumps(m, JSON_COMPACT | JSON_ENSURE_ASCII), *text = NULL;
+  if (msgs && rlm_alloc_failures() != fails) {
+    free(msgs);
+    msgs = NULL;
+  }
   size_t len = 0;
   rlm_error err = {0};
   rlm_status rc = msgs ? rlm_chat_template_render(ctx->h.tmpl, msgs, ctx->h.tmpl_extra, true, &text,
@@ -216,7 +253,8 @@ static bool chat_prompt(const srv_ctx *ctx, json_t *o, srv_req *r, srv_err *e) {
                        : RLM_ERR_NOMEM;
   free(msgs);
   bool ok = !rc && encode(ctx, "messages", text, len, false, r, e); /* the template wrote specials */
-  if (rc) srv_bad(e, "messages", "%s", err.msg[0] ? err.msg : "out of memory");
+  if (rc == RLM_ERR_NOMEM) srv_nomem(e, "rendering the chat template");
+  else if (rc) srv_bad(e, "messages", "%s", err.msg);
   rlm_free(text);
   return ok;
 }
@@ -237,14 +275,9 @@ bool srv_parse_completion(const srv_ctx *ctx, const char *body, size_t len, bool
                           srv_req *r, srv_err *e) {
   memset(r, 0, sizeof *r);
   r->chat = chat, r->smp = ctx->cfg.smp, r->max_tokens = ctx->cfg.max_tokens;
-  json_error_t je;
-  json_t *o = json_loadb(body, len, 0, &je);
-  if (!o) {
-    srv_bad(e, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-    return false;
-  }
-  bool ok = json_is_object(o) || (srv_bad(e, NULL, "the body must be a JSON object"), false);
-  ok = ok && get_counts(o, r, e) && get_sampling(o, r, e) && get_stops(o, r, e) &&
+  json_t *o;
+  if (!srv_parse_json(body, len, &o, e)) return false;
+  bool ok = get_counts(o, r, e) && get_sampling(o, r, e) && get_stops(o, r, e) &&
        get_logprobs(o, r, e) && get_stream(o, r, e) &&
        (chat ? chat_prompt(ctx, o, r, e) : completion_prompt(ctx, o, r, e)) && check_room(ctx, r, e);
   json_decref(o);

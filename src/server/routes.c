@@ -62,19 +62,15 @@ static int h_metrics(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
 
 /* The request body as a JSON object; NULL after a 400 (its result in *rc). */
 static json_t *body_object(srv_conn *c, const char *body, size_t n, int *rc) {
-  json_error_t je;
-  json_t *o = json_loadb(body, n, 0, &je);
+  json_t *o;
   srv_err e;
-  if (!o) srv_bad(&e, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-  else if (!json_is_object(o)) srv_bad(&e, NULL, "the body must be a JSON object");
-  else return o;
-  json_decref(o);
+  if (srv_parse_json(body, n, &o, &e)) return o;
   *rc = srv_reply_error(c, &e);
   return NULL;
 }
 
 static int h_tokenize(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
-  int rc;
+  int rc = 0;
   json_t *o = body_object(c, body, n, &rc), *t;
   if (!o) return rc;
   t = json_object_get(o, "content");
@@ -85,9 +81,12 @@ static int h_tokenize(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
   size_t cap = json_string_length(t) + 16, got = 0;
   int32_t *ids = e.status ? NULL : malloc(cap * sizeof *ids);
   rlm_error err = {0};
-  if (!e.status && (!ids || rlm_tokenize(ctx->h.tok, json_string_value(t), json_string_length(t),
-                                         !sp || json_is_true(sp), ids, cap, &got, &err)))
-    srv_bad(&e, "content", "'content': %s", ids ? err.msg : "out of memory");
+  rlm_status st = RLM_OK;
+  if (!e.status && ids)
+    st = rlm_tokenize(ctx->h.tok, json_string_value(t), json_string_length(t), !sp || json_is_true(sp),
+                      ids, cap, &got, &err);
+  if (!e.status && (!ids || st == RLM_ERR_NOMEM)) srv_nomem(&e, "encoding 'content'");
+  else if (!e.status && st) srv_bad(&e, "content", "'content': %s", err.msg);
   json_decref(o);
   if (e.status) {
     free(ids);
@@ -100,7 +99,7 @@ static int h_tokenize(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
 }
 
 static int h_detokenize(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
-  int rc;
+  int rc = 0;
   json_t *o = body_object(c, body, n, &rc);
   if (!o) return rc;
   json_t *a = json_object_get(o, "tokens"), *v;
@@ -109,7 +108,7 @@ static int h_detokenize(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
   int32_t *ids = malloc((m ? m : 1) * sizeof *ids);
   size_t i;
   if (!json_is_array(a)) srv_bad(&e, "tokens", "'tokens' must be a list of token ids");
-  else if (!ids) srv_bad(&e, "tokens", "out of memory");
+  else if (!ids) srv_nomem(&e, "for the ids");
   json_array_foreach(a, i, v) {
     if (e.status) break;
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
@@ -121,10 +120,12 @@ static int h_detokenize(srv_ctx *ctx, srv_conn *c, const char *body, size_t n) {
   size_t len = 0;
   char *text = NULL;
   rlm_error err = {0};
+  rlm_status st = RLM_OK;
   if (!e.status) rlm_detokenize(ctx->h.tok, ids, m, false, NULL, 0, &len, &err);
-  if (!e.status && (!(text = malloc(len + 1)) ||
-                    rlm_detokenize(ctx->h.tok, ids, m, false, text, len + 1, &len, &err)))
-    srv_bad(&e, "tokens", "%s", text ? err.msg : "out of memory");
+  if (!e.status && (text = malloc(len + 1)))
+    st = rlm_detokenize(ctx->h.tok, ids, m, false, text, len + 1, &len, &err);
+  if (!e.status && (!text || st == RLM_ERR_NOMEM)) srv_nomem(&e, "decoding 'tokens'");
+  else if (!e.status && st) srv_bad(&e, "tokens", "%s", err.msg);
   free(ids);
   if (e.status) {
     free(text);

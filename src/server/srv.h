@@ -159,8 +159,20 @@ int srv_busy(srv_ctx *ctx);
 void srv_count_status(srv_ctx *ctx, int status);
 
 /* ---- oai.c: OpenAI request parsing and response bodies ----------------- */
+/* *e: 500, "out of memory <what>". */
+void srv_nomem(srv_err *e, const char *what);
+/* o as compact JSON (takes o); NULL if an allocation has failed on this
+ * thread since `fails` (rlm_alloc_failures() before o was built): a
+ * builder that ignored a jansson failure may have left a member out, and
+ * an answer must not be silently short. */
+char *srv_json_text(json_t *o, uint64_t fails);
+/* A request body as a JSON object into *out; false with *e: 400 for bad
+ * JSON or another type, 500 when an allocation failed during the parse
+ * (rlm_alloc_failures: jansson 2.14 may then return a damaged document). */
+bool srv_parse_json(const char *body, size_t len, json_t **out, srv_err *e);
 /* Parses and validates a completions (chat = false) or chat completions
- * body into *req (freed by srv_req_free); false with *e (400) on error. */
+ * body into *req (freed by srv_req_free); false with *e on error (400;
+ * 500 for lack of memory). */
 bool srv_parse_completion(const srv_ctx *ctx, const char *body, size_t len, bool chat,
                           srv_req *req, srv_err *e);
 void srv_req_free(srv_req *req);
