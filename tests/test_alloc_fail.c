@@ -916,14 +916,29 @@ static const gen_op k_gen_ops[] = {
     {'s', 0, 0, 0, 0},   {'a', 0, 30, 40, 200}, {'s', 0, 0, 0, 0},  {'s', 0, 0, 0, 0},
     {'s', 0, 0, 0, 0},   {'s', 0, 0, 0, 0},
 };
+/* A request without max_tokens outgrowing its history (room for 1,058
+ * ids past the prompt): the step grows it first, and a failure there
+ * changes nothing. Every step accepts all 3 proposals (the draft is the
+ * target), so the 250 steps of gen_reset bring it to 1,000 ids, and the
+ * growth comes within the swept steps. */
+#define GEN_S {'s', 0, 0, 0, 0}
+static const gen_op k_gen_long[] = {GEN_S, GEN_S, GEN_S, GEN_S, GEN_S, GEN_S, GEN_S,
+                                    GEN_S, GEN_S, GEN_S, GEN_S, GEN_S, GEN_S, GEN_S,
+                                    GEN_S, GEN_S, GEN_S, GEN_S, GEN_S, GEN_S};
+#undef GEN_S
+enum { GEN_LONG_WARM = 250 };
 enum { GEN_ROWS = 3, GEN_CHUNK = 16, GEN_PROMPT_MAX = 64 };
 
 typedef struct gen_ctx {
+  const gen_op *ops;
   rlm_model *m;
   rlm_tokenizer *tok;
   rlm_session *t, *d;
   rlm_gen *g;
 } gen_ctx;
+
+static rlm_status gen_add(path *p, const gen_op *o, rlm_error *err);
+static rlm_status gen_steps(path *p, int n, rlm_error *err);
 
 static void gen_reset(path *p) {
   gen_ctx *c = p->ctx;
@@ -931,6 +946,15 @@ static void gen_reset(path *p) {
   c->t = open_session(c->m, &sp);
   c->d = open_session(c->m, &sp);
   c->g = NULL;
+  if (c->ops != k_gen_long) return;
+  rlm_gen_params gp = rlm_gen_params_default();
+  gp.draft_max = 3;
+  rlm_error err;
+  CHECK_EQ(rlm_gen_create(&c->g, c->t, c->d, c->tok, &gp, &err), RLM_OK);
+  CHECK_EQ(gen_add(p, &(gen_op){'a', 0, 4, -1, 5}, &err), RLM_OK);
+  CHECK_EQ(gen_steps(p, GEN_LONG_WARM, &err), RLM_OK);
+  p->out_len = 0;
+  CHECK_EQ(rlm_session_row_position(c->t, 0), 4 + 4 * (GEN_LONG_WARM - 1) - 1); /* a prefill step, then 4 ids a step */
 }
 
 static rlm_status gen_add(path *p, const gen_op *o, rlm_error *err) {
@@ -947,20 +971,10 @@ static rlm_status gen_add(path *p, const gen_op *o, rlm_error *err) {
   return rc;
 }
 
-static rlm_status gen_step(path *p, int i, rlm_error *err) {
+static rlm_status gen_steps(path *p, int n, rlm_error *err) {
   gen_ctx *c = p->ctx;
-  const gen_op *o = &k_gen_ops[i];
-  rlm_status rc;
-  if (o->op == 'c') {
-    rlm_gen_params gp = rlm_gen_params_default();
-    gp.draft_max = 3;
-    rc = rlm_gen_create(&c->g, c->t, c->d, c->tok, &gp, err);
-    if (rc) CHECK(c->g == NULL);
-    return rc;
-  }
-  if (o->op == 'a') {
-    rc = gen_add(p, o, err);
-  } else {
+  rlm_status rc = RLM_OK;
+  for (int s = 0; s < n && !rc; s++) {
     const rlm_gen_event *ev = NULL;
     int n_ev = 0;
     rc = rlm_gen_step(c->g, &ev, &n_ev, err);
@@ -972,6 +986,21 @@ static rlm_status gen_step(path *p, int i, rlm_error *err) {
       put(p, ev[e].top_ids, (size_t)ev[e].n_ids * (size_t)ev[e].n_top * sizeof(int32_t));
     }
   }
+  return rc;
+}
+
+static rlm_status gen_step(path *p, int i, rlm_error *err) {
+  gen_ctx *c = p->ctx;
+  const gen_op *o = &c->ops[i];
+  rlm_status rc;
+  if (o->op == 'c') {
+    rlm_gen_params gp = rlm_gen_params_default();
+    gp.draft_max = 3;
+    rc = rlm_gen_create(&c->g, c->t, c->d, c->tok, &gp, err);
+    if (rc) CHECK(c->g == NULL);
+    return rc;
+  }
+  rc = o->op == 'a' ? gen_add(p, o, err) : gen_steps(p, 1, err);
   for (int r = 0; r < GEN_ROWS; r++) /* the engine drives both sessions' rows */
     put_i64(p, rlm_session_row_position(c->t, r)), put_i64(p, rlm_session_row_position(c->d, r));
   return rc;
@@ -1002,9 +1031,14 @@ TEST(generation) {
   snprintf(tpath, sizeof tpath, "%s/models/brown-15m-4bit/tokenizer.json", g_src);
   rlm_error err;
   CHECK_EQ(rlm_tokenizer_load(&c.tok, tpath, &err), RLM_OK);
+  c.ops = k_gen_ops;
   path p = {.n_steps = N_OF(k_gen_ops), .ctx = &c, .reset = gen_reset, .step = gen_step,
             .state = gen_state, .fini = gen_fini};
   snprintf(p.name, sizeof p.name, "rlm_gen_create/add/step (llama target + draft, 3 rows, draft_max 3)");
+  sweep(&p);
+  c.ops = k_gen_long;
+  p.n_steps = N_OF(k_gen_long);
+  snprintf(p.name, sizeof p.name, "rlm_gen_step past the history's first 1,062 ids (no max_tokens, 20 steps)");
   sweep(&p);
   rlm_tokenizer_free(c.tok);
   rlm_model_free(c.m);

@@ -33,8 +33,10 @@
  * Every buffer a step uses is sized at rlm_gen_create (logits of
  * rows x (draft_max + 1) positions, the draft's distributions when it
  * samples, each row's output and logprobs) or at rlm_gen_add (history,
- * sampler, text), so a step allocates nothing unless a request without
- * max_tokens outgrows its history.
+ * sampler, text, stop-string room for any piece), so a step allocates
+ * nothing unless a request without max_tokens outgrows its history, and
+ * then only first, before it changes anything: a step that fails leaves
+ * every row as it was.
  */
 #include "generate/spec.h"
 #include "model/model.h"
@@ -260,6 +262,7 @@ static rlm_status row_open(rlm_gen *g, gen_row *w, const rlm_gen_request *r, rlm
   if (!rc && g->d && r->speculate) rc = rlm_sampler_create(&w->dsmp, &dp, g->V, err);
   if (!rc && g->tok) rc = rlm_detok_stream_create(&w->ds, g->tok, true, err);
   if (!rc && g->tok) rc = rlm_stop_create(&w->stop, r->stops, r->n_stops, err);
+  if (!rc && g->tok) rc = rlm__stop_reserve(w->stop, PIECE_MAX, err);
   const int64_t need = r->n_prompt + (r->max_tokens >= 0 ? r->max_tokens : HIST_SLACK) + MAX_DRAFT + 2;
   if (!rc && need > w->cap_hist) { /* the old history stays until then: the draft row holds it */
     int32_t *h = rlm__malloc((size_t)need * sizeof *h);
@@ -490,11 +493,9 @@ static void end_text(gen_row *w) {
 /* Appends one emitted id to the history and the step's output; sets the
  * row's finish when it ends the request. */
 static rlm_status emit(rlm_gen *g, gen_row *w, int32_t id, rlm_error *err) {
-  if (w->n_hist == w->cap_hist) { /* only without max_tokens */
-    int32_t *h = rlm__realloc(w->hist, (size_t)w->cap_hist * 2 * sizeof *h);
-    if (!h) return rlm__err_nomem(err, "history", (size_t)w->cap_hist * 8);
-    w->hist = h, w->cap_hist *= 2;
-  }
+  if (w->n_hist == w->cap_hist) /* reserve_history made room for the step */
+    return rlm__err(err, RLM_ERR_INTERNAL, "rlm_gen_step: the history of row %d is full",
+                    (int)(w - g->rows));
   w->hist[w->n_hist++] = id;
   if (!w->rq.ignore_eos && rlm_model_is_eos(g->t->m, id)) {
     w->fin = RLM_FINISH_STOP;
@@ -661,10 +662,26 @@ static void draft_unwind(rlm_gen *g) {
   }
 }
 
+/* Room in every busy row's history for what one step can emit (a request
+ * without max_tokens outgrows HIST_SLACK), made before the step changes
+ * anything: once the target pass has run, the step cannot fail. */
+static rlm_status reserve_history(rlm_gen *g, rlm_error *err) {
+  for (int r = 0; r < g->R; r++) {
+    gen_row *w = &g->rows[r];
+    if (w->st == ROW_FREE || w->n_hist + MAX_DRAFT + 2 <= w->cap_hist) continue;
+    const int64_t cap = 2 * w->cap_hist;
+    int32_t *h = rlm__realloc(w->hist, (size_t)cap * sizeof *h);
+    if (!h) return rlm__err_nomem(err, "history", (size_t)cap * sizeof *h);
+    w->hist = h, w->cap_hist = cap;
+  }
+  return RLM_OK;
+}
+
 rlm_status rlm_gen_step(rlm_gen *g, const rlm_gen_event **events, int *n_events, rlm_error *err) {
   if (!g || !events || !n_events) return rlm__err(err, RLM_ERR_INVALID, "rlm_gen_step: NULL argument");
   *events = g->ev, *n_events = 0;
-  rlm_status rc = RLM_OK;
+  rlm_status rc = reserve_history(g, err);
+  if (rc) return rc;
   if (g->d) rc = propose_draft(g, err);
   else if (g->p.lookup_n) propose_lookup(g);
   const int n = rc ? 0 : build_pass(g);

@@ -64,4 +64,8 @@ bool rlm__spec_accept_one(rlm_sampler *s, const float *p, const float *q, int32_
  * position in practice. */
 int rlm__ngram_propose(const int32_t *hist, int64_t n_hist, int n, int k, int32_t *out);
 
+/* Room in s for any piece of up to piece_max bytes, so that rlm_stop_push
+ * never allocates afterwards (a generation step must not fail halfway). */
+rlm_status rlm__stop_reserve(rlm_stop *s, size_t piece_max, rlm_error *err);
+
 #endif

@@ -69,6 +69,15 @@ static size_t partial_tail(const rlm_stop *s, const char *t, size_t n) {
   return 0;
 }
 
+rlm_status rlm__stop_reserve(rlm_stop *s, size_t piece_max, rlm_error *err) {
+  const size_t cap = s->max_len + piece_max; /* held < max_len, plus one piece */
+  if (cap <= s->cap) return RLM_OK;
+  char *b = rlm__realloc(s->buf, cap);
+  if (!b) return rlm__err_nomem(err, "stop strings", cap);
+  s->buf = b, s->cap = cap;
+  return RLM_OK;
+}
+
 rlm_status rlm_stop_push(rlm_stop *s, const char *piece, size_t len, const char **emit,
                          size_t *emit_len, bool *stopped, rlm_error *err) {
   if (!s || (!piece && len) || !emit || !emit_len || !stopped)
