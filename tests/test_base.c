@@ -104,6 +104,20 @@ TEST(files) {
   CHECK_STR_CONTAINS(err.msg, missing);
   CHECK_EQ(rlm__file_map(&f, dir, &err), RLM_ERR_IO); /* a directory */
   CHECK(rlm__path_is_dir(dir) && !rlm__path_is_dir(path));
+  /* A commit removes what a killed writer left (pid 4999999 > pid_max:
+   * never running), and keeps a living one's (pid 1). */
+  char stale[600], alive[600];
+  snprintf(stale, sizeof stale, "%s.tmp.4999999", path);
+  snprintf(alive, sizeof alive, "%s.tmp.1", path);
+  FILE *fs = fopen(stale, "wb"), *fa = fopen(alive, "wb");
+  CHECK(fs && fa);
+  if (fs) fclose(fs);
+  if (fa) fclose(fa);
+  CHECK_EQ(rlm__writer_open(&w, path, &err), RLM_OK);
+  CHECK_EQ(rlm__writer_commit(&w, &err), RLM_OK);
+  CHECK(!rlm__path_exists(stale));
+  CHECK(rlm__path_exists(alive));
+  remove(alive);
   remove(path);
   rmdir(dir);
   rlm__free(missing);

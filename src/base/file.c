@@ -2,10 +2,13 @@
  * Every error message names the path and the failing operation. */
 #include "base.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -169,6 +172,31 @@ rlm_status rlm__writer_write(rlm_file_writer *w, const void *p, size_t n,
   return RLM_OK;
 }
 
+/* Removes what writers of `path` killed mid-write left: `path.tmp.<pid>`
+ * for a pid that no longer runs here. Best effort, after a commit: a
+ * living writer's temporary (another process saving the same file) is
+ * kept, and what cannot be read or removed is left. */
+static void remove_stale_temps(const char *path) {
+  const char *slash = strrchr(path, '/');
+  const char *base = slash ? slash + 1 : path;
+  char dir[4096];
+  if (!slash || slash == path) snprintf(dir, sizeof dir, "%s", slash ? "/" : ".");
+  else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  else return;
+  DIR *d = opendir(dir);
+  if (!d) return;
+  const size_t bn = strlen(base);
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strncmp(e->d_name, base, bn) || strncmp(e->d_name + bn, ".tmp.", 5)) continue;
+    char *end;
+    const long pid = strtol(e->d_name + bn + 5, &end, 10);
+    if (*end || pid <= 0 || pid == (long)getpid()) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
 rlm_status rlm__writer_commit(rlm_file_writer *w, rlm_error *err) {
   rlm_status rc = RLM_OK;
   bool synced = !io_should_fail() && fsync(w->fd) == 0;
@@ -182,6 +210,7 @@ rlm_status rlm__writer_commit(rlm_file_writer *w, rlm_error *err) {
                   w->path, strerror(errno));
   } else {
     rc = sync_parent(w->path, err); /* the new file is in place either way */
+    remove_stale_temps(w->path);
   }
   if (rc) unlink(w->tmp_path);
   rlm__free(w->path);

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,16 +29,30 @@ static inline const char *fuzz_src(void) {
   return s && *s ? s : RLM_FUZZ_SOURCE_DIR;
 }
 
-/* A private folder for targets that must write files (one per process). */
+static char fuzz_dir_path[64];
+
+static inline int fuzz_rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  remove(path);
+  return 0;
+}
+
+/* At exit (libFuzzer's -max_total_time and -runs end with exit()): the
+ * folder and what the last inputs left in it. */
+static inline void fuzz_dir_remove(void) {
+  nftw(fuzz_dir_path, fuzz_rm_one, 8, FTW_DEPTH | FTW_PHYS);
+}
+
+/* A private folder for targets that must write files (one per process,
+ * removed at exit). */
 static inline const char *fuzz_dir(void) {
-  static char dir[64];
-  if (!dir[0]) {
+  if (!fuzz_dir_path[0]) {
     struct stat st; /* memory-backed when the machine has it: files are written per input */
     const char *base = stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) ? "/dev/shm" : "/tmp";
-    snprintf(dir, sizeof dir, "%s/rlm_fuzz_%d", base, (int)getpid());
-    mkdir(dir, 0700);
+    snprintf(fuzz_dir_path, sizeof fuzz_dir_path, "%s/rlm_fuzz_%d", base, (int)getpid());
+    if (mkdir(fuzz_dir_path, 0700) == 0) atexit(fuzz_dir_remove);
   }
-  return dir;
+  return fuzz_dir_path;
 }
 
 /* data as the file dir/name (false if it cannot be written). */
