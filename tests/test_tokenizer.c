@@ -401,6 +401,13 @@ TEST(load_errors) {
                    RLM_ERR_FORMAT, "vocab");
   check_load_error("badmerge.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a z\"]}}",
                    RLM_ERR_FORMAT, "merges[0]");
+  /* One id of 68,888,888 asked for a 2.2 GB id table (a fuzz finding). */
+  check_load_error("sparse.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"h\": 68888888}, \"merges\": []}}",
+                   RLM_ERR_FORMAT, "ids above 4194303");
+  check_load_error("sparse_added.json",
+                   "{\"added_tokens\": [{\"id\": 5000000, \"content\": \"<x>\"}], \"model\": {\"type\": \"BPE\", "
+                   "\"vocab\": {\"a\": 0}, \"merges\": []}}",
+                   RLM_ERR_FORMAT, "added token '<x>' has id 5000000");
   check_load_error("unigram.json", "{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", RLM_ERR_UNSUPPORTED,
                    "Unigram");
   struct { const char *file, *key, *json, *needle; } cases[] = {

@@ -76,6 +76,11 @@ enum {
   TOK_PIECE_BYTE = 2,    /* "<0xXX>" under a ByteFallback decoder      */
 };
 
+/* The largest token id accepted: the id table is dense (32 bytes an id),
+ * so one hostile id would cost gigabytes. 16x the largest vocabularies in
+ * use (Gemma's 262,144). */
+enum { TOK_MAX_ID = (1 << 22) - 1 };
+
 /* One id. text is what tokenizer.json spells; out is what the decoder
  * chain makes of it alone (for a byte token: the one raw byte). */
 typedef struct tok_piece {

@@ -46,8 +46,11 @@ static rlm_status load_vocab(rlm_tokenizer *t, const json_t *vocab, rlm_error *e
   json_t *v;
   json_object_keylen_foreach((json_t *)vocab, key, klen, v) {
     json_int_t id = json_integer_value(v);
-    if (!json_is_integer(v) || id < 0 || id >= INT32_MAX / 2)
+    if (!json_is_integer(v) || id < 0)
       return rlm__err(err, RLM_ERR_FORMAT, "%s: model.vocab['%.40s'] is not a valid id", t->path, key);
+    if (id > TOK_MAX_ID)
+      return rlm__err(err, RLM_ERR_FORMAT, "%s: model.vocab['%.40s'] has id %lld; ids above %d are not accepted",
+                      t->path, key, (long long)id, TOK_MAX_ID);
     char *s = arena_copy(t, key, klen, err);
     if (!s) return RLM_ERR_NOMEM;
     if (rlm__tok_strmap_put(&t->vocab, s, (uint32_t)klen, (int32_t)id))
@@ -195,9 +198,11 @@ static rlm_status trie_insert(tok_trie *tr, const char *s, size_t n, int32_t idx
 
 static rlm_status parse_added(rlm_tokenizer *t, const json_t *a, tok_added *out, rlm_error *err) {
   const json_t *content = json_object_get(a, "content"), *id = json_object_get(a, "id");
-  if (!json_is_string(content) || !json_is_integer(id) || json_integer_value(id) < 0 ||
-      json_integer_value(id) >= INT32_MAX / 2)
+  if (!json_is_string(content) || !json_is_integer(id) || json_integer_value(id) < 0)
     return rlm__err(err, RLM_ERR_FORMAT, "%s: an added token lacks \"content\" or a valid \"id\"", t->path);
+  if (json_integer_value(id) > TOK_MAX_ID)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: added token '%.40s' has id %lld; ids above %d are not accepted",
+                    t->path, json_string_value(content), (long long)json_integer_value(id), TOK_MAX_ID);
   if (flag(a, "single_word"))
     return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: added token '%s': single_word is not supported",
                     t->path, json_string_value(content));
