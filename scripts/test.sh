@@ -13,6 +13,17 @@ if [ "${1:-}" = "--sanitize" ]; then
   dir=build-san
   flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_C_FLAGS_DEBUG=-g -O1" -DRINGLM_SANITIZE=ON)
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+else
+  # The CUDA kernels are compiled wherever nvcc is (CUDA is not a Debian
+  # package here); their test then says "skipped: no GPU" without one, and
+  # scripts/test-cuda.sh runs it on a GPU machine.
+  nvcc=$(command -v nvcc || true)
+  [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+  if [ -n "$nvcc" ]; then
+    flags+=(-DRINGLM_CUDA=ON "-DCMAKE_CUDA_COMPILER=$nvcc")
+  else
+    echo "test: nvcc not found; the CUDA kernels are not compiled"
+  fi
 fi
 cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
 cmake --build "$dir"

@@ -1,0 +1,273 @@
+/* test_cuda_qgemv.c -- the CUDA quantized matrix-vector product
+ * (src/cuda/qgemv.cu) against the CPU reference that defines the format
+ * (rlm__qmatvec_ref), then its speed against the device's copy bandwidth.
+ *
+ * Correctness: random codes, scales and biases (every code value, signs
+ * of both), random x; bits 4 and 8, groups 32/64/128, f16/bf16/f32
+ * scales, m = 1..8 rows sharing the codes, odd row counts (a partial last
+ * block); |y - ref| <= 1e-5 * max|ref| + 1e-6 (f32 sums in another order).
+ * The output is poisoned with NaN before each run, so an unwritten element
+ * fails.
+ *
+ * Speed (`test_cuda_qgemv --bench`): Llama-3.1-8B's and Gemma-3-1B's
+ * decode products at 4 bits (g64, bf16 scales) and their output heads at
+ * 8 bits, each timed with events over 50 launches that rotate among copies
+ * of the weights larger than the L2 together; GB/s over the bytes read
+ * (codes, scales, biases, x) and written, and the fraction of the
+ * device-to-device copy bandwidth measured in the same run.
+ *
+ * Without a GPU it prints "skipped: no GPU" and exits 77 (ctest's skip). */
+#include "cuda/cuda_backend.h"
+#include "quant/quant.h"
+#include "test.h"
+
+#include <cuda_runtime_api.h>
+#include <time.h>
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+  return (uint32_t)(g_rng >> 16);
+}
+static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
+
+#define CU(call)                                                                   \
+  do {                                                                             \
+    cudaError_t e_ = (call);                                                       \
+    if (e_ != cudaSuccess) {                                                       \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                     \
+    }                                                                              \
+  } while (0)
+
+static size_t dtype_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
+
+/* A random matrix in host memory, and its device copy. */
+typedef struct qm {
+  rlm_qmat h;
+  rlm_cuda_qmat d;
+  size_t wq_bytes, sb_bytes;
+} qm;
+
+static void qm_make(qm *q, int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd) {
+  q->wq_bytes = (size_t)rows * (size_t)rlm__quant_row_words(cols, bits) * 4;
+  q->sb_bytes = (size_t)rows * (size_t)(cols / g) * dtype_size(sd);
+  uint32_t *wq = malloc(q->wq_bytes);
+  void *sc = malloc(q->sb_bytes), *bi = malloc(q->sb_bytes);
+  for (size_t i = 0; i < q->wq_bytes / 4; i++) wq[i] = rnd() ^ (rnd() << 16);
+  for (int64_t i = 0; i < rows * (cols / g); i++) {
+    rlm__store_f(sc, sd, i, 0.02f * rndf());
+    rlm__store_f(bi, sd, i, 0.1f * rndf());
+  }
+  q->h = (rlm_qmat){wq, sc, bi, sd, rows, cols, bits, g};
+  void *dw, *ds, *db;
+  CU(cudaMalloc(&dw, q->wq_bytes));
+  CU(cudaMalloc(&ds, q->sb_bytes));
+  CU(cudaMalloc(&db, q->sb_bytes));
+  CU(cudaMemcpy(dw, wq, q->wq_bytes, cudaMemcpyHostToDevice));
+  CU(cudaMemcpy(ds, sc, q->sb_bytes, cudaMemcpyHostToDevice));
+  CU(cudaMemcpy(db, bi, q->sb_bytes, cudaMemcpyHostToDevice));
+  q->d = (rlm_cuda_qmat){dw, ds, db, sd, rows, cols, bits, g};
+}
+
+static void qm_free(qm *q) {
+  free((void *)q->h.wq), free((void *)q->h.scales), free((void *)q->h.biases);
+  cudaFree((void *)q->d.wq), cudaFree((void *)q->d.scales), cudaFree((void *)q->d.biases);
+}
+
+/* One case: the GPU's y for m rows of x against the reference's. */
+static void check_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)m * (size_t)(cols / g) * 4);
+  float *ref = malloc((size_t)m * (size_t)rows * 4), *got = malloc((size_t)m * (size_t)rows * 4);
+  for (int64_t i = 0; i < m * cols; i++) x[i] = rndf();
+  rlm__group_sums(x, m, cols, g, xs);
+  for (int r = 0; r < m; r++)
+    rlm__qmatvec_ref(&q.h, x + r * cols, xs + r * (cols / g), 0, rows, ref + r * rows);
+  float *dx, *dy;
+  CU(cudaMalloc((void **)&dx, (size_t)m * (size_t)cols * 4));
+  CU(cudaMalloc((void **)&dy, (size_t)m * (size_t)rows * 4));
+  CU(cudaMemcpy(dx, x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice));
+  CU(cudaMemset(dy, 0xff, (size_t)m * (size_t)rows * 4)); /* NaN: an unwritten y fails */
+  rlm_error err = {0};
+  rlm_status rc = rlm__cuda_qgemv(&q.d, dx, m, dy, NULL, &err);
+  test_note("%lld x %lld, %d-bit g%d, %s scales, m %d: %s", (long long)rows, (long long)cols, bits, g,
+            rlm_dtype_name(sd), m, err.msg);
+  CHECK_EQ(rc, RLM_OK);
+  CU(cudaDeviceSynchronize());
+  CU(cudaMemcpy(got, dy, (size_t)m * (size_t)rows * 4, cudaMemcpyDeviceToHost));
+  double mx = 0, worst = 0;
+  for (int64_t i = 0; i < m * rows; i++) mx = fmax(mx, fabs(ref[i]));
+  int64_t bad = 0;
+  for (int64_t i = 0; i < m * rows; i++) {
+    const double d = fabs((double)got[i] - ref[i]);
+    if (!(d <= 1e-5 * mx + 1e-6)) bad++;
+    if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+  }
+  test_note("%lld x %lld, %d-bit g%d, %s scales, m %d: %lld of %lld off, worst %.3g (max|y| %.3g)",
+            (long long)rows, (long long)cols, bits, g, rlm_dtype_name(sd), m, (long long)bad,
+            (long long)(m * rows), worst, mx);
+  CHECK_EQ(bad, 0);
+  cudaFree(dx), cudaFree(dy);
+  free(x), free(xs), free(ref), free(got);
+  qm_free(&q);
+}
+
+TEST(matches_reference) {
+  static const rlm_dtype sds[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
+  int n = 0;
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int g = 32; g <= 128; g *= 2)
+      for (int s = 0; s < 3; s++) {
+        check_case(67, 512, bits, g, sds[s], 1 + n % 8); /* 67: a partial last block */
+        n++;
+      }
+  for (int m = 1; m <= 8; m++) check_case(1029, 4096, 4, 64, RLM_DTYPE_BF16, m);
+  check_case(4096, 14336, 4, 64, RLM_DTYPE_BF16, 1); /* Llama's down projection */
+  check_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 3);  /* Gemma's width */
+}
+
+TEST(refuses_what_it_lacks) {
+  rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 3, 64};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 1, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK(strstr(err.msg, "3-bit") != NULL);
+  w.bits = 4, w.group_size = 48;
+  CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 1, (float *)16, NULL, &err), RLM_ERR_INVALID);
+  w.group_size = 64;
+  CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 9, (float *)16, NULL, &err), RLM_ERR_INVALID);
+}
+
+/* ---- speed -------------------------------------------------------------- */
+
+static double copy_gbps(void) {
+  const size_t n = (size_t)2 << 30;
+  void *a, *b;
+  CU(cudaMalloc(&a, n));
+  CU(cudaMalloc(&b, n));
+  CU(cudaMemset(a, 1, n));
+  cudaEvent_t e0, e1;
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  CU(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+  float best = 1e30f;
+  for (int i = 0; i < 5; i++) {
+    CU(cudaEventRecord(e0, NULL));
+    CU(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, NULL));
+    CU(cudaEventRecord(e1, NULL));
+    CU(cudaEventSynchronize(e1));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    if (ms < best) best = ms;
+  }
+  cudaFree(a), cudaFree(b);
+  return 2.0 * (double)n / (best * 1e-3) / 1e9; /* read + written */
+}
+
+typedef struct shape {
+  const char *name;
+  int64_t rows, cols;
+  int bits, per_token; /* times one token reads it */
+} shape;
+
+/* Median microseconds of one launch, rotating among copies whose total
+ * exceeds the L2 several times. */
+static double time_shape(const shape *sh, int m, double *bytes) {
+  qm q0;
+  qm_make(&q0, sh->rows, sh->cols, sh->bits, 64, RLM_DTYPE_BF16);
+  const size_t one = q0.wq_bytes + 2 * q0.sb_bytes;
+  int copies = (int)((size_t)400 << 20) / (int)(one > ((size_t)1 << 30) ? ((size_t)1 << 30) : one) + 1;
+  if (copies > 64) copies = 64;
+  rlm_cuda_qmat *ws = malloc((size_t)copies * sizeof *ws);
+  ws[0] = q0.d;
+  for (int c = 1; c < copies; c++) {
+    void *dw, *ds, *db;
+    CU(cudaMalloc(&dw, q0.wq_bytes));
+    CU(cudaMalloc(&ds, q0.sb_bytes));
+    CU(cudaMalloc(&db, q0.sb_bytes));
+    CU(cudaMemcpy(dw, q0.d.wq, q0.wq_bytes, cudaMemcpyDeviceToDevice));
+    CU(cudaMemcpy(ds, q0.d.scales, q0.sb_bytes, cudaMemcpyDeviceToDevice));
+    CU(cudaMemcpy(db, q0.d.biases, q0.sb_bytes, cudaMemcpyDeviceToDevice));
+    ws[c] = (rlm_cuda_qmat){dw, ds, db, RLM_DTYPE_BF16, sh->rows, sh->cols, sh->bits, 64};
+  }
+  float *dx, *dy;
+  CU(cudaMalloc((void **)&dx, (size_t)m * (size_t)sh->cols * 4));
+  CU(cudaMalloc((void **)&dy, (size_t)m * (size_t)sh->rows * 4));
+  float *hx = malloc((size_t)m * (size_t)sh->cols * 4); /* not zeros: they can time faster */
+  for (int64_t i = 0; i < m * sh->cols; i++) hx[i] = rndf();
+  CU(cudaMemcpy(dx, hx, (size_t)m * (size_t)sh->cols * 4, cudaMemcpyHostToDevice));
+  free(hx);
+  cudaEvent_t ev[51];
+  for (int i = 0; i < 51; i++) CU(cudaEventCreate(&ev[i]));
+  rlm_error err;
+  for (int i = 0; i < 10; i++) rlm__cuda_qgemv(&ws[i % copies], dx, m, dy, NULL, &err); /* warm-up */
+  CU(cudaEventRecord(ev[0], NULL));
+  for (int i = 0; i < 50; i++) {
+    if (rlm__cuda_qgemv(&ws[i % copies], dx, m, dy, NULL, &err)) fprintf(stderr, "%s\n", err.msg), exit(1);
+    CU(cudaEventRecord(ev[i + 1], NULL));
+  }
+  CU(cudaEventSynchronize(ev[50]));
+  float t[50];
+  for (int i = 0; i < 50; i++) CU(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  for (int i = 1; i < 50; i++) /* insertion sort for the median */
+    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { float s = t[j]; t[j] = t[j - 1], t[j - 1] = s; }
+  *bytes = (double)one + 4.0 * (double)m * (double)(sh->cols + sh->rows);
+  for (int i = 0; i < 51; i++) cudaEventDestroy(ev[i]);
+  for (int c = 1; c < copies; c++)
+    cudaFree((void *)ws[c].wq), cudaFree((void *)ws[c].scales), cudaFree((void *)ws[c].biases);
+  free(ws);
+  cudaFree(dx), cudaFree(dy);
+  qm_free(&q0);
+  return 0.5 * (t[24] + t[25]) * 1e3;
+}
+
+static void bench(void) {
+  const double bw = copy_gbps();
+  printf("device-to-device copy: %.0f GB/s (read + written)\n", bw);
+  static const shape llama[] = {
+      {"llama8b q", 4096, 4096, 4, 32},      {"llama8b k|v", 1024, 4096, 4, 64},
+      {"llama8b o", 4096, 4096, 4, 32},      {"llama8b gate|up", 14336, 4096, 4, 64},
+      {"llama8b down", 4096, 14336, 4, 32},  {"llama8b head (8-bit)", 128256, 4096, 8, 1},
+      {"gemma1b q", 1024, 1152, 4, 26},      {"gemma1b k|v", 256, 1152, 4, 52},
+      {"gemma1b o", 1152, 1024, 4, 26},      {"gemma1b gate|up", 6912, 1152, 4, 52},
+      {"gemma1b down", 1152, 6912, 4, 26},   {"gemma1b head (8-bit)", 262144, 1152, 8, 1},
+  };
+  printf("%-22s %8s %3s %10s %9s %8s\n", "product", "bits", "m", "us", "GB/s", "of copy");
+  double tok_us[2] = {0, 0}, tok_bytes[2] = {0, 0};
+  for (size_t i = 0; i < sizeof llama / sizeof *llama; i++) {
+    const shape *sh = &llama[i];
+    for (int m = 1; m <= 8; m *= 8) {
+      double bytes;
+      const double us = time_shape(sh, m, &bytes);
+      const double gbps = bytes / (us * 1e-6) / 1e9;
+      printf("%-22s %8d %3d %10.1f %9.0f %7.0f%%\n", sh->name, sh->bits, m, us, gbps, 100 * gbps / bw);
+      if (m == 1) tok_us[i >= 6] += us * sh->per_token, tok_bytes[i >= 6] += bytes * sh->per_token;
+    }
+  }
+  for (int k = 0; k < 2; k++) {
+    const double floor_us = tok_bytes[k] / (bw * 1e9) * 1e6;
+    printf("%s, all linear products of one token: %.0f us (%.2f GB): %.0f tok/s bound; floor %.0f us, %.0f%%\n",
+           k ? "gemma-3-1b 4-bit" : "llama-3.1-8b 4-bit", tok_us[k], tok_bytes[k] / 1e9, 1e6 / tok_us[k],
+           floor_us, 100 * floor_us / tok_us[k]);
+  }
+}
+
+int main(int argc, char **argv) {
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
+    printf("skipped: no GPU (cudaGetDeviceCount found none); scripts/test-cuda.sh runs this on one\n");
+    return getenv("RINGLM_REQUIRE_GPU") ? 1 : 77;
+  }
+  struct cudaDeviceProp p;
+  CU(cudaGetDeviceProperties(&p, 0));
+  printf("%s, %d SMs, %.0f GB, L2 %d MB\n", p.name, p.multiProcessorCount, (double)p.totalGlobalMem / 1e9,
+         p.l2CacheSize >> 20);
+  if (argc > 1 && !strcmp(argv[1], "--bench")) {
+    bench();
+    return 0;
+  }
+  RUN(matches_reference);
+  RUN(refuses_what_it_lacks);
+  return test_summary();
+}
