@@ -3,8 +3,8 @@
  * device pointers, shapes, and a stream; every function returns a status
  * and writes a one-line message naming the kernel and the CUDA error.
  *
- * Kernels so far: the MLX-affine quantized matrix-vector product used by
- * decode (qgemv.cu). The forward pass does not call them yet: the backend
+ * Kernels so far: the MLX-affine quantized matrix-vector products used by
+ * decode, with f32 activations (qgemv.cu) and int8 ones (qgemv_q8.cu). The forward pass does not call them yet: the backend
  * layer of issue 17 will. */
 #ifndef RLM_CUDA_BACKEND_H
 #define RLM_CUDA_BACKEND_H
@@ -35,6 +35,18 @@ typedef struct rlm_cuda_qmat {
  * CPU reference does; only the order of the additions differs. */
 rlm_status rlm__cuda_qgemv(const rlm_cuda_qmat *w, const float *x, int m, float *y,
                            rlm_cuda_stream stream, rlm_error *err);
+
+/* The int8-activation product (qgemv_q8.cu), the CPU's --act-bits 8:
+ * x [m][cols] f32 quantized once per block of 32 into scratch (bytes from
+ * rlm__cuda_q8act_bytes, device memory), then any number of products with
+ * weights of that cols, bits and group size. Bits 4 and 8, groups 32/64/
+ * 128, cols a multiple of 128, m <= 8. Equal to rlm__qmv_q8_ref up to the
+ * order of f32 additions (the activations' bytes are the CPU's). */
+size_t rlm__cuda_q8act_bytes(int64_t cols, int group_size, int m);
+rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t cols, int bits, int group_size,
+                                    void *scratch, rlm_cuda_stream stream, rlm_error *err);
+rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
+                              rlm_cuda_stream stream, rlm_error *err);
 
 #ifdef __cplusplus
 }

@@ -128,6 +128,84 @@ TEST(matches_reference) {
   check_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 3);  /* Gemma's width */
 }
 
+/* The int8-activation product against rlm__qmv_q8_ref, and the GPU's
+ * activation bytes against the CPU's (the same codes, block scales). */
+static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  const size_t sb = rlm__cuda_q8act_bytes(cols, g, m), rb = rlm__cuda_q8act_bytes(cols, g, 1);
+  float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)(cols / g) * 4);
+  float *ref = malloc((size_t)m * (size_t)rows * 4), *got = malloc((size_t)m * (size_t)rows * 4);
+  void *cpu = malloc(rlm__q8act_bytes(cols));
+  uint8_t *gs = malloc(sb);
+  for (int64_t i = 0; i < m * cols; i++) x[i] = rndf() * (i % 7 == 3 ? 4.0f : 1.0f);
+  float *dx, *dy;
+  void *dsc;
+  CU(cudaMalloc((void **)&dx, (size_t)m * (size_t)cols * 4));
+  CU(cudaMalloc((void **)&dy, (size_t)m * (size_t)rows * 4));
+  CU(cudaMalloc(&dsc, sb));
+  CU(cudaMemcpy(dx, x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice));
+  CU(cudaMemset(dy, 0xff, (size_t)m * (size_t)rows * 4));
+  rlm_error err = {0};
+  test_note("q8: %lld x %lld, %d-bit g%d, %s scales, m %d", (long long)rows, (long long)cols, bits, g,
+            rlm_dtype_name(sd), m);
+  CHECK_EQ(rlm__cuda_q8act_quantize(dx, m, cols, bits, g, dsc, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_qgemv_q8(&q.d, dsc, m, dy, NULL, &err), RLM_OK);
+  CU(cudaDeviceSynchronize());
+  CU(cudaMemcpy(got, dy, (size_t)m * (size_t)rows * 4, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(gs, dsc, sb, cudaMemcpyDeviceToHost));
+  int64_t bad_codes = 0, bad_d = 0, bad = 0;
+  double worst = 0, mx = 0;
+  for (int r = 0; r < m; r++) {
+    const float *xr = x + r * cols;
+    if (bits == 4) rlm__q8act_quantize_ref(xr, cols, cpu);
+    else rlm__q8act_quantize_w8_ref(xr, cols, cpu);
+    rlm__group_sums(xr, 1, cols, g, xs);
+    rlm__qmv_q8_ref(&q.h, cpu, xs, 0, rows, ref + r * rows);
+    const int8_t *gq = (const int8_t *)(gs + r * rb);
+    const float *gd = (const float *)(gs + r * rb + cols);
+    const float *cd = bits == 4 ? (const float *)((const char *)cpu + cols) + (cols / 128) * 16
+                                : (const float *)((const char *)cpu + 2 * cols);
+    for (int64_t e = 0; e < cols; e++) {
+      const int64_t gp = bits == 4 ? (e & ~7) + ((e & 1) ? 4 + (e & 7) / 2 : (e & 7) / 2) : e;
+      const int64_t k = e % 128;
+      const int cq = bits == 4 ? ((const int8_t *)cpu)[e / 128 * 128 + (k % 2 ? 64 + k / 2 : k / 2)]
+                               : ((const int16_t *)cpu)[rlm__q8act_w8_pos(e)];
+      bad_codes += gq[gp] != cq;
+    }
+    for (int64_t b = 0; b < cols / 32; b++) bad_d += memcmp(&gd[b], &cd[b], 4) != 0;
+  }
+  for (int64_t i = 0; i < m * rows; i++) mx = fmax(mx, fabs(ref[i]));
+  for (int64_t i = 0; i < m * rows; i++) {
+    const double d = fabs((double)got[i] - ref[i]);
+    if (!(d <= 1e-5 * mx + 1e-6)) bad++;
+    if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
+  }
+  test_note("q8: %lld x %lld, %d-bit g%d, %s scales, m %d: codes %lld off, d %lld off, y %lld off (worst %.3g of %.3g)",
+            (long long)rows, (long long)cols, bits, g, rlm_dtype_name(sd), m, (long long)bad_codes,
+            (long long)bad_d, (long long)bad, worst, mx);
+  CHECK_EQ(bad_codes, 0);
+  CHECK_EQ(bad_d, 0);
+  CHECK_EQ(bad, 0);
+  cudaFree(dx), cudaFree(dy), cudaFree(dsc);
+  free(x), free(xs), free(ref), free(got), free(cpu), free(gs);
+  qm_free(&q);
+}
+
+TEST(q8_matches_reference) {
+  static const rlm_dtype sds[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
+  int n = 0;
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int g = 32; g <= 128; g *= 2)
+      for (int s = 0; s < 3; s++) {
+        check_q8_case(67, 640, bits, g, sds[s], 1 + n % 8);
+        n++;
+      }
+  for (int m = 1; m <= 8; m++) check_q8_case(1029, 4096, 4, 64, RLM_DTYPE_BF16, m);
+  check_q8_case(4096, 14336, 4, 64, RLM_DTYPE_BF16, 1);
+  check_q8_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 3);
+}
+
 TEST(refuses_what_it_lacks) {
   rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 3, 64};
   rlm_error err = {0};
@@ -137,6 +215,9 @@ TEST(refuses_what_it_lacks) {
   CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 1, (float *)16, NULL, &err), RLM_ERR_INVALID);
   w.group_size = 64;
   CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 9, (float *)16, NULL, &err), RLM_ERR_INVALID);
+  w.cols = 192; /* not a multiple of 128, which the int8 path needs */
+  CHECK_EQ(rlm__cuda_qgemv_q8(&w, (const void *)16, 1, (float *)16, NULL, &err), RLM_ERR_INVALID);
+  CHECK_EQ(rlm__cuda_q8act_quantize((const float *)16, 1, 192, 4, 64, (void *)16, NULL, &err), RLM_ERR_INVALID);
 }
 
 /* ---- speed -------------------------------------------------------------- */
@@ -172,8 +253,10 @@ typedef struct shape {
 } shape;
 
 /* Median microseconds of one launch, rotating among copies whose total
- * exceeds the L2 several times. */
-static double time_shape(const shape *sh, int m, double *bytes) {
+ * exceeds the L2 several times; q8: the int8-activation product (its
+ * activations quantized once, outside the timing, as a decode step does
+ * once for the products that share an input). */
+static double time_shape(const shape *sh, int m, bool q8, double *bytes) {
   qm q0;
   qm_make(&q0, sh->rows, sh->cols, sh->bits, 64, RLM_DTYPE_BF16);
   const size_t one = q0.wq_bytes + 2 * q0.sb_bytes;
@@ -201,12 +284,18 @@ static double time_shape(const shape *sh, int m, double *bytes) {
   cudaEvent_t ev[51];
   for (int i = 0; i < 51; i++) CU(cudaEventCreate(&ev[i]));
   rlm_error err;
-  for (int i = 0; i < 10; i++) rlm__cuda_qgemv(&ws[i % copies], dx, m, dy, NULL, &err); /* warm-up */
-  CU(cudaEventRecord(ev[0], NULL));
-  for (int i = 0; i < 50; i++) {
-    if (rlm__cuda_qgemv(&ws[i % copies], dx, m, dy, NULL, &err)) fprintf(stderr, "%s\n", err.msg), exit(1);
-    CU(cudaEventRecord(ev[i + 1], NULL));
+  void *dsc = NULL;
+  if (q8) {
+    CU(cudaMalloc(&dsc, rlm__cuda_q8act_bytes(sh->cols, 64, m)));
+    if (rlm__cuda_q8act_quantize(dx, m, sh->cols, sh->bits, 64, dsc, NULL, &err)) fprintf(stderr, "%s\n", err.msg), exit(1);
   }
+  for (int i = 0; i < 60; i++) {
+    if (i >= 10) CU(cudaEventRecord(ev[i - 10], NULL)); /* the first 10: warm-up */
+    const rlm_status rc = q8 ? rlm__cuda_qgemv_q8(&ws[i % copies], dsc, m, dy, NULL, &err)
+                             : rlm__cuda_qgemv(&ws[i % copies], dx, m, dy, NULL, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg), exit(1);
+  }
+  CU(cudaEventRecord(ev[50], NULL));
   CU(cudaEventSynchronize(ev[50]));
   float t[50];
   for (int i = 0; i < 50; i++) CU(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
@@ -217,6 +306,7 @@ static double time_shape(const shape *sh, int m, double *bytes) {
   for (int c = 1; c < copies; c++)
     cudaFree((void *)ws[c].wq), cudaFree((void *)ws[c].scales), cudaFree((void *)ws[c].biases);
   free(ws);
+  cudaFree(dsc);
   cudaFree(dx), cudaFree(dy);
   qm_free(&q0);
   return 0.5 * (t[24] + t[25]) * 1e3;
@@ -233,24 +323,28 @@ static void bench(void) {
       {"gemma1b o", 1152, 1024, 4, 26},      {"gemma1b gate|up", 6912, 1152, 4, 52},
       {"gemma1b down", 1152, 6912, 4, 26},   {"gemma1b head (8-bit)", 262144, 1152, 8, 1},
   };
-  printf("%-22s %8s %3s %10s %9s %8s\n", "product", "bits", "m", "us", "GB/s", "of copy");
-  double tok_us[2] = {0, 0}, tok_bytes[2] = {0, 0};
+  printf("%-22s %5s %3s %5s %10s %9s %8s\n", "product", "bits", "m", "x", "us", "GB/s", "of copy");
+  double tok_us[2][2] = {{0, 0}, {0, 0}}, tok_bytes[2] = {0, 0};
   for (size_t i = 0; i < sizeof llama / sizeof *llama; i++) {
     const shape *sh = &llama[i];
-    for (int m = 1; m <= 8; m *= 8) {
-      double bytes;
-      const double us = time_shape(sh, m, &bytes);
-      const double gbps = bytes / (us * 1e-6) / 1e9;
-      printf("%-22s %8d %3d %10.1f %9.0f %7.0f%%\n", sh->name, sh->bits, m, us, gbps, 100 * gbps / bw);
-      if (m == 1) tok_us[i >= 6] += us * sh->per_token, tok_bytes[i >= 6] += bytes * sh->per_token;
+    for (int q8 = 0; q8 < 2; q8++)
+      for (int m = 1; m <= 8; m *= 8) {
+        double bytes;
+        const double us = time_shape(sh, m, q8, &bytes);
+        const double gbps = bytes / (us * 1e-6) / 1e9;
+        printf("%-22s %5d %3d %5s %10.1f %9.0f %7.0f%%\n", sh->name, sh->bits, m, q8 ? "int8" : "f32", us, gbps,
+               100 * gbps / bw);
+        if (m == 1) tok_us[i >= 6][q8] += us * sh->per_token;
+        if (m == 1 && !q8) tok_bytes[i >= 6] += bytes * sh->per_token;
+      }
+  }
+  for (int k = 0; k < 2; k++)
+    for (int q8 = 0; q8 < 2; q8++) {
+      const double floor_us = tok_bytes[k] / (bw * 1e9) * 1e6;
+      printf("%s, %s x, all linear products of one token: %.0f us (%.2f GB): %.0f tok/s bound; floor %.0f us, %.0f%%\n",
+             k ? "gemma-3-1b 4-bit" : "llama-3.1-8b 4-bit", q8 ? "int8" : "f32", tok_us[k][q8], tok_bytes[k] / 1e9,
+             1e6 / tok_us[k][q8], floor_us, 100 * floor_us / tok_us[k][q8]);
     }
-  }
-  for (int k = 0; k < 2; k++) {
-    const double floor_us = tok_bytes[k] / (bw * 1e9) * 1e6;
-    printf("%s, all linear products of one token: %.0f us (%.2f GB): %.0f tok/s bound; floor %.0f us, %.0f%%\n",
-           k ? "gemma-3-1b 4-bit" : "llama-3.1-8b 4-bit", tok_us[k], tok_bytes[k] / 1e9, 1e6 / tok_us[k],
-           floor_us, 100 * floor_us / tok_us[k]);
-  }
 }
 
 int main(int argc, char **argv) {
@@ -268,6 +362,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   RUN(matches_reference);
+  RUN(q8_matches_reference);
   RUN(refuses_what_it_lacks);
   return test_summary();
 }

@@ -1,0 +1,248 @@
+/* qgemv_q8.cu -- MLX-affine 4- and 8-bit weights times int8 activations:
+ * the CPU's `--act-bits 8` product (src/quant/qdot.c) on the GPU.
+ *
+ * Why: the f32 product (qgemv.cu) spends about 9 instructions per byte of
+ * 4-bit codes (shift, mask, to-float, FMA per code), more than the chip
+ * issues at HBM speed. With x quantized to int8 once per product, dp4a
+ * multiplies 4 codes by 4 activations in one instruction, and a 16-byte
+ * vector of codes costs about 2 instructions a byte.
+ *
+ * The activations, exactly as rlm__q8act_quantize_ref makes them (same
+ * division, same products, round half to even): per block of 32, d =
+ * max|x| / 127 and xq = rint(x * (127 / max|x|)) in [-127, 127]; also
+ * xsum per weight group from the f32 x, for the bias term. The product:
+ *
+ *   y[o] = sum_b (d_b * s_g(b)) * sum_{i in b} code_oi * xq_i + sum_g b_og * xsum_g
+ *
+ * as rlm__qmv_q8_ref computes it; the integer sums are exact, so the two
+ * differ only in the order of the f32 additions.
+ *
+ * Scratch, per row of x (padded to 16 bytes): xq [cols] int8 (4-bit
+ * weights: each 8 elements stored evens then odds, [x0 x2 x4 x6 | x1 x3
+ * x5 x7], to match the nibbles split by one mask and one shift; 8-bit:
+ * natural order) | d [cols/32] | xsum [cols/G] f32.
+ */
+#include "cuda_backend.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = 4;
+constexpr int kRowsPerWarp = 2;
+constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
+
+__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f32(float v) { return v; }
+
+/* Unsigned code bytes of a times signed activation bytes of b, plus c. */
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+/* One row of x's scratch, padded to 16 bytes so every row's xq starts
+ * aligned for the 16-byte loads. */
+__host__ __device__ inline size_t row_bytes(int64_t cols, int g) {
+  return ((size_t)cols + 4 * (size_t)(cols / 32) + 4 * (size_t)(cols / g) + 15) & ~(size_t)15;
+}
+
+/* One warp a weight group of x (g / 32 blocks in turn, lane i taking
+ * element i of each), so that xsum is one warp's sum, in a fixed order:
+ * a replay gives the same bits. */
+template <int BITS>
+__global__ void quantize_kernel(const float *__restrict__ x, int64_t cols, int g, int64_t n_groups_all,
+                                uint8_t *__restrict__ scratch) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t gid = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; /* over all rows */
+  if (gid >= n_groups_all) return;
+  const int64_t per_row = cols / g, r = gid / per_row, grp = gid % per_row;
+  uint8_t *base = scratch + (size_t)r * row_bytes(cols, g);
+  int8_t *xq = reinterpret_cast<int8_t *>(base);
+  float *d = reinterpret_cast<float *>(base + cols), *xsum = d + cols / 32;
+  float sum = 0.f;
+  for (int j = 0; j < g / 32; j++) {
+    const int64_t b = grp * (g / 32) + j, e = b * 32 + lane;
+    const float v = x[r * cols + e];
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float inv = amax > 0 ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const int64_t pos = BITS == 4 ? (e & ~7) + ((e & 1) ? 4 + (e & 7) / 2 : (e & 7) / 2) : e;
+    xq[pos] = (int8_t)rintf(__fmul_rn(v, inv));
+    if (lane == 0) d[b] = __fdiv_rn(amax, 127.0f);
+    sum += v;
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) xsum[grp] = sum;
+}
+
+/* kRowsPerWarp weight rows x M rows of x. Lane l takes 16-byte vectors l,
+ * l + 32, ... of each row: 32 4-bit codes (one block of x) or 16 8-bit
+ * ones (half a block), with their xq, both coalesced. */
+template <int BITS, int M, typename T>
+__global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
+    qgemv_q8_kernel(const uint4 *__restrict__ wq, const T *__restrict__ sc, const T *__restrict__ bi,
+                    const uint8_t *__restrict__ scratch, int64_t rows, int64_t cols, int g, float *__restrict__ y) {
+  constexpr int kCodes = 128 / BITS;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row0 = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
+  if (row0 >= rows) return;
+  const int n_rows = rows - row0 < kRowsPerWarp ? (int)(rows - row0) : kRowsPerWarp;
+  const int64_t n_vec = cols / kCodes, n_groups = cols / g;
+  const size_t rb = row_bytes(cols, g);
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++)
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[i][r] = 0.f;
+  for (int64_t v = lane; v < n_vec; v += kWarp) {
+    uint4 wv[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) wv[i] = i < n_rows ? __ldcs(wq + (row0 + i) * n_vec + v) : make_uint4(0, 0, 0, 0);
+    const int64_t c0 = v * kCodes, blk = c0 / 32, grp = c0 / g;
+    float s[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) s[i] = to_f32(__ldg(sc + (row0 + (i < n_rows ? i : 0)) * n_groups + grp));
+#pragma unroll
+    for (int r = 0; r < M; r++) {
+      const uint8_t *base = scratch + r * rb;
+      const float db = __ldg(reinterpret_cast<const float *>(base + cols) + blk);
+      const int4 *xv = reinterpret_cast<const int4 *>(base + c0);
+      int4 xa = __ldg(xv), xb = BITS == 4 ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; i++) {
+        int isum = 0;
+        if (BITS == 4) { /* word k: evens (x[8k], x[8k+2], ...) then odds, 8 bytes of xq */
+          const uint32_t w4[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+          const int xe[4] = {xa.x, xa.z, xb.x, xb.z}, xo[4] = {xa.y, xa.w, xb.y, xb.w};
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[k], isum);
+            isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[k], isum);
+          }
+        } else {
+          isum = dp4a_us(wv[i].x, xa.x, isum);
+          isum = dp4a_us(wv[i].y, xa.y, isum);
+          isum = dp4a_us(wv[i].z, xa.z, isum);
+          isum = dp4a_us(wv[i].w, xa.w, isum);
+        }
+        acc[i][r] = fmaf((float)isum, db * s[i], acc[i][r]);
+      }
+    }
+  }
+  /* The bias term, by group: lanes take the groups in turn. */
+  for (int64_t gi = lane; gi < n_groups; gi += kWarp)
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++) {
+      const float b = to_f32(__ldg(bi + (row0 + (i < n_rows ? i : 0)) * n_groups + gi));
+#pragma unroll
+      for (int r = 0; r < M; r++) {
+        const float *xs = reinterpret_cast<const float *>(scratch + r * rb + cols) + cols / 32;
+        acc[i][r] = fmaf(b, __ldg(xs + gi), acc[i][r]);
+      }
+    }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++)
+#pragma unroll
+    for (int r = 0; r < M; r++) {
+      float a = acc[i][r];
+#pragma unroll
+      for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0 && i < n_rows) y[(int64_t)r * rows + row0 + i] = a;
+    }
+}
+
+template <int BITS, int M, typename T>
+void launch_one(const rlm_cuda_qmat *w, const void *scratch, float *y, cudaStream_t st) {
+  const dim3 block(kWarp * kWarpsPerBlock), grid((unsigned)((w->rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  qgemv_q8_kernel<BITS, M, T><<<grid, block, 0, st>>>(reinterpret_cast<const uint4 *>(w->wq),
+                                                      static_cast<const T *>(w->scales),
+                                                      static_cast<const T *>(w->biases),
+                                                      static_cast<const uint8_t *>(scratch), w->rows, w->cols,
+                                                      w->group_size, y);
+}
+
+template <int BITS, typename T>
+void launch_m(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cudaStream_t st) {
+  switch (m) {
+  case 1: launch_one<BITS, 1, T>(w, scratch, y, st); break;
+  case 2: launch_one<BITS, 2, T>(w, scratch, y, st); break;
+  case 3: launch_one<BITS, 3, T>(w, scratch, y, st); break;
+  case 4: launch_one<BITS, 4, T>(w, scratch, y, st); break;
+  case 5: launch_one<BITS, 5, T>(w, scratch, y, st); break;
+  case 6: launch_one<BITS, 6, T>(w, scratch, y, st); break;
+  case 7: launch_one<BITS, 7, T>(w, scratch, y, st); break;
+  default: launch_one<BITS, 8, T>(w, scratch, y, st); break;
+  }
+}
+
+template <int BITS>
+void launch_bits(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cudaStream_t st) {
+  switch (w->sdtype) {
+  case RLM_DTYPE_F16: launch_m<BITS, __half>(w, scratch, m, y, st); break;
+  case RLM_DTYPE_BF16: launch_m<BITS, __nv_bfloat16>(w, scratch, m, y, st); break;
+  default: launch_m<BITS, float>(w, scratch, m, y, st); break;
+  }
+}
+
+rlm_status fail(rlm_error *err, rlm_status st, const char *fn, const char *what) {
+  if (err) {
+    err->code = st;
+    snprintf(err->msg, sizeof err->msg, "%s: %s", fn, what);
+  }
+  return st;
+}
+
+bool shape_ok(int64_t cols, int bits, int g) {
+  return (bits == 4 || bits == 8) && (g == 32 || g == 64 || g == 128) && cols > 0 && cols % 128 == 0 &&
+         cols % g == 0;
+}
+
+rlm_status cuda_status(cudaError_t e, const char *fn, rlm_error *err) {
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, cudaGetErrorString(e));
+}
+
+} // namespace
+
+extern "C" size_t rlm__cuda_q8act_bytes(int64_t cols, int group_size, int m) {
+  return (size_t)m * row_bytes(cols, group_size);
+}
+
+extern "C" rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t cols, int bits, int group_size,
+                                               void *scratch, rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_q8act_quantize";
+  if (!x || !scratch || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
+  if (!shape_ok(cols, bits, group_size))
+    return fail(err, RLM_ERR_INVALID, fn, "bits 4 or 8, group 32/64/128 and cols a multiple of 128 are needed");
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const int64_t n_groups_all = (int64_t)m * (cols / group_size);
+  const int warps = 8;
+  const unsigned grid = (unsigned)((n_groups_all + warps - 1) / warps);
+  uint8_t *out = static_cast<uint8_t *>(scratch);
+  if (bits == 4) quantize_kernel<4><<<grid, warps * kWarp, 0, st>>>(x, cols, group_size, n_groups_all, out);
+  else quantize_kernel<8><<<grid, warps * kWarp, 0, st>>>(x, cols, group_size, n_groups_all, out);
+  const cudaError_t e = cudaGetLastError();
+  return cuda_status(e, fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
+                                        rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_qgemv_q8";
+  if (!w || !scratch || !y || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
+  if (!shape_ok(w->cols, w->bits, w->group_size) || w->rows < 1 ||
+      (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32))
+    return fail(err, w->bits == 4 || w->bits == 8 ? RLM_ERR_INVALID : RLM_ERR_UNSUPPORTED, fn,
+                "4- or 8-bit weights, group 32/64/128, cols a multiple of 128, f16/bf16/f32 scales are needed");
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  if (w->bits == 4) launch_bits<4>(w, scratch, m, y, st);
+  else launch_bits<8>(w, scratch, m, y, st);
+  return cuda_status(cudaGetLastError(), fn, err);
+}
