@@ -18,6 +18,7 @@
  * Up to 8 rows of x share each load of the codes (a batch of decode rows).
  */
 #include "cuda_backend.h"
+#include "dispatch.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -124,16 +125,9 @@ void launch_one(const rlm_cuda_qmat *w, const float *x, float *y, cudaStream_t s
 
 template <int BITS, typename T>
 cudaError_t launch_m(const rlm_cuda_qmat *w, const float *x, int m, float *y, cudaStream_t st) {
-  switch (m) {
-  case 1: launch_one<BITS, 1, T>(w, x, y, st); break;
-  case 2: launch_one<BITS, 2, T>(w, x, y, st); break;
-  case 3: launch_one<BITS, 3, T>(w, x, y, st); break;
-  case 4: launch_one<BITS, 4, T>(w, x, y, st); break;
-  case 5: launch_one<BITS, 5, T>(w, x, y, st); break;
-  case 6: launch_one<BITS, 6, T>(w, x, y, st); break;
-  case 7: launch_one<BITS, 7, T>(w, x, y, st); break;
-  default: launch_one<BITS, 8, T>(w, x, y, st); break;
-  }
+#define RLM_ONE(MM) launch_one<BITS, MM, T>(w, x, y, st)
+  RLM_CUDA_FOR_M(m, RLM_ONE)
+#undef RLM_ONE
   return cudaGetLastError();
 }
 

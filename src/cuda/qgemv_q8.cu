@@ -23,6 +23,7 @@
  * natural order) | d [cols/32] | xsum [cols/G] f32.
  */
 #include "cuda_backend.h"
+#include "dispatch.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -172,16 +173,9 @@ void launch_one(const rlm_cuda_qmat *w, const void *scratch, float *y, cudaStrea
 
 template <int BITS, typename T>
 void launch_m(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cudaStream_t st) {
-  switch (m) {
-  case 1: launch_one<BITS, 1, T>(w, scratch, y, st); break;
-  case 2: launch_one<BITS, 2, T>(w, scratch, y, st); break;
-  case 3: launch_one<BITS, 3, T>(w, scratch, y, st); break;
-  case 4: launch_one<BITS, 4, T>(w, scratch, y, st); break;
-  case 5: launch_one<BITS, 5, T>(w, scratch, y, st); break;
-  case 6: launch_one<BITS, 6, T>(w, scratch, y, st); break;
-  case 7: launch_one<BITS, 7, T>(w, scratch, y, st); break;
-  default: launch_one<BITS, 8, T>(w, scratch, y, st); break;
-  }
+#define RLM_ONE(MM) launch_one<BITS, MM, T>(w, scratch, y, st)
+  RLM_CUDA_FOR_M(m, RLM_ONE)
+#undef RLM_ONE
 }
 
 template <int BITS>
