@@ -32,9 +32,21 @@
 
 namespace {
 
+/* The shape of the work; RLM_CUDA_Q8_* override them to compare variants
+ * (docs/cuda-notes.md). */
+#ifndef RLM_CUDA_Q8_ROWS
+#define RLM_CUDA_Q8_ROWS 2
+#endif
+#ifndef RLM_CUDA_Q8_UNROLL
+#define RLM_CUDA_Q8_UNROLL 2
+#endif
+#ifndef RLM_CUDA_Q8_WARPS
+#define RLM_CUDA_Q8_WARPS 4
+#endif
 constexpr int kWarp = 32;
-constexpr int kWarpsPerBlock = 4;
-constexpr int kRowsPerWarp = 2;
+constexpr int kWarpsPerBlock = RLM_CUDA_Q8_WARPS;
+constexpr int kRowsPerWarp = RLM_CUDA_Q8_ROWS;    /* weight rows sharing each load of x */
+constexpr int kUnroll = RLM_CUDA_Q8_UNROLL;       /* vectors per row in flight per lane */
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
 
 __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
@@ -104,38 +116,49 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
   for (int i = 0; i < kRowsPerWarp; i++)
 #pragma unroll
     for (int r = 0; r < M; r++) acc[i][r] = 0.f;
-  for (int64_t v = lane; v < n_vec; v += kWarp) {
-    uint4 wv[kRowsPerWarp];
+  for (int64_t v0 = lane; v0 < n_vec; v0 += (int64_t)kWarp * kUnroll) {
+    uint4 wvs[kUnroll][kRowsPerWarp];
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; i++) wv[i] = i < n_rows ? __ldcs(wq + (row0 + i) * n_vec + v) : make_uint4(0, 0, 0, 0);
-    const int64_t c0 = v * kCodes, blk = c0 / 32, grp = c0 / g;
-    float s[kRowsPerWarp];
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; i++) s[i] = to_f32(__ldg(sc + (row0 + (i < n_rows ? i : 0)) * n_groups + grp));
-#pragma unroll
-    for (int r = 0; r < M; r++) {
-      const uint8_t *base = scratch + r * rb;
-      const float db = __ldg(reinterpret_cast<const float *>(base + cols) + blk);
-      const int4 *xv = reinterpret_cast<const int4 *>(base + c0);
-      int4 xa = __ldg(xv), xb = BITS == 4 ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
+    for (int u = 0; u < kUnroll; u++)
 #pragma unroll
       for (int i = 0; i < kRowsPerWarp; i++) {
-        int isum = 0;
-        if (BITS == 4) { /* word k: evens (x[8k], x[8k+2], ...) then odds, 8 bytes of xq */
-          const uint32_t w4[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
-          const int xe[4] = {xa.x, xa.z, xb.x, xb.z}, xo[4] = {xa.y, xa.w, xb.y, xb.w};
+        const int64_t v = v0 + (int64_t)u * kWarp;
+        wvs[u][i] = v < n_vec && i < n_rows ? __ldcs(wq + (row0 + i) * n_vec + v) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
-          for (int k = 0; k < 4; k++) {
-            isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[k], isum);
-            isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[k], isum);
+    for (int u = 0; u < kUnroll; u++) {
+      const int64_t v = v0 + (int64_t)u * kWarp;
+      if (v >= n_vec) continue; /* not break: the unrolled loop keeps wvs in registers */
+      const uint4 *wv = wvs[u];
+      const int64_t c0 = v * kCodes, blk = c0 / 32, grp = c0 / g;
+      float s[kRowsPerWarp];
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; i++) s[i] = to_f32(__ldg(sc + (row0 + (i < n_rows ? i : 0)) * n_groups + grp));
+#pragma unroll
+      for (int r = 0; r < M; r++) {
+        const uint8_t *base = scratch + r * rb;
+        const float db = __ldg(reinterpret_cast<const float *>(base + cols) + blk);
+        const int4 *xv = reinterpret_cast<const int4 *>(base + c0);
+        int4 xa = __ldg(xv), xb = BITS == 4 ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; i++) {
+          int isum = 0;
+          if (BITS == 4) { /* word k: evens (x[8k], x[8k+2], ...) then odds, 8 bytes of xq */
+            const uint32_t w4[4] = {wv[i].x, wv[i].y, wv[i].z, wv[i].w};
+            const int xe[4] = {xa.x, xa.z, xb.x, xb.z}, xo[4] = {xa.y, xa.w, xb.y, xb.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+              isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[k], isum);
+              isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[k], isum);
+            }
+          } else {
+            isum = dp4a_us(wv[i].x, xa.x, isum);
+            isum = dp4a_us(wv[i].y, xa.y, isum);
+            isum = dp4a_us(wv[i].z, xa.z, isum);
+            isum = dp4a_us(wv[i].w, xa.w, isum);
           }
-        } else {
-          isum = dp4a_us(wv[i].x, xa.x, isum);
-          isum = dp4a_us(wv[i].y, xa.y, isum);
-          isum = dp4a_us(wv[i].z, xa.z, isum);
-          isum = dp4a_us(wv[i].w, xa.w, isum);
+          acc[i][r] = fmaf((float)isum, db * s[i], acc[i][r]);
         }
-        acc[i][r] = fmaf((float)isum, db * s[i], acc[i][r]);
       }
     }
   }
