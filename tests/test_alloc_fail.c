@@ -931,6 +931,7 @@ enum { GEN_ROWS = 3, GEN_CHUNK = 16, GEN_PROMPT_MAX = 64 };
 
 typedef struct gen_ctx {
   const gen_op *ops;
+  int warm_steps;     /* > 0: reset creates the engine, adds a request, steps this often */
   rlm_model *m;
   rlm_tokenizer *tok;
   rlm_session *t, *d;
@@ -946,15 +947,15 @@ static void gen_reset(path *p) {
   c->t = open_session(c->m, &sp);
   c->d = open_session(c->m, &sp);
   c->g = NULL;
-  if (c->ops != k_gen_long) return;
+  if (!c->warm_steps) return;
   rlm_gen_params gp = rlm_gen_params_default();
   gp.draft_max = 3;
   rlm_error err;
   CHECK_EQ(rlm_gen_create(&c->g, c->t, c->d, c->tok, &gp, &err), RLM_OK);
   CHECK_EQ(gen_add(p, &(gen_op){'a', 0, 4, -1, 5}, &err), RLM_OK);
-  CHECK_EQ(gen_steps(p, GEN_LONG_WARM, &err), RLM_OK);
+  CHECK_EQ(gen_steps(p, c->warm_steps, &err), RLM_OK);
   p->out_len = 0;
-  CHECK_EQ(rlm_session_row_position(c->t, 0), 4 + 4 * (GEN_LONG_WARM - 1) - 1); /* a prefill step, then 4 ids a step */
+  CHECK_EQ(rlm_session_row_position(c->t, 0), 4 + 4 * (c->warm_steps - 1) - 1); /* a prefill step, then 4 ids a step */
 }
 
 static rlm_status gen_add(path *p, const gen_op *o, rlm_error *err) {
@@ -1036,7 +1037,7 @@ TEST(generation) {
             .state = gen_state, .fini = gen_fini};
   snprintf(p.name, sizeof p.name, "rlm_gen_create/add/step (llama target + draft, 3 rows, draft_max 3)");
   sweep(&p);
-  c.ops = k_gen_long;
+  c.ops = k_gen_long, c.warm_steps = GEN_LONG_WARM;
   p.n_steps = N_OF(k_gen_long);
   snprintf(p.name, sizeof p.name, "rlm_gen_step past the history's first 1,062 ids (no max_tokens, 20 steps)");
   sweep(&p);

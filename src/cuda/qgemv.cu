@@ -17,25 +17,17 @@
  *     shuffle sums the lanes, lane 0 writes y.
  * Up to 8 rows of x share each load of the codes (a batch of decode rows).
  */
-#include "cuda_backend.h"
-#include "dispatch.cuh"
+#include "common.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <stdio.h>
 
 namespace {
 
-constexpr int kWarp = 32;
+using namespace rlm_cuda;
 constexpr int kWarpsPerBlock = 4;
 constexpr int kRowsPerWarp = 2;  /* weight rows sharing each load of x */
 constexpr int kUnroll = 8;       /* words per row in flight per lane */
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
-
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(float v) { return v; }
 
 /* Code bits (already masked, < 2^23) as an exact float: placed in the
  * mantissa of 2^23 and 2^23 taken off, one logic op and one add instead
@@ -104,15 +96,7 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
       }
     }
   }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++)
-#pragma unroll
-    for (int r = 0; r < M; r++) {
-      float a = acc[i][r];
-#pragma unroll
-      for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0 && i < n_rows) y[(int64_t)r * rows + row0 + i] = a;
-    }
+  warp_store(acc, lane, n_rows, rows, row0, y);
 }
 
 template <int BITS, int M, typename T>
@@ -124,54 +108,35 @@ void launch_one(const rlm_cuda_qmat *w, const float *x, float *y, cudaStream_t s
 }
 
 template <int BITS, typename T>
-cudaError_t launch_m(const rlm_cuda_qmat *w, const float *x, int m, float *y, cudaStream_t st) {
+void launch_m(const rlm_cuda_qmat *w, const float *x, int m, float *y, cudaStream_t st) {
 #define RLM_ONE(MM) launch_one<BITS, MM, T>(w, x, y, st)
   RLM_CUDA_FOR_M(m, RLM_ONE)
 #undef RLM_ONE
-  return cudaGetLastError();
 }
 
 template <int BITS>
 cudaError_t launch_bits(const rlm_cuda_qmat *w, const float *x, int m, float *y, cudaStream_t st) {
-  switch (w->sdtype) {
-  case RLM_DTYPE_F16: return launch_m<BITS, __half>(w, x, m, y, st);
-  case RLM_DTYPE_BF16: return launch_m<BITS, __nv_bfloat16>(w, x, m, y, st);
-  default: return launch_m<BITS, float>(w, x, m, y, st);
-  }
-}
-
-rlm_status set_err(rlm_error *err, rlm_status st, const char *msg) {
-  if (err) {
-    err->code = st;
-    snprintf(err->msg, sizeof err->msg, "%s", msg);
-  }
-  return st;
+#define RLM_T(T) launch_m<BITS, T>(w, x, m, y, st)
+  RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+#undef RLM_T
+  return cudaGetLastError();
 }
 
 } // namespace
 
 extern "C" rlm_status rlm__cuda_qgemv(const rlm_cuda_qmat *w, const float *x, int m, float *y,
                                       rlm_cuda_stream stream, rlm_error *err) {
-  char msg[RLM_ERROR_MSG_MAX];
-  if (!w || !x || !y || m < 1 || m > 8)
-    return set_err(err, RLM_ERR_INVALID, "rlm__cuda_qgemv: NULL argument or m outside [1, 8]");
-  if (w->bits != 4 && w->bits != 8) {
-    snprintf(msg, sizeof msg, "rlm__cuda_qgemv: %d-bit weights are not supported (4 and 8 are)", w->bits);
-    return set_err(err, RLM_ERR_UNSUPPORTED, msg);
-  }
+  const char *fn = "rlm__cuda_qgemv";
+  if (!w || !x || !y || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
+  if (w->bits != 4 && w->bits != 8)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights are not supported (4 and 8 are)", w->bits);
   const int64_t codes = 128 / w->bits;
   if ((w->group_size != 32 && w->group_size != 64 && w->group_size != 128) || w->cols % w->group_size ||
       w->cols % codes || w->rows < 1 ||
-      (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32)) {
-    snprintf(msg, sizeof msg, "rlm__cuda_qgemv: bad shape %lld x %lld, group %d or scale dtype",
-             (long long)w->rows, (long long)w->cols, w->group_size);
-    return set_err(err, RLM_ERR_INVALID, msg);
-  }
+      (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32))
+    return fail(err, RLM_ERR_INVALID, fn, "bad shape %lld x %lld, group %d or scale dtype", (long long)w->rows,
+                (long long)w->cols, w->group_size);
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const cudaError_t e = w->bits == 4 ? launch_bits<4>(w, x, m, y, st) : launch_bits<8>(w, x, m, y, st);
-  if (e != cudaSuccess) {
-    snprintf(msg, sizeof msg, "rlm__cuda_qgemv: %s", cudaGetErrorString(e));
-    return set_err(err, RLM_ERR_INTERNAL, msg);
-  }
-  return RLM_OK;
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }

@@ -22,13 +22,9 @@
  * x5 x7], to match the nibbles split by one mask and one shift; 8-bit:
  * natural order) | d [cols/32] | xsum [cols/G] f32.
  */
-#include "cuda_backend.h"
-#include "dispatch.cuh"
+#include "common.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <stdio.h>
 
 namespace {
 
@@ -43,15 +39,11 @@ namespace {
 #ifndef RLM_CUDA_Q8_WARPS
 #define RLM_CUDA_Q8_WARPS 4
 #endif
-constexpr int kWarp = 32;
+using namespace rlm_cuda;
 constexpr int kWarpsPerBlock = RLM_CUDA_Q8_WARPS;
 constexpr int kRowsPerWarp = RLM_CUDA_Q8_ROWS;    /* weight rows sharing each load of x */
 constexpr int kUnroll = RLM_CUDA_Q8_UNROLL;       /* vectors per row in flight per lane */
 constexpr int kRowsPerBlock = kWarpsPerBlock * kRowsPerWarp;
-
-__device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f32(float v) { return v; }
 
 /* Unsigned code bytes of a times signed activation bytes of b, plus c. */
 __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
@@ -173,15 +165,7 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
         acc[i][r] = fmaf(b, __ldg(xs + gi), acc[i][r]);
       }
     }
-#pragma unroll
-  for (int i = 0; i < kRowsPerWarp; i++)
-#pragma unroll
-    for (int r = 0; r < M; r++) {
-      float a = acc[i][r];
-#pragma unroll
-      for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0 && i < n_rows) y[(int64_t)r * rows + row0 + i] = a;
-    }
+  warp_store(acc, lane, n_rows, rows, row0, y);
 }
 
 template <int BITS, int M, typename T>
@@ -203,19 +187,9 @@ void launch_m(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cuda
 
 template <int BITS>
 void launch_bits(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cudaStream_t st) {
-  switch (w->sdtype) {
-  case RLM_DTYPE_F16: launch_m<BITS, __half>(w, scratch, m, y, st); break;
-  case RLM_DTYPE_BF16: launch_m<BITS, __nv_bfloat16>(w, scratch, m, y, st); break;
-  default: launch_m<BITS, float>(w, scratch, m, y, st); break;
-  }
-}
-
-rlm_status fail(rlm_error *err, rlm_status st, const char *fn, const char *what) {
-  if (err) {
-    err->code = st;
-    snprintf(err->msg, sizeof err->msg, "%s: %s", fn, what);
-  }
-  return st;
+#define RLM_T(T) launch_m<BITS, T>(w, scratch, m, y, st)
+  RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+#undef RLM_T
 }
 
 bool shape_ok(int64_t cols, int bits, int g) {
@@ -224,7 +198,7 @@ bool shape_ok(int64_t cols, int bits, int g) {
 }
 
 rlm_status cuda_status(cudaError_t e, const char *fn, rlm_error *err) {
-  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, cudaGetErrorString(e));
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }
 
 } // namespace

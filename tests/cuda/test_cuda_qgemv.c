@@ -42,6 +42,44 @@ static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f 
 
 static size_t dtype_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
 
+/* n bytes of device memory holding a copy of src (host or device). */
+static void *dev_copy(const void *src, size_t n, enum cudaMemcpyKind kind) {
+  void *d;
+  CU(cudaMalloc(&d, n));
+  CU(cudaMemcpy(d, src, n, kind));
+  return d;
+}
+
+/* n bytes of device memory filled with 0xff: NaN floats, so an element a
+ * kernel does not write fails the comparison. */
+static float *dev_poisoned(size_t n) {
+  void *d;
+  CU(cudaMalloc(&d, n));
+  CU(cudaMemset(d, 0xff, n));
+  return d;
+}
+
+/* Elements of got[n] further than 1e-5 max|ref| + 1e-6 from ref (NaN
+ * counts); *worst the largest difference, *mx max|ref|. */
+static int64_t count_off(const float *got, const float *ref, int64_t n, double *worst, double *mx) {
+  int64_t bad = 0;
+  *mx = 0, *worst = 0;
+  for (int64_t i = 0; i < n; i++) *mx = fmax(*mx, fabs(ref[i]));
+  for (int64_t i = 0; i < n; i++) {
+    const double d = fabs((double)got[i] - ref[i]);
+    if (!(d <= 1e-5 * *mx + 1e-6)) bad++;
+    if (!(d <= *worst)) *worst = isnan(d) ? INFINITY : d;
+  }
+  return bad;
+}
+
+/* The device copy of a matrix whose parts are in host (or device) memory. */
+static rlm_cuda_qmat qm_device(const rlm_qmat *h, size_t wq_bytes, size_t sb_bytes, enum cudaMemcpyKind kind) {
+  return (rlm_cuda_qmat){dev_copy(h->wq, wq_bytes, kind), dev_copy(h->scales, sb_bytes, kind),
+                         dev_copy(h->biases, sb_bytes, kind), h->sdtype, h->rows, h->cols, h->bits,
+                         h->group_size};
+}
+
 /* A random matrix in host memory, and its device copy. */
 typedef struct qm {
   rlm_qmat h;
@@ -60,14 +98,7 @@ static void qm_make(qm *q, int64_t rows, int64_t cols, int bits, int g, rlm_dtyp
     rlm__store_f(bi, sd, i, 0.1f * rndf());
   }
   q->h = (rlm_qmat){wq, sc, bi, sd, rows, cols, bits, g};
-  void *dw, *ds, *db;
-  CU(cudaMalloc(&dw, q->wq_bytes));
-  CU(cudaMalloc(&ds, q->sb_bytes));
-  CU(cudaMalloc(&db, q->sb_bytes));
-  CU(cudaMemcpy(dw, wq, q->wq_bytes, cudaMemcpyHostToDevice));
-  CU(cudaMemcpy(ds, sc, q->sb_bytes, cudaMemcpyHostToDevice));
-  CU(cudaMemcpy(db, bi, q->sb_bytes, cudaMemcpyHostToDevice));
-  q->d = (rlm_cuda_qmat){dw, ds, db, sd, rows, cols, bits, g};
+  q->d = qm_device(&q->h, q->wq_bytes, q->sb_bytes, cudaMemcpyHostToDevice);
 }
 
 static void qm_free(qm *q) {
@@ -85,11 +116,8 @@ static void check_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd
   rlm__group_sums(x, m, cols, g, xs);
   for (int r = 0; r < m; r++)
     rlm__qmatvec_ref(&q.h, x + r * cols, xs + r * (cols / g), 0, rows, ref + r * rows);
-  float *dx, *dy;
-  CU(cudaMalloc((void **)&dx, (size_t)m * (size_t)cols * 4));
-  CU(cudaMalloc((void **)&dy, (size_t)m * (size_t)rows * 4));
-  CU(cudaMemcpy(dx, x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice));
-  CU(cudaMemset(dy, 0xff, (size_t)m * (size_t)rows * 4)); /* NaN: an unwritten y fails */
+  float *dx = dev_copy(x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice);
+  float *dy = dev_poisoned((size_t)m * (size_t)rows * 4);
   rlm_error err = {0};
   rlm_status rc = rlm__cuda_qgemv(&q.d, dx, m, dy, NULL, &err);
   test_note("%lld x %lld, %d-bit g%d, %s scales, m %d: %s", (long long)rows, (long long)cols, bits, g,
@@ -97,14 +125,8 @@ static void check_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd
   CHECK_EQ(rc, RLM_OK);
   CU(cudaDeviceSynchronize());
   CU(cudaMemcpy(got, dy, (size_t)m * (size_t)rows * 4, cudaMemcpyDeviceToHost));
-  double mx = 0, worst = 0;
-  for (int64_t i = 0; i < m * rows; i++) mx = fmax(mx, fabs(ref[i]));
-  int64_t bad = 0;
-  for (int64_t i = 0; i < m * rows; i++) {
-    const double d = fabs((double)got[i] - ref[i]);
-    if (!(d <= 1e-5 * mx + 1e-6)) bad++;
-    if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
-  }
+  double mx, worst;
+  const int64_t bad = count_off(got, ref, m * rows, &worst, &mx);
   test_note("%lld x %lld, %d-bit g%d, %s scales, m %d: %lld of %lld off, worst %.3g (max|y| %.3g)",
             (long long)rows, (long long)cols, bits, g, rlm_dtype_name(sd), m, (long long)bad,
             (long long)(m * rows), worst, mx);
@@ -139,13 +161,9 @@ static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
   void *cpu = malloc(rlm__q8act_bytes(cols));
   uint8_t *gs = malloc(sb);
   for (int64_t i = 0; i < m * cols; i++) x[i] = rndf() * (i % 7 == 3 ? 4.0f : 1.0f);
-  float *dx, *dy;
-  void *dsc;
-  CU(cudaMalloc((void **)&dx, (size_t)m * (size_t)cols * 4));
-  CU(cudaMalloc((void **)&dy, (size_t)m * (size_t)rows * 4));
-  CU(cudaMalloc(&dsc, sb));
-  CU(cudaMemcpy(dx, x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice));
-  CU(cudaMemset(dy, 0xff, (size_t)m * (size_t)rows * 4));
+  float *dx = dev_copy(x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice);
+  float *dy = dev_poisoned((size_t)m * (size_t)rows * 4);
+  void *dsc = dev_poisoned(sb);
   rlm_error err = {0};
   test_note("q8: %lld x %lld, %d-bit g%d, %s scales, m %d", (long long)rows, (long long)cols, bits, g,
             rlm_dtype_name(sd), m);
@@ -154,8 +172,8 @@ static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
   CU(cudaDeviceSynchronize());
   CU(cudaMemcpy(got, dy, (size_t)m * (size_t)rows * 4, cudaMemcpyDeviceToHost));
   CU(cudaMemcpy(gs, dsc, sb, cudaMemcpyDeviceToHost));
-  int64_t bad_codes = 0, bad_d = 0, bad = 0;
-  double worst = 0, mx = 0;
+  int64_t bad_codes = 0, bad_d = 0;
+  double worst, mx;
   for (int r = 0; r < m; r++) {
     const float *xr = x + r * cols;
     if (bits == 4) rlm__q8act_quantize_ref(xr, cols, cpu);
@@ -175,12 +193,7 @@ static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
     }
     for (int64_t b = 0; b < cols / 32; b++) bad_d += memcmp(&gd[b], &cd[b], 4) != 0;
   }
-  for (int64_t i = 0; i < m * rows; i++) mx = fmax(mx, fabs(ref[i]));
-  for (int64_t i = 0; i < m * rows; i++) {
-    const double d = fabs((double)got[i] - ref[i]);
-    if (!(d <= 1e-5 * mx + 1e-6)) bad++;
-    if (!(d <= worst)) worst = isnan(d) ? INFINITY : d;
-  }
+  const int64_t bad = count_off(got, ref, m * rows, &worst, &mx);
   test_note("q8: %lld x %lld, %d-bit g%d, %s scales, m %d: codes %lld off, d %lld off, y %lld off (worst %.3g of %.3g)",
             (long long)rows, (long long)cols, bits, g, rlm_dtype_name(sd), m, (long long)bad_codes,
             (long long)bad_d, (long long)bad, worst, mx);
@@ -264,22 +277,12 @@ static double time_shape(const shape *sh, int m, bool q8, double *bytes) {
   if (copies > 64) copies = 64;
   rlm_cuda_qmat *ws = malloc((size_t)copies * sizeof *ws);
   ws[0] = q0.d;
-  for (int c = 1; c < copies; c++) {
-    void *dw, *ds, *db;
-    CU(cudaMalloc(&dw, q0.wq_bytes));
-    CU(cudaMalloc(&ds, q0.sb_bytes));
-    CU(cudaMalloc(&db, q0.sb_bytes));
-    CU(cudaMemcpy(dw, q0.d.wq, q0.wq_bytes, cudaMemcpyDeviceToDevice));
-    CU(cudaMemcpy(ds, q0.d.scales, q0.sb_bytes, cudaMemcpyDeviceToDevice));
-    CU(cudaMemcpy(db, q0.d.biases, q0.sb_bytes, cudaMemcpyDeviceToDevice));
-    ws[c] = (rlm_cuda_qmat){dw, ds, db, RLM_DTYPE_BF16, sh->rows, sh->cols, sh->bits, 64};
-  }
-  float *dx, *dy;
-  CU(cudaMalloc((void **)&dx, (size_t)m * (size_t)sh->cols * 4));
-  CU(cudaMalloc((void **)&dy, (size_t)m * (size_t)sh->rows * 4));
+  const rlm_qmat on_dev = {q0.d.wq, q0.d.scales, q0.d.biases, RLM_DTYPE_BF16, sh->rows, sh->cols, sh->bits, 64};
+  for (int c = 1; c < copies; c++) ws[c] = qm_device(&on_dev, q0.wq_bytes, q0.sb_bytes, cudaMemcpyDeviceToDevice);
   float *hx = malloc((size_t)m * (size_t)sh->cols * 4); /* not zeros: they can time faster */
   for (int64_t i = 0; i < m * sh->cols; i++) hx[i] = rndf();
-  CU(cudaMemcpy(dx, hx, (size_t)m * (size_t)sh->cols * 4, cudaMemcpyHostToDevice));
+  float *dx = dev_copy(hx, (size_t)m * (size_t)sh->cols * 4, cudaMemcpyHostToDevice);
+  float *dy = dev_poisoned((size_t)m * (size_t)sh->rows * 4);
   free(hx);
   cudaEvent_t ev[51];
   for (int i = 0; i < 51; i++) CU(cudaEventCreate(&ev[i]));
