@@ -601,6 +601,11 @@ typedef struct rlm_layer_info {
 RLM_API void rlm_model_get_info(const rlm_model *m, rlm_model_info *out);
 RLM_API void rlm_model_layer_info(const rlm_model *m, int layer, rlm_layer_info *out);
 
+/* Where a session's passes run. RLM_DEVICE_CUDA needs a build with
+ * -DRINGLM_CUDA=ON and an NVIDIA GPU (else rlm_session_create returns
+ * RLM_ERR_UNSUPPORTED saying which is missing). */
+typedef enum rlm_device { RLM_DEVICE_CPU = 0, RLM_DEVICE_CUDA = 1 } rlm_device;
+
 typedef struct rlm_session_params {
   int n_threads;      /* <= 0: the physical cores (rlm_cpu_info_get)         */
   int prefill_chunk;  /* tokens per prefill step (default 512)               */
@@ -621,7 +626,12 @@ typedef struct rlm_session_params {
                          past it is RLM_KV_FULL, nothing changed), and its
                          growing caches reserve n_ctx slots at first use,
                          as llama.cpp sizes its cache; 0 (default): no
-                         limit, the caches grow geometrically             */
+                         limit, the caches grow geometrically (CUDA: the
+                         caches are fixed; 0 there means 4096, or the
+                         model's max_position_embeddings when smaller)    */
+  rlm_device device;  /* RLM_DEVICE_CPU (default) or RLM_DEVICE_CUDA       */
+  bool no_graph;      /* CUDA: run each decode step's kernels one by one
+                         instead of replaying the step's captured graph   */
 } rlm_session_params;
 
 RLM_API rlm_session_params rlm_session_params_default(void);

@@ -16,27 +16,24 @@
  *                             mix of experts, each through its own norm]
  *               [gemma4: x += norm(proj(gelu(gate(x)) * ple[layer])); x *= s]
  *   logits = lm_head(rmsnorm(x))   [gemma4: tanh(logits / c) * c]
+ *
+ * Every step goes through the session's backend (backend.h), so this
+ * file is the model on every device; only Gemma 4's MoE routing (top-k
+ * on the host) is CPU-only, and device backends refuse MoE models.
  */
-#include "model/model.h"
+#include "model/backend.h"
 
 #include <math.h>
 
-/* y = x W^T for n rows: int8 activations when the session asks. */
+/* y = x W^T for n rows. */
 static void lin(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
-  if (s->p.act_bits == 8) rlm__linear_q8(s->pool, l, x, n, y, s->q8);
-  else rlm__linear(s->pool, l, x, n, y, s->xsum);
+  s->be->linear(s, l, x, n, y);
 }
 
 /* x += h, or x += rmsnorm(h) with Gemma's post-norms. */
 static void add_residual(rlm_session *s, const float *post_norm, int n, int H, double eps) {
-  for (int j = 0; post_norm && j < n; j++)
-    rlm__rmsnorm(s->h + (size_t)j * H, s->h + (size_t)j * H, post_norm, H, eps);
-  for (size_t i = 0; i < (size_t)n * H; i++) s->x[i] += s->h[i];
-}
-
-/* RMSNorm of each head of each token, in place; w NULL: unweighted. */
-static void norm_heads(float *x, int n_vec, int hd, const float *w, double eps) {
-  for (int i = 0; i < n_vec; i++) rlm__rmsnorm(x + (size_t)i * hd, x + (size_t)i * hd, w, hd, eps);
+  if (post_norm) s->be->rmsnorm(s, s->h, s->h, post_norm, n, H, eps);
+  s->be->add(s, s->x, s->h, (size_t)n * H);
 }
 
 /* The RoPE angles of token j of the chunk for one kind of layer: s->rope
@@ -49,44 +46,24 @@ static float *rope_row(const rlm_session *s, bool sliding, int j) {
 /* q, k, v of the chunk for layer li: projections, norms, RoPE. A KV-shared
  * layer computes only q. */
 static void project_qkv(rlm_session *s, int li, int n) {
+  const rlm_backend *be = s->be;
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
   const rlm_layer *L = &m->layers[li];
   const int hd = c->layer_head_dim[li], nkv = c->layer_kv_heads[li];
   const bool own = c->kv_donor[li] < 0;
+  const double eps = c->rms_eps;
   lin(s, &L->wq, s->h, n, s->q);
   if (own) lin(s, &L->wk, s->h, n, s->k);
   if (own && L->wv.out) lin(s, &L->wv, s->h, n, s->v);
-  else if (own) memcpy(s->v, s->k, (size_t)n * nkv * hd * sizeof *s->v); /* k_eq_v: V = raw K */
-  if (L->q_norm) norm_heads(s->q, n * c->n_heads, hd, L->q_norm, c->rms_eps);
-  if (own && L->k_norm) norm_heads(s->k, n * nkv, hd, L->k_norm, c->rms_eps);
-  if (own && c->v_norm) norm_heads(s->v, n * nkv, hd, NULL, c->rms_eps);
-  for (int j = 0; j < n; j++) {
-    const float *cs = rope_row(s, c->sliding[li], j);
-    rlm__rope(s->q + (size_t)j * c->n_heads * hd, c->n_heads, hd, cs);
-    if (own) rlm__rope(s->k + (size_t)j * nkv * hd, nkv, hd, cs);
-  }
-}
-
-/* Each run's tokens attend their own row's cache of layer li (a KV-shared
- * layer: the donor layer's cache of that row, which this pass has just
- * appended to). */
-static rlm_status attend_runs(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
-  const rlm_model_config *c = &s->m->cfg;
-  const int donor = c->kv_donor[li], hd = c->layer_head_dim[li];
-  const size_t qd = (size_t)c->n_heads * hd, kd = (size_t)c->layer_kv_heads[li] * hd;
-  for (int r = 0; r < ps->n_runs; r++) {
-    const rlm_run *run = &ps->runs[r];
-    rlm_kv **kv = s->rows[run->row].kv;
-    const size_t j0 = (size_t)run->j0;
-    rlm_kv_batch b = {run->n, s->k + j0 * kd, s->v + j0 * kd, s->q + j0 * qd, c->n_heads,
-                      (float)c->attn_scale, NULL, s->att + j0 * qd};
-    rlm_status rc = donor >= 0   ? rlm_kv_attend_last(kv[donor], &b, err)
-                    : run->n == 1 ? rlm_kv_append_decode(kv[li], &b, err)
-                                  : rlm_kv_append_window(kv[li], &b, err);
-    if (rc) return rc;
-  }
-  return RLM_OK;
+  else if (own) be->copy(s, s->v, s->k, (size_t)n * nkv * hd); /* k_eq_v: V = raw K */
+  if (L->q_norm) be->rmsnorm(s, s->q, s->q, L->q_norm, n * c->n_heads, hd, eps);
+  if (own && L->k_norm) be->rmsnorm(s, s->k, s->k, L->k_norm, n * nkv, hd, eps);
+  if (own && c->v_norm) be->rmsnorm(s, s->v, s->v, NULL, n * nkv, hd, eps);
+  const float *cs = rope_row(s, c->sliding[li], 0);
+  const int64_t stride = c->max_head_dim;
+  be->rope(s, s->q, n, c->n_heads, hd, cs, stride);
+  if (own) be->rope(s, s->k, n, nkv, hd, cs, stride);
 }
 
 static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
@@ -94,9 +71,9 @@ static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, rl
   const rlm_model_config *c = &m->cfg;
   const rlm_layer *L = &m->layers[li];
   const int H = c->hidden, n = ps->n;
-  for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->attn_norm, H, c->rms_eps);
+  s->be->rmsnorm(s, s->h, s->x, L->attn_norm, n, H, c->rms_eps);
   project_qkv(s, li, n);
-  rlm_status rc = attend_runs(s, ps, li, err);
+  rlm_status rc = s->be->attend(s, ps, li, err);
   if (rc) return rc;
   lin(s, &L->wo, s->att, n, s->h);
   add_residual(s, L->post_attn_norm, n, H, c->rms_eps);
@@ -143,7 +120,8 @@ static void route(rlm_session *s, const rlm_layer *L, const float *x, int *idx, 
 }
 
 /* Gemma 4's MoE beside the MLP: s->h (the MLP's output) becomes
- * post1(h) + post2(sum_k w_k expert_k(pre2(x))). */
+ * post1(h) + post2(sum_k w_k expert_k(pre2(x))). Host loops: the CPU
+ * backend only (device backends refuse MoE models at session create). */
 static void moe_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
@@ -172,13 +150,11 @@ static void moe_block(rlm_session *s, int li, int n) {
 static void mlp_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
-  const int H = c->hidden;
-  for (int j = 0; j < n; j++) rlm__rmsnorm(s->h + (size_t)j * H, s->x + (size_t)j * H, L->mlp_norm, H, c->rms_eps);
+  const int H = c->hidden, I = c->layer_inter[li];
+  s->be->rmsnorm(s, s->h, s->x, L->mlp_norm, n, H, c->rms_eps);
   lin(s, &L->gate, s->h, n, s->g);
   lin(s, &L->up, s->h, n, s->u);
-  const int64_t n_act = (int64_t)n * c->layer_inter[li]; /* g and u: [n][inter] */
-  if (c->gemma) rlm__gelu_tanh_mul(s->g, s->g, s->u, n_act);
-  else rlm__silu_mul(s->g, s->g, s->u, n_act);
+  s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) moe_block(s, li, n);
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
@@ -191,69 +167,79 @@ static void ple_block(rlm_session *s, int li, int n) {
   const int H = c->hidden, P = c->ple_dim;
   if (P) {
     lin(s, &L->ple_gate, s->x, n, s->g);
-    for (int j = 0; j < n; j++) {
-      const float *in = s->ple + ((size_t)j * c->n_layers + li) * P;
-      rlm__gelu_tanh_mul(s->g + (size_t)j * P, s->g + (size_t)j * P, in, P);
-    }
+    s->be->act_mul(s, true, s->g, s->g, s->ple + (size_t)li * P, n, P, (int64_t)c->n_layers * P);
     lin(s, &L->ple_proj, s->g, n, s->h);
     add_residual(s, L->ple_norm, n, H, c->rms_eps);
   }
-  for (size_t i = 0; L->scalar != 1.0f && i < (size_t)n * H; i++) s->x[i] *= L->scalar;
+  if (L->scalar != 1.0f) s->be->scale(s, s->x, L->scalar, (size_t)n * H);
 }
 
 /* Gemma 4's per-layer inputs of the chunk, from the token ids and the
  * scaled embeddings x: (norm(x P^T / sqrt(H)) + E_ple[id] sqrt(P)) / sqrt(2),
  * into s->ple [n][n_layers][P]. */
-static void per_layer_inputs(rlm_session *s, const int32_t *ids, int n) {
+static void per_layer_inputs(rlm_session *s, const rlm_pass *ps) {
+  const rlm_backend *be = s->be;
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
-  const int P = c->ple_dim, NL = c->n_layers;
+  const int P = c->ple_dim, NL = c->n_layers, n = ps->n;
+  const size_t all = (size_t)n * NL * P;
   const float proj_scale = (float)(1.0 / sqrt((double)c->hidden)), mix = (float)(1.0 / sqrt(2.0));
   lin(s, &m->ple_model_proj, s->x, n, s->ple_tmp);
-  for (int j = 0; j < n; j++) {
-    float *out = s->ple + (size_t)j * NL * P, *proj = s->ple_tmp + (size_t)j * NL * P;
-    rlm__embed_row(&m->ple_embed, ids[j], out);
-    for (int l = 0; l < NL; l++) {
-      float *p = proj + (size_t)l * P, *o = out + (size_t)l * P;
-      for (int i = 0; i < P; i++) p[i] *= proj_scale;
-      rlm__rmsnorm(p, p, m->ple_proj_norm, P, c->rms_eps);
-      for (int i = 0; i < P; i++) o[i] = (p[i] + o[i] * m->ple_embed_scale) * mix;
-    }
-  }
+  be->scale(s, s->ple_tmp, proj_scale, all);
+  be->rmsnorm(s, s->ple_tmp, s->ple_tmp, m->ple_proj_norm, n * NL, P, c->rms_eps);
+  be->embed(s, ps, &m->ple_embed, m->ple_embed_scale, s->ple);
+  be->add(s, s->ple, s->ple_tmp, all); /* E sqrt(P) + norm(..), then / sqrt(2) */
+  be->scale(s, s->ple, mix, all);
 }
 
 /* Logits of the wanted tokens only: their final norms gathered into rows
- * [0, n_want) of s->h, one lm_head product over them. */
-static void output_logits(rlm_session *s, const rlm_pass *ps, float *logits) {
+ * of s->h, one lm_head product over them (a device backend: logit_rows at
+ * a time into its buffer s->logits, each group copied out). */
+static rlm_status output_logits(rlm_session *s, const rlm_pass *ps, float *logits, rlm_error *err) {
+  const rlm_backend *be = s->be;
   const rlm_model *m = s->m;
-  const int H = m->cfg.hidden;
-  for (int i = 0; i < ps->n_want; i++)
-    rlm__rmsnorm(s->h + (size_t)i * H, s->x + (size_t)ps->want[i] * H, m->final_norm, H, m->cfg.rms_eps);
-  lin(s, &m->lm_head, s->h, ps->n_want, logits);
+  const int H = m->cfg.hidden, step = be->logit_rows ? be->logit_rows : ps->n_want;
+  const size_t V = (size_t)m->cfg.vocab;
   const float cap = (float)m->cfg.final_softcap;
-  for (size_t i = 0; cap > 0 && i < (size_t)ps->n_want * m->cfg.vocab; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+  for (int i0 = 0; i0 < ps->n_want; i0 += step) {
+    const int g = RLM_MIN(step, ps->n_want - i0);
+    float *out = be->logit_rows ? s->logits : logits + (size_t)i0 * V;
+    be->gather_wanted(s, ps, i0, g, s->h, s->x, H);
+    be->rmsnorm(s, s->h, s->h, m->final_norm, g, H, m->cfg.rms_eps);
+    lin(s, &m->lm_head, s->h, g, out);
+    if (cap > 0) be->softcap(s, out, cap, (size_t)g * V);
+    rlm_status rc = be->copy_logits(s, logits + (size_t)i0 * V, out, (size_t)g * V, err);
+    if (rc) return rc;
+  }
+  return RLM_OK;
 }
 
-rlm_status rlm__forward(rlm_session *s, const rlm_pass *ps, float *logits, rlm_error *err) {
+static rlm_status layers(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   const rlm_model *m = s->m;
-  const int H = m->cfg.hidden, n = ps->n;
-  for (int j = 0; j < n; j++) {
-    rlm__embed_row(&m->embed, ps->ids[j], s->x + (size_t)j * H);
-    for (int i = 0; m->embed_scale != 1.0f && i < H; i++) s->x[(size_t)j * H + i] *= m->embed_scale;
-  }
-  if (m->cfg.ple_dim) per_layer_inputs(s, ps->ids, n);
+  const rlm_backend *be = s->be;
+  be->embed(s, ps, &m->embed, m->embed_scale, s->x);
+  if (m->cfg.ple_dim) per_layer_inputs(s, ps);
   const int half = m->cfg.max_head_dim / 2;
-  for (int j = 0; j < n; j++) { /* the pass's RoPE angles, once for all layers of a kind */
-    if (m->has_full) rlm__rope_angles(rope_row(s, false, j), m->inv_freq, half, ps->tok_pos[j]);
-    if (m->has_sliding) rlm__rope_angles(rope_row(s, true, j), m->inv_freq_local, half, ps->tok_pos[j]);
-  }
+  const int64_t stride = m->cfg.max_head_dim;
+  /* the pass's RoPE angles, once for all layers of a kind */
+  if (m->has_full) be->rope_angles(s, ps, rope_row(s, false, 0), stride, m->inv_freq, half);
+  if (m->has_sliding) be->rope_angles(s, ps, rope_row(s, true, 0), stride, m->inv_freq_local, half);
   for (int li = 0; li < m->cfg.n_layers; li++) {
     rlm_status rc = attention_block(s, ps, li, err);
     if (rc) return rc;
-    mlp_block(s, li, n);
-    if (m->cfg.arch == RLM_ARCH_GEMMA4) ple_block(s, li, n);
+    mlp_block(s, li, ps->n);
+    if (m->cfg.arch == RLM_ARCH_GEMMA4) ple_block(s, li, ps->n);
   }
+  return RLM_OK;
+}
+
+rlm_status rlm__forward(rlm_session *s, const rlm_pass *ps, float *logits, rlm_error *err) {
+  rlm_status rc = s->be->begin_pass(s, ps, err);
+  if (!rc) rc = layers(s, ps, err);
+  if (!rc && logits && ps->n_want) rc = output_logits(s, ps, logits, err);
+  rlm_status end = s->be->end_pass(s, err);
+  if (!rc) rc = end;
+  if (rc) return rc;
   for (int r = 0; r < ps->n_runs; r++) s->rows[ps->runs[r].row].pos += ps->runs[r].n;
-  if (logits && ps->n_want) output_logits(s, ps, logits);
   return RLM_OK;
 }

@@ -148,14 +148,20 @@ typedef struct rlm_pass {
   int n_want;
 } rlm_pass;
 
+typedef struct rlm_backend rlm_backend; /* backend.h */
+
 struct rlm_session {
   rlm_model *m;
   rlm_session_params p;
+  const rlm_backend *be;      /* the device every pass runs on           */
+  void *dev;                  /* that backend's state (NULL on the CPU)  */
   rlm_row *rows;              /* [p.n_rows]; row 0's caches own the
                                  operation scratch the others borrow     */
   rlm_pool *pool;             /* a handle on the process's workers       */
-  /* scratch for one pass of up to p.prefill_chunk tokens */
+  /* scratch for one pass of up to p.prefill_chunk tokens, the backend's
+   * memory (xsum, moe and q8: the CPU backend's only) */
   float *x, *h, *q, *k, *v, *att, *g, *u, *xsum;
+  float *logits;              /* [be->logit_rows][vocab] (device backends) */
   float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
   float *moe;                 /* MoE: one token's router and expert work */
   void *q8;                   /* act_bits 8: quantized activation rows   */

@@ -20,7 +20,7 @@
  * allocated; a KV group size that does not divide a head names config.json
  * (where the head dims come from) and the group size that would.
  */
-#include "model/model.h"
+#include "model/backend.h"
 
 enum { MAX_ROWS = 4096 };
 
@@ -133,15 +133,21 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   size_t wide = RLM_MAX(RLM_MAX((size_t)c->max_inter, qd), (size_t)c->ple_dim);
   size_t in_max = RLM_MAX(RLM_MAX((size_t)c->max_inter, (size_t)c->hidden), qd);
   size_t moe = c->n_experts ? 4 * (size_t)c->hidden + (size_t)c->n_experts + 3 * (size_t)c->moe_inter : 1;
-  float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->xsum,
-                    &s->ple, &s->ple_tmp, &s->moe, &s->rope};
+  float **bufs[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->ple, &s->ple_tmp, &s->rope,
+                    &s->logits};
   size_t sizes[] = {n * c->hidden, n * c->hidden, n * qd, n * kd, n * kd, n * qd, n * wide, n * wide,
-                    n * in_max, RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), moe,
-                    2 * n * (size_t)c->max_head_dim};
+                    RLM_MAX(n * ple, 1), RLM_MAX(n * ple, 1), 2 * n * (size_t)c->max_head_dim,
+                    RLM_MAX((size_t)s->be->logit_rows * (size_t)c->vocab, 1)};
   for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
-    if (!(*bufs[i] = rlm__malloc(sizes[i] * sizeof(float)))) return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
-  size_t q8 = s->p.act_bits == 8 ? rlm__qmatmul_q8_bytes((int64_t)n, (int64_t)in_max, 32) : 0;
-  if (q8 && !(s->q8 = rlm__malloc(q8))) return rlm__err_nomem(err, "session scratch", q8);
+    if (!(*bufs[i] = s->be->alloc(s, sizes[i] * sizeof(float))))
+      return rlm__err_nomem(err, "session scratch", sizes[i] * 4);
+  if (s->be == &rlm__backend_cpu) { /* the CPU kernels' own scratch */
+    s->xsum = rlm__malloc(n * in_max * sizeof(float));
+    s->moe = rlm__malloc(moe * sizeof(float));
+    if (!s->xsum || !s->moe) return rlm__err_nomem(err, "session scratch", n * in_max * 4);
+    size_t q8 = s->p.act_bits == 8 ? rlm__qmatmul_q8_bytes((int64_t)n, (int64_t)in_max, 32) : 0;
+    if (q8 && !(s->q8 = rlm__malloc(q8))) return rlm__err_nomem(err, "session scratch", q8);
+  }
   const size_t R = (size_t)s->p.n_rows;
   s->runs = rlm__malloc(R * sizeof *s->runs);
   s->tok_pos = rlm__malloc(n * sizeof *s->tok_pos);
@@ -164,6 +170,7 @@ rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session
   if (!s) return rlm__err_nomem(err, "session", sizeof *s);
   s->m = m;
   s->p = params;
+  s->be = &rlm__backend_cpu;
   rc = rlm__pool_acquire(&s->pool, s->p.n_threads, err); /* the process's shared workers */
   if (!rc) rc = make_rows(s, err);
   if (!rc) rc = alloc_scratch(s, err);
@@ -183,10 +190,10 @@ void rlm_session_free(rlm_session *s) {
     rlm__free(s->rows[r].kv);
   }
   rlm__free(s->rows);
-  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->xsum, s->ple, s->ple_tmp,
-                   s->moe, s->rope};
-  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) rlm__free(bufs[i]);
-  rlm__free(s->q8);
+  float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->ple, s->ple_tmp, s->rope, s->logits};
+  for (size_t i = 0; s->be && i < sizeof bufs / sizeof *bufs; i++)
+    if (bufs[i]) s->be->release(s, bufs[i]);
+  rlm__free(s->xsum), rlm__free(s->moe), rlm__free(s->q8);
   rlm__free(s->runs), rlm__free(s->tok_pos), rlm__free(s->want);
   rlm__free(s->row_mark), rlm__free(s->row_need);
   rlm__pool_release(s->pool);

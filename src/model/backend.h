@@ -1,0 +1,72 @@
+/* backend.h -- the interface the forward pass calls (issue 17): what a
+ * device must do for one pass of tokens, and nothing about how.
+ *
+ * forward.c is written once against this table; the CPU backend
+ * (backend_cpu.c) runs today's kernels on host memory, the CUDA backend
+ * (src/cuda/backend_cuda.c, -DRINGLM_CUDA=ON) runs kernels on device
+ * memory. A session picks one at create (rlm_session_params.device) and
+ * every activation buffer of the session is that backend's memory: the
+ * forward pass only passes the pointers along. Weights and norm vectors
+ * are passed as the model's host views (rlm_linear, const float *); a
+ * device backend maps them to the copies it uploaded once per model.
+ *
+ * Element-wise ops cannot fail once the session exists (their buffers are
+ * sized at create); a device backend that meets a launch error keeps the
+ * first one and returns it from end_pass, so the forward pass checks once.
+ * The ops that read the pass (ids, positions, wanted tokens, rows) take
+ * it, because a device reads its own copy made by begin_pass: a decode
+ * step's launches then depend on nothing that changes from step to step,
+ * which is what lets the CUDA backend replay one captured graph.
+ */
+#ifndef RLM_BACKEND_H
+#define RLM_BACKEND_H
+
+#include "model/model.h"
+
+struct rlm_backend {
+  const char *name;                    /* "cpu", "cuda"                   */
+  /* Wanted tokens' logits per lm_head product: the CPU writes them in
+   * place (0: all at once, into the caller's array); a device computes
+   * this many rows at a time into its own buffer and copies them out. */
+  int logit_rows;
+  /* Activation buffers of the session (NULL: out of memory). */
+  void *(*alloc)(rlm_session *s, size_t bytes);
+  void (*release)(rlm_session *s, void *p);
+
+  rlm_status (*begin_pass)(rlm_session *s, const rlm_pass *ps, rlm_error *err);
+  /* out[j] = embedding row ids[j] (widened to f32) * scale, j < ps->n. */
+  void (*embed)(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, float scale, float *out);
+  /* y [n][out] = x [n][in] . W^T (int8 activations when p.act_bits 8). */
+  void (*linear)(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y);
+  /* rows of n floats: y = w * x / rms(x); w NULL: unweighted; y may be x */
+  void (*rmsnorm)(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps);
+  void (*add)(rlm_session *s, float *x, const float *h, size_t n);            /* x += h     */
+  void (*scale)(rlm_session *s, float *x, float a, size_t n);                 /* x *= a     */
+  void (*softcap)(rlm_session *s, float *x, float cap, size_t n);             /* tanh(x/c)c */
+  void (*copy)(rlm_session *s, float *dst, const float *src, size_t n);
+  /* y[r][i] = act(g[r][i]) * u[r * u_stride + i]; gelu_tanh or silu. */
+  void (*act_mul)(rlm_session *s, bool gelu, float *y, const float *g, const float *u, int rows, int n,
+                  int64_t u_stride);
+  /* cs[j * stride ..] = cos, sin of tok_pos[j] * inv_freq[i], i < half. */
+  void (*rope_angles)(rlm_session *s, const rlm_pass *ps, float *cs, int64_t stride, const float *inv_freq,
+                      int half);
+  /* Token j's heads of x [n][heads][hd] rotated by cs + j * stride. */
+  void (*rope)(rlm_session *s, float *x, int n, int heads, int hd, const float *cs, int64_t stride);
+  /* dst[i] = src[ps->want[i0 + i]] for i < count, rows of width floats. */
+  void (*gather_wanted)(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
+                        int64_t width);
+  /* Layer li: the pass's k, v (s->k, s->v) into each token's row's cache,
+   * then s->q attends it into s->att (a KV-shared layer attends its
+   * donor's cache, appended to earlier in this pass). */
+  rlm_status (*attend)(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err);
+  /* The pass is done: the first error an op met, else the wanted logits
+   * computed in the backend's buffer (count rows) copied to host. */
+  rlm_status (*copy_logits)(rlm_session *s, float *host, const float *dev, size_t n, rlm_error *err);
+  rlm_status (*end_pass)(rlm_session *s, rlm_error *err);
+};
+
+/* The CPU backend: host memory, the kernel tables of ops.c, dense.c,
+ * src/quant and the KV-state layer. */
+extern const rlm_backend rlm__backend_cpu;
+
+#endif /* RLM_BACKEND_H */
