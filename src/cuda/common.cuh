@@ -1,5 +1,5 @@
 /* common.cuh -- what the .cu files of src/cuda share: scale loads, the
- * warp's closing sum and store, picking a kernel instantiation for a
+ * warp's closing sum and store, 16-byte vectors widened to f32, picking a kernel instantiation for a
  * run-time row count and scale dtype, and the one-line error. */
 #ifndef RLM_CUDA_COMMON_CUH
 #define RLM_CUDA_COMMON_CUH
@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 namespace rlm_cuda {
 
@@ -33,6 +34,32 @@ __device__ __forceinline__ void warp_store(float (&acc)[R][M], int lane, int n_r
       for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
       if (lane == 0 && i < n_rows) y[(int64_t)r * rows + row0 + i] = a;
     }
+}
+
+/* 16 bytes of T (8 halves, 8 bf16 or 4 floats) widened to f32, exactly. */
+template <typename T>
+__device__ __forceinline__ void widen16(const uint4 &v, float *f);
+template <>
+__device__ __forceinline__ void widen16<float>(const uint4 &v, float *f) {
+  f[0] = __uint_as_float(v.x), f[1] = __uint_as_float(v.y), f[2] = __uint_as_float(v.z), f[3] = __uint_as_float(v.w);
+}
+template <>
+__device__ __forceinline__ void widen16<__nv_bfloat16>(const uint4 &v, float *f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w}; /* element 2k is word k's low half (little endian) */
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+    f[2 * k] = __uint_as_float(w[k] << 16), f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+}
+template <>
+__device__ __forceinline__ void widen16<__half>(const uint4 &v, float *f) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    __half2 h;
+    memcpy(&h, &w[k], 4);
+    const float2 t = __half22float2(h);
+    f[2 * k] = t.x, f[2 * k + 1] = t.y;
+  }
 }
 
 /* err = {st, "<fn>: <printf text>"}; returns st. */

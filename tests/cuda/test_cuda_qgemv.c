@@ -20,6 +20,7 @@
 #include "cuda/cuda_backend.h"
 #include "quant/quant.h"
 #include "test.h"
+#include "cuda_test.h"
 
 #include <cuda_runtime_api.h>
 #include <time.h>
@@ -30,15 +31,6 @@ static uint32_t rnd(void) {
   return (uint32_t)(g_rng >> 16);
 }
 static float rndf(void) { return (float)(rnd() & 0xffffff) / 16777216.0f * 2.0f - 1.0f; }
-
-#define CU(call)                                                                   \
-  do {                                                                             \
-    cudaError_t e_ = (call);                                                       \
-    if (e_ != cudaSuccess) {                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                     \
-    }                                                                              \
-  } while (0)
 
 static size_t dtype_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
 
@@ -235,30 +227,6 @@ TEST(refuses_what_it_lacks) {
 
 /* ---- speed -------------------------------------------------------------- */
 
-static double copy_gbps(void) {
-  const size_t n = (size_t)2 << 30;
-  void *a, *b;
-  CU(cudaMalloc(&a, n));
-  CU(cudaMalloc(&b, n));
-  CU(cudaMemset(a, 1, n));
-  cudaEvent_t e0, e1;
-  CU(cudaEventCreate(&e0));
-  CU(cudaEventCreate(&e1));
-  CU(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
-  float best = 1e30f;
-  for (int i = 0; i < 5; i++) {
-    CU(cudaEventRecord(e0, NULL));
-    CU(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, NULL));
-    CU(cudaEventRecord(e1, NULL));
-    CU(cudaEventSynchronize(e1));
-    float ms;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
-    if (ms < best) best = ms;
-  }
-  cudaFree(a), cudaFree(b);
-  return 2.0 * (double)n / (best * 1e-3) / 1e9; /* read + written */
-}
-
 typedef struct shape {
   const char *name;
   int64_t rows, cols;
@@ -351,19 +319,8 @@ static void bench(void) {
 }
 
 int main(int argc, char **argv) {
-  int n_dev = 0;
-  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1) {
-    printf("skipped: no GPU (cudaGetDeviceCount found none); scripts/test-cuda.sh runs this on one\n");
-    return getenv("RINGLM_REQUIRE_GPU") ? 1 : 77;
-  }
-  struct cudaDeviceProp p;
-  CU(cudaGetDeviceProperties(&p, 0));
-  printf("%s, %d SMs, %.0f GB, L2 %d MB\n", p.name, p.multiProcessorCount, (double)p.totalGlobalMem / 1e9,
-         p.l2CacheSize >> 20);
-  if (argc > 1 && !strcmp(argv[1], "--bench")) {
-    bench();
-    return 0;
-  }
+  const int skip = cuda_test_start(argc, argv, bench);
+  if (skip >= 0) return skip;
   RUN(matches_reference);
   RUN(q8_matches_reference);
   RUN(refuses_what_it_lacks);

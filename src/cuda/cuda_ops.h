@@ -1,0 +1,126 @@
+/* cuda_ops.h -- the CUDA kernels of one forward pass besides the quantized
+ * products (cuda_backend.h): element-wise rows, RoPE, embedding gather,
+ * dense products, and the KV cache write and attention (ops.cu, attn.cu).
+ *
+ * Every pointer is device memory, every function enqueues on `stream`
+ * (NULL: the default stream) and returns at once; a launch error returns
+ * RLM_ERR_INTERNAL with a one-line message naming the kernel. Each kernel
+ * computes what the CPU function named beside it computes, in f32, with
+ * the same formula; only the order of f32 additions may differ. Nothing
+ * reads a host value that changes from one decode step to the next (the
+ * tokens' ids, rows and positions are read from device arrays), so a step
+ * can be captured once as a CUDA graph and replayed. */
+#ifndef RLM_CUDA_OPS_H
+#define RLM_CUDA_OPS_H
+
+#include "cuda/cuda_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- element-wise (ops.cu) ----------------------------------------------- */
+
+/* y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for rows r < rows of n
+ * contiguous floats (rlm__rmsnorm_ref); w NULL: no weight; y may be x. */
+rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
+                             rlm_cuda_stream st, rlm_error *err);
+/* x[i] += h[i]. */
+rlm_status rlm__cuda_add(float *x, const float *h, int64_t n, rlm_cuda_stream st, rlm_error *err);
+/* x[i] *= a. */
+rlm_status rlm__cuda_scale(float *x, float a, int64_t n, rlm_cuda_stream st, rlm_error *err);
+/* y[i] = a * x[i] + b * y[i]. */
+rlm_status rlm__cuda_axpby(float *y, float a, const float *x, float b, int64_t n, rlm_cuda_stream st,
+                           rlm_error *err);
+/* x[i] = tanh(x[i] / cap) * cap. */
+rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda_stream st, rlm_error *err);
+/* y[r][i] = act(g[r][i]) * u[r * u_stride + i] for r < rows, i < n, with
+ * act gelu_tanh (rlm__gelu_tanh) when gelu, else silu (g / (1 + e^-g));
+ * y may be g. */
+rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u, int rows, int n,
+                             int64_t u_stride, rlm_cuda_stream st, rlm_error *err);
+/* dst[j] = src[idx[j]] for j < n, rows of `width` floats. */
+rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int64_t width,
+                                 rlm_cuda_stream st, rlm_error *err);
+
+/* ---- RoPE (ops.cu) ------------------------------------------------------- */
+
+/* cs[j * stride + 2i], [.. + 2i + 1] = cos, sin of (float)pos[j] * inv_freq[i]
+ * for j < n, i < half (rlm__rope_angles: the angle rounded to f32 first,
+ * then cos and sin in double, rounded once). */
+rlm_status rlm__cuda_rope_angles(float *cs, int64_t stride, const float *inv_freq, int half,
+                                 const int64_t *pos, int n, rlm_cuda_stream st, rlm_error *err);
+/* Token j's heads x[j][h][0:hd) rotated by cs + j * stride (rlm__rope:
+ * rotate-half, dims i and i + hd/2 a pair) for j < n, h < heads. */
+rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const float *cs, int64_t stride,
+                          rlm_cuda_stream st, rlm_error *err);
+
+/* ---- weights (ops.cu) ----------------------------------------------------- */
+
+/* A weight matrix [rows][cols] in device memory: dense (f32, f16, bf16),
+ * or MLX affine (q.wq non-NULL). */
+typedef struct rlm_cuda_weight {
+  const void *w;              /* dense [rows][cols] of dtype, or NULL    */
+  rlm_dtype dtype;
+  rlm_cuda_qmat q;            /* quantized when q.wq                     */
+  int64_t rows, cols;
+} rlm_cuda_weight;
+
+/* out[j][c] = row ids[j] of e, widened to f32 (quantized: code * scale +
+ * bias, rlm__embed_row), times `scale`, for j < n. Quantized rows: bits 2,
+ * 4 and 8. */
+rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *ids, int n, float scale, float *out,
+                           rlm_cuda_stream st, rlm_error *err);
+/* y[r][o] = sum_c W[o][c] x[r][c] for r < m <= 8 (x [m][cols], y [m][rows],
+ * f32), W dense f32/f16/bf16 read once for all m rows (rlm__dense_matmul). */
+rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
+                                rlm_cuda_stream st, rlm_error *err);
+
+/* ---- KV cache and attention (attn.cu) ------------------------------------- */
+
+/* One layer's cache on the device, every row's slots laid out
+ * [n_rows][n_kv][cap][dim] in dtype (f32, f16 or bf16) for K and for V.
+ * Position p of a row lives in slot
+ *     p                                  ring == 0 (plain), or p < keep
+ *     keep + (p - keep) % ring           otherwise (ring = cap - keep)
+ * and a query at position qp sees the positions kp <= qp with
+ *     window == 0, or kp < keep, or qp - kp < window - keep
+ * (attn.h's rule). Nothing else marks a slot: the positions a row holds
+ * are [0, its length), and a ring's slack (cap - window >= the most tokens
+ * one pass feeds a row) keeps every position a query can see in its slot,
+ * so rolling back a row only lowers its length, on the host. */
+typedef struct rlm_cuda_kv {
+  void *k, *v;
+  rlm_dtype dtype;
+  int n_kv, dim;
+  int64_t cap, ring;
+  int keep;
+  int64_t window;
+} rlm_cuda_kv;
+
+/* Writes tokens j < n: k[j], v[j] ([n][n_kv][dim] f32) rounded to the
+ * cache's dtype (round to nearest even, as rlm__convert) into row
+ * tok_row[j]'s slot for position tok_pos[j]. */
+rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, const float *v, const int32_t *tok_row,
+                              const int64_t *tok_pos, int n, rlm_cuda_stream st, rlm_error *err);
+
+/* Scratch for rlm__cuda_attend with n tokens of n_heads heads. */
+size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);
+/* out[j][h] = softmax(scale * q[j][h] . K^T) V over the positions token j
+ * (row tok_row[j], position tok_pos[j]) sees in row tok_row[j]'s slots,
+ * which must already hold them (rlm__cuda_kv_write first); GQA: query head
+ * h reads kv head h / (n_heads / n_kv). q, out [n][n_heads][dim] f32.
+ * Softmax in f32 (max subtracted); a query that sees nothing outputs
+ * zeros. Flash-decoding: each (token, head) splits its visible positions
+ * into a fixed number of contiguous parts computed on the device from
+ * tok_pos (so the launch does not depend on the step), merged by their
+ * log-sum-exp. dim <= 512. */
+rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
+                            const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
+                            void *scratch, rlm_cuda_stream st, rlm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RLM_CUDA_OPS_H */

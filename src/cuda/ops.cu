@@ -1,0 +1,545 @@
+/* ops.cu -- the forward pass's kernels besides the quantized products and
+ * attention (cuda_ops.h): the element-wise rows (RMSNorm, residual adds,
+ * scaling, softcapping, the gated activations, row gathers), RoPE, the
+ * embedding gather and the dense (f32/f16/bf16) matrix-vector product.
+ *
+ * NUMERICS. Each kernel follows the CPU function named beside it in
+ * cuda_ops.h operation by operation. The library's C is built with
+ * -ffp-contract=off, but nvcc fuses a*b+c into one FMA by default, which
+ * rounds once where the CPU rounds twice; so the element-wise kernels
+ * spell their products and sums with __fmul_rn / __fadd_rn, which nvcc
+ * never fuses. They then give the CPU's bits wherever the two libms agree:
+ * sqrt and division are IEEE on both, cos and sin in double differ from
+ * glibc's far below an f32 ulp, tanhf and expf by up to 2 ulp. RMSNorm
+ * sums squares in double, as rlm__rmsnorm_ref does.
+ *
+ * THE DENSE PRODUCT is decode's bf16 path: every weight byte read once per
+ * token, so it is bound by HBM bandwidth (dense_kernel says how it keeps
+ * enough bytes in flight). Only it uses FMA; its sums run in another order
+ * than the CPU's, as cuda_ops.h allows.
+ */
+#include "cuda_ops.h"
+
+#include "common.cuh"
+
+#include <cuda_runtime.h>
+
+namespace {
+
+using namespace rlm_cuda;
+
+constexpr int kThreads = 256;   /* element-wise blocks                   */
+constexpr int kMaxGrid = 65535; /* grid.y's limit; grid.x stays below it too */
+
+/* Blocks of kThreads for a grid-stride loop over n elements (n > 0). */
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return (unsigned)(b < kMaxGrid ? b : kMaxGrid);
+}
+
+rlm_status launched(const char *fn, rlm_error *err) {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
+
+cudaStream_t stream_of(rlm_cuda_stream st) { return reinterpret_cast<cudaStream_t>(st); }
+
+/* ---- element-wise ---------------------------------------------------------- */
+
+#define RLM_GRID_STRIDE(i, n)                                                                                          \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
+
+/* No __restrict__ here: x may be h, y may be x. */
+__global__ void add_kernel(float *x, const float *h, int64_t n) { RLM_GRID_STRIDE(i, n) x[i] = __fadd_rn(x[i], h[i]); }
+
+__global__ void scale_kernel(float *x, float a, int64_t n) { RLM_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], a); }
+
+__global__ void axpby_kernel(float *y, float a, const float *x, float b, int64_t n) {
+  RLM_GRID_STRIDE(i, n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), __fmul_rn(b, y[i]));
+}
+
+/* forward.c's logits loop: tanhf(x / cap) * cap. */
+__global__ void softcap_kernel(float *x, float cap, int64_t n) {
+  RLM_GRID_STRIDE(i, n) x[i] = __fmul_rn(tanhf(__fdiv_rn(x[i], cap)), cap);
+}
+
+/* rlm__gelu_tanh: 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))),
+ * in C's left-to-right order, each operation rounded. */
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+  const float t = tanhf(__fmul_rn(k, __fadd_rn(x, x3)));
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
+}
+
+/* rlm__silu_mul_ref's g / (1.0f + expf(-g)). */
+__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
+/* Rows in grid.y (strided past kMaxGrid), columns in grid.x. */
+template <bool GELU>
+__global__ void act_mul_kernel(float *y, const float *g, const float *u, int rows, int n, int64_t u_stride) {
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+      const float a = g[r * n + i];
+      y[r * n + i] = __fmul_rn(GELU ? gelu_tanh(a) : silu(a), u[r * u_stride + i]);
+    }
+}
+
+/* A negative index gives a row of zeros rather than a read before src. */
+__global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n, int64_t width) {
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    const int32_t r = idx[j];
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < width; i += (int64_t)gridDim.x * blockDim.x)
+      dst[j * width + i] = r >= 0 ? src[(int64_t)r * width + i] : 0.0f;
+  }
+}
+
+/* The grid of a [rows][n] pass: columns in x, rows in y. */
+dim3 rows_grid(int64_t rows, int64_t n) { return dim3(blocks_for(n), (unsigned)(rows < kMaxGrid ? rows : kMaxGrid)); }
+
+/* ---- RMSNorm ----------------------------------------------------------------- */
+
+constexpr int kNormThreads = 256;
+
+/* One block a row. rlm__rmsnorm_ref sums the squares in double (each
+ * square exact, one rounding an add), then r = (float)(1 / sqrt(ss / n +
+ * eps)) in double; the same here, only the order of the double adds
+ * differs, so r is the CPU's but in the rarest ties, and y = w * (x * r)
+ * is then the CPU's too. */
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(float *y, const float *x, const float *w, int n, double eps) {
+  __shared__ double part[kNormThreads / kWarp];
+  __shared__ float r_sh;
+  const float *xr = x + (int64_t)blockIdx.x * n;
+  float *yr = y + (int64_t)blockIdx.x * n;
+  double ss = 0;
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    const double v = xr[i];
+    ss += v * v;
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    ss = lane < kNormThreads / kWarp ? part[lane] : 0.0;
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) r_sh = (float)(1.0 / sqrt(ss / n + eps));
+  }
+  __syncthreads();
+  const float r = r_sh;
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    const float v = __fmul_rn(xr[i], r); /* read before the write: y may be x */
+    yr[i] = w ? __fmul_rn(w[i], v) : v;
+  }
+}
+
+/* ---- RoPE -------------------------------------------------------------------- */
+
+/* rlm__rope_angles: the angle is (float)pos * inv_freq, one f32 product
+ * (transformers rounds it the same way); cos and sin in double, rounded
+ * once. j in grid.y, i in grid.x. */
+__global__ void rope_angles_kernel(float *cs, int64_t stride, const float *inv_freq, int half, const int64_t *pos,
+                                   int n) {
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    const float p = __ll2float_rn(pos[j]);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < half; i += gridDim.x * blockDim.x) {
+      const double ang = (double)__fmul_rn(p, inv_freq[i]);
+      cs[j * stride + 2 * i] = (float)cos(ang);
+      cs[j * stride + 2 * i + 1] = (float)sin(ang);
+    }
+  }
+}
+
+/* rlm__rope: rotate-half, dims i and i + hd/2 a pair; one thread a pair
+ * of one head of one token (t over n * heads * hd/2). */
+__global__ void rope_kernel(float *x, int64_t n_pairs, int heads, int hd, const float *cs, int64_t stride) {
+  const int half = hd / 2;
+  RLM_GRID_STRIDE(t, n_pairs) {
+    const int64_t jh = t / half, j = jh / heads;
+    const int i = (int)(t - jh * half);
+    float *p = x + jh * hd;
+    const float c = cs[j * stride + 2 * i], s = cs[j * stride + 2 * i + 1], a = p[i], b = p[i + half];
+    p[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    p[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+  }
+}
+
+/* ---- embedding ------------------------------------------------------------ */
+
+/* Dense rows widened, times scale (forward.c's `x *= embed_scale` after
+ * the row is written; times 1 is exact). An id outside [0, rows) gives
+ * zeros rather than a read outside e: the host checks ids, and a fault
+ * here would end every session on the device. */
+template <typename T>
+__global__ void embed_dense_kernel(const T *e, int64_t rows, int64_t cols, const int32_t *ids, int n, float scale,
+                                   float *out) {
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    const int64_t id = ids[j];
+    const bool ok = id >= 0 && id < rows;
+    for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x)
+      out[j * cols + c] = ok ? __fmul_rn(to_f32(e[id * cols + c]), scale) : 0.0f;
+  }
+}
+
+/* MLX affine rows, one thread a u32 word (32 / BITS codes of one group:
+ * bits 2, 4, 8 never straddle words): code * s + b in f32 with s and b
+ * widened from their dtype, as rlm__embed_row, then times scale. */
+template <int BITS, typename S>
+__global__ void embed_q_kernel(const uint32_t *wq, const S *sc, const S *bi, int64_t rows, int64_t cols, int gs,
+                               const int32_t *ids, int n, float scale, float *out) {
+  constexpr int kPer = 32 / BITS;
+  constexpr uint32_t kMask = (1u << BITS) - 1u;
+  const int64_t words = cols / kPer, ng = cols / gs;
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    const int64_t id = ids[j];
+    const bool ok = id >= 0 && id < rows;
+    for (int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; w < words; w += (int64_t)gridDim.x * blockDim.x) {
+      float *o = out + j * cols + w * kPer;
+      if (!ok) {
+#pragma unroll
+        for (int k = 0; k < kPer; k++) o[k] = 0.0f;
+        continue;
+      }
+      const uint32_t word = wq[id * words + w];
+      const int64_t g = id * ng + w * kPer / gs;
+      const float s = to_f32(sc[g]), b = to_f32(bi[g]);
+#pragma unroll
+      for (int k = 0; k < kPer; k++)
+        o[k] = __fmul_rn(__fadd_rn(__fmul_rn((float)((word >> (k * BITS)) & kMask), s), b), scale);
+    }
+  }
+}
+
+template <typename S>
+void launch_embed_q(const rlm_cuda_weight *e, const int32_t *ids, int n, float scale, float *out, cudaStream_t st) {
+  const rlm_cuda_qmat *q = &e->q;
+  const int64_t words = e->cols * q->bits / 32;
+  const dim3 grid = rows_grid(n, words);
+  const S *sc = static_cast<const S *>(q->scales), *bi = static_cast<const S *>(q->biases);
+  switch (q->bits) {
+  case 2:
+    embed_q_kernel<2, S><<<grid, kThreads, 0, st>>>(q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, out);
+    break;
+  case 4:
+    embed_q_kernel<4, S><<<grid, kThreads, 0, st>>>(q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, out);
+    break;
+  default:
+    embed_q_kernel<8, S><<<grid, kThreads, 0, st>>>(q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, out);
+    break;
+  }
+}
+
+/* ---- the dense product --------------------------------------------------------- */
+
+/* The shape of the work; RLM_CUDA_DENSE_* override them to compare
+ * variants. */
+#ifndef RLM_CUDA_DENSE_ROWS
+#define RLM_CUDA_DENSE_ROWS 2
+#endif
+#ifndef RLM_CUDA_DENSE_UNROLL
+#define RLM_CUDA_DENSE_UNROLL 4
+#endif
+constexpr int kDenseWarps = 8;                      /* warps per block                        */
+constexpr int kDenseRows = RLM_CUDA_DENSE_ROWS;     /* weight rows sharing each load of x     */
+constexpr int kDenseUnroll = RLM_CUDA_DENSE_UNROLL; /* 16-byte vectors per row in flight      */
+/* Warps that fill an H200 (132 SMs x 64): below this the row groups are
+ * split over more warps, so small matrices still keep the chip busy. */
+constexpr int64_t kDenseTargetWarps = 8192;
+
+/* kDenseRows weight rows x M rows of x, one warp a part of the row group
+ * (`parts` warps per group, 1, 2, 4 or 8, chosen on the host from the
+ * shape): part p's lane l takes the 16-byte vectors p*32 + l + k*32*parts
+ * of each row, coalesced, kDenseUnroll of them per row loaded before the
+ * first use (streaming: W is read once per step, keep L2 for x). Each
+ * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
+ * serves all the warp's rows. f32 accumulators per lane, then the warp's
+ * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarp *kDenseWarps)
+    dense_kernel(const uint4 *__restrict__ w, const float *__restrict__ x, int64_t rows, int64_t cols, int parts,
+                 float *__restrict__ y) {
+  constexpr int kVe = 16 / sizeof(T);
+  __shared__ float red[kDenseWarps][kDenseRows][M];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
+  const int64_t row0 = ((int64_t)blockIdx.x * (kDenseWarps / parts) + warp / parts) * kDenseRows;
+  const int n_rows = row0 >= rows ? 0 : rows - row0 < kDenseRows ? (int)(rows - row0) : kDenseRows;
+  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts;
+  float acc[kDenseRows][M];
+#pragma unroll
+  for (int i = 0; i < kDenseRows; i++)
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[i][r] = 0.f;
+  for (int64_t v0 = part * kWarp + lane; n_rows > 0 && v0 < n_vec; v0 += step * kDenseUnroll) {
+    uint4 wv[kDenseUnroll][kDenseRows];
+#pragma unroll
+    for (int u = 0; u < kDenseUnroll; u++)
+#pragma unroll
+      for (int i = 0; i < kDenseRows; i++) {
+        const int64_t v = v0 + u * step;
+        wv[u][i] = v < n_vec && i < n_rows ? __ldcs(w + (row0 + i) * n_vec + v) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int u = 0; u < kDenseUnroll; u++) {
+      const int64_t v = v0 + u * step;
+      if (v >= n_vec) continue; /* not break: the unrolled loop keeps wv in registers */
+      float wf[kDenseRows][kVe];
+#pragma unroll
+      for (int i = 0; i < kDenseRows; i++) widen16<T>(wv[u][i], wf[i]);
+#pragma unroll
+      for (int r = 0; r < M; r++) {
+        const float4 *xv = reinterpret_cast<const float4 *>(x + r * cols + v * kVe);
+#pragma unroll
+        for (int h = 0; h < kVe / 4; h++) {
+          const float4 a = __ldg(xv + h);
+#pragma unroll
+          for (int i = 0; i < kDenseRows; i++) {
+            float s = acc[i][r];
+            s = fmaf(wf[i][4 * h], a.x, s);
+            s = fmaf(wf[i][4 * h + 1], a.y, s);
+            s = fmaf(wf[i][4 * h + 2], a.z, s);
+            acc[i][r] = fmaf(wf[i][4 * h + 3], a.w, s);
+          }
+        }
+      }
+    }
+  }
+  if (parts == 1) {
+    warp_store(acc, lane, n_rows, rows, row0, y);
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < kDenseRows; i++)
+#pragma unroll
+    for (int r = 0; r < M; r++) {
+      float a = acc[i][r];
+#pragma unroll
+      for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
+      if (lane == 0) red[warp][i][r] = a;
+    }
+  __syncthreads();
+  if (part != 0 || lane >= kDenseRows * M) return;
+  const int i = lane / M, r = lane % M;
+  float a = 0.f;
+  for (int p = 0; p < parts; p++) a += red[warp + p][i][r];
+  if (i < n_rows) y[(int64_t)r * rows + row0 + i] = a;
+}
+
+/* Rows whose bytes are not a multiple of 16 (or a W or x not 16-byte
+ * aligned): one warp a row, lanes over its elements one at a time. Shapes
+ * this small are not worth a fast path. */
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarp *kDenseWarps)
+    dense_scalar_kernel(const T *__restrict__ w, const float *__restrict__ x, int64_t rows, int64_t cols,
+                        float *__restrict__ y) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row = (int64_t)blockIdx.x * kDenseWarps + threadIdx.x / kWarp;
+  if (row >= rows) return;
+  float acc[1][M];
+#pragma unroll
+  for (int r = 0; r < M; r++) acc[0][r] = 0.f;
+  for (int64_t c = lane; c < cols; c += kWarp) {
+    const float wf = to_f32(w[row * cols + c]);
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[0][r] = fmaf(wf, x[r * cols + c], acc[0][r]);
+  }
+  warp_store(acc, lane, 1, rows, row, y);
+}
+
+/* Warps per row group: doubled while the matrix gives fewer warps than
+ * fill the chip and each part keeps two unrolled steps of vectors. */
+int dense_parts(int64_t rows, int64_t n_vec) {
+  const int64_t groups = (rows + kDenseRows - 1) / kDenseRows;
+  int parts = 1;
+  while (parts < kDenseWarps && groups * parts < kDenseTargetWarps &&
+         n_vec >= (int64_t)kWarp * kDenseUnroll * parts * 2)
+    parts *= 2;
+  return parts;
+}
+
+template <typename T, int M>
+void launch_dense_one(const rlm_cuda_weight *wt, const float *x, float *y, bool vec, cudaStream_t st) {
+  if (!vec) {
+    const unsigned grid = (unsigned)((wt->rows + kDenseWarps - 1) / kDenseWarps);
+    dense_scalar_kernel<T, M>
+        <<<grid, kWarp * kDenseWarps, 0, st>>>(static_cast<const T *>(wt->w), x, wt->rows, wt->cols, y);
+    return;
+  }
+  const int parts = dense_parts(wt->rows, wt->cols / (16 / (int64_t)sizeof(T)));
+  const int64_t groups = (wt->rows + kDenseRows - 1) / kDenseRows, per_block = kDenseWarps / parts;
+  const unsigned grid = (unsigned)((groups + per_block - 1) / per_block);
+  dense_kernel<T, M>
+      <<<grid, kWarp * kDenseWarps, 0, st>>>(static_cast<const uint4 *>(wt->w), x, wt->rows, wt->cols, parts, y);
+}
+
+template <typename T>
+void launch_dense(const rlm_cuda_weight *wt, const float *x, int m, float *y, bool vec, cudaStream_t st) {
+#define RLM_ONE(MM) launch_dense_one<T, MM>(wt, x, y, vec, st)
+  RLM_CUDA_FOR_M(m, RLM_ONE)
+#undef RLM_ONE
+}
+
+bool float_dtype(rlm_dtype t) { return t == RLM_DTYPE_F32 || t == RLM_DTYPE_F16 || t == RLM_DTYPE_BF16; }
+
+size_t elem_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
+
+bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+} // namespace
+
+/* ---- element-wise entry points ---------------------------------------------------- */
+
+extern "C" rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
+                                        rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_rmsnorm";
+  if (!y || !x || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
+  if (rows == 0) return RLM_OK;
+  rmsnorm_kernel<<<(unsigned)rows, kNormThreads, 0, stream_of(st)>>>(y, x, w, n, eps);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_add(float *x, const float *h, int64_t n, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_add";
+  if (!x || !h || n < 0) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n < 0");
+  if (n == 0) return RLM_OK;
+  add_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(x, h, n);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_scale(float *x, float a, int64_t n, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_scale";
+  if (!x || n < 0) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n < 0");
+  if (n == 0) return RLM_OK;
+  scale_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(x, a, n);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_axpby(float *y, float a, const float *x, float b, int64_t n, rlm_cuda_stream st,
+                                      rlm_error *err) {
+  const char *fn = "rlm__cuda_axpby";
+  if (!y || !x || n < 0) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n < 0");
+  if (n == 0) return RLM_OK;
+  axpby_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(y, a, x, b, n);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_softcap";
+  if (!x || n < 0 || !(cap > 0)) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or cap <= 0");
+  if (n == 0) return RLM_OK;
+  softcap_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(x, cap, n);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u, int rows, int n,
+                                        int64_t u_stride, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_act_mul";
+  if (!y || !g || !u || rows < 0 || n < 0 || u_stride < 0)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
+  if (rows == 0 || n == 0) return RLM_OK;
+  const dim3 grid = rows_grid(rows, n);
+  if (gelu) act_mul_kernel<true><<<grid, kThreads, 0, stream_of(st)>>>(y, g, u, rows, n, u_stride);
+  else act_mul_kernel<false><<<grid, kThreads, 0, stream_of(st)>>>(y, g, u, rows, n, u_stride);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int64_t width,
+                                            rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_gather_rows";
+  if (!dst || !src || !idx || n < 0 || width < 0)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
+  if (n == 0 || width == 0) return RLM_OK;
+  gather_rows_kernel<<<rows_grid(n, width), kThreads, 0, stream_of(st)>>>(dst, src, idx, n, width);
+  return launched(fn, err);
+}
+
+/* ---- RoPE entry points ---------------------------------------------------------- */
+
+extern "C" rlm_status rlm__cuda_rope_angles(float *cs, int64_t stride, const float *inv_freq, int half,
+                                            const int64_t *pos, int n, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_rope_angles";
+  if (!cs || !inv_freq || !pos || half < 0 || n < 0 || (n > 1 && stride < 2 * (int64_t)half))
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape or stride < 2 * half");
+  if (n == 0 || half == 0) return RLM_OK;
+  rope_angles_kernel<<<rows_grid(n, half), kThreads, 0, stream_of(st)>>>(cs, stride, inv_freq, half, pos, n);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const float *cs, int64_t stride,
+                                     rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_rope";
+  if (!x || !cs || n < 0 || heads < 0 || hd < 0 || hd % 2 || (n > 1 && stride < hd))
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape, odd head dim %d or stride < it", hd);
+  const int64_t pairs = (int64_t)n * heads * (hd / 2);
+  if (pairs == 0) return RLM_OK;
+  rope_kernel<<<blocks_for(pairs), kThreads, 0, stream_of(st)>>>(x, pairs, heads, hd, cs, stride);
+  return launched(fn, err);
+}
+
+/* ---- weights entry points ------------------------------------------------------------ */
+
+extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *ids, int n, float scale, float *out,
+                                      rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_embed";
+  if (!e || !ids || !out || n < 0 || e->rows < 1 || e->cols < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument or an empty table");
+  cudaStream_t s = stream_of(st);
+  if (e->q.wq) {
+    const rlm_cuda_qmat *q = &e->q;
+    if (q->bits != 2 && q->bits != 4 && q->bits != 8)
+      return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit rows are not supported (2, 4 and 8 are)", q->bits);
+    if ((q->group_size != 32 && q->group_size != 64 && q->group_size != 128) || e->cols % q->group_size ||
+        q->rows != e->rows || q->cols != e->cols || !q->scales || !q->biases || !float_dtype(q->sdtype))
+      return fail(err, RLM_ERR_INVALID, fn, "bad quantized table %lld x %lld, group %d or scale dtype",
+                  (long long)e->rows, (long long)e->cols, q->group_size);
+    if (n == 0) return RLM_OK;
+#define RLM_T(S) launch_embed_q<S>(e, ids, n, scale, out, s)
+    RLM_CUDA_FOR_SDTYPE(q->sdtype, RLM_T)
+#undef RLM_T
+    return launched(fn, err);
+  }
+  if (!e->w) return fail(err, RLM_ERR_INVALID, fn, "neither dense nor quantized rows");
+  if (!float_dtype(e->dtype))
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "rows of dtype %d are not supported (f32, f16, bf16 are)", (int)e->dtype);
+  if (n == 0) return RLM_OK;
+  const dim3 grid = rows_grid(n, e->cols);
+  switch (e->dtype) {
+  case RLM_DTYPE_F16:
+    embed_dense_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __half *>(e->w), e->rows, e->cols, ids, n, scale,
+                                                 out);
+    break;
+  case RLM_DTYPE_BF16:
+    embed_dense_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16 *>(e->w), e->rows, e->cols, ids, n,
+                                                 scale, out);
+    break;
+  default:
+    embed_dense_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float *>(e->w), e->rows, e->cols, ids, n, scale,
+                                                 out);
+    break;
+  }
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
+                                           rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_dense_gemv";
+  if (!w || !x || !y || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
+  if (w->q.wq || !w->w)
+    return fail(err, RLM_ERR_INVALID, fn, "not a dense matrix (quantized ones go through rlm__cuda_qgemv)");
+  if (!float_dtype(w->dtype))
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of dtype %d are not supported (f32, f16, bf16 are)",
+                (int)w->dtype);
+  if (w->rows < 1 || w->cols < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "bad shape %lld x %lld", (long long)w->rows, (long long)w->cols);
+  /* 16-byte vectors need every row of W and of x to start aligned. */
+  const bool vec = (w->cols * (int64_t)elem_size(w->dtype)) % 16 == 0 && aligned16(w->w) && aligned16(x);
+  cudaStream_t s = stream_of(st);
+  switch (w->dtype) {
+  case RLM_DTYPE_F16: launch_dense<__half>(w, x, m, y, vec, s); break;
+  case RLM_DTYPE_BF16: launch_dense<__nv_bfloat16>(w, x, m, y, vec, s); break;
+  default: launch_dense<float>(w, x, m, y, vec, s); break;
+  }
+  return launched(fn, err);
+}

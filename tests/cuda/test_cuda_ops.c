@@ -1,0 +1,824 @@
+/* test_cuda_ops.c -- the forward pass's CUDA kernels (src/cuda/ops.cu,
+ * src/cuda/attn.cu, contract in src/cuda/cuda_ops.h) against the CPU
+ * functions they must equal, then their speed (`--bench`).
+ *
+ * Correctness, random inputs, outputs poisoned with NaN before each run
+ * (an element a kernel does not write fails):
+ *   - element-wise rows (rmsnorm, add, scale, axpby, softcap, gelu/silu
+ *     times u, row gathers) against rlm__rmsnorm_ref, rlm__*_mul_ref and
+ *     the C expressions forward.c uses: |y - ref| <= 1e-5 max|ref|
+ *     (RINGLM_TEST_VERBOSE=1 prints each case's worst error and how many
+ *     elements are bit-identical: all but where tanhf/expf differ);
+ *   - rlm__cuda_rope_angles against rlm__rope_angles, within 1 ulp,
+ *     rlm__cuda_rope against rlm__rope;
+ *   - embedding rows, dense f32/f16/bf16 and MLX affine 2/4/8-bit,
+ *     against rlm__embed_row times the scale, bit for bit; an id outside
+ *     the table gives zeros;
+ *   - the dense product against the scalar rlm__dense_matmul, m = 1..8,
+ *     16-byte vector and scalar (unaligned rows) paths, 1e-5 max|y|;
+ *   - the KV write against rlm__convert at the slots of the cache
+ *     formula, byte for byte over the whole cache (a skipped token, a
+ *     ring that wrapped, sinks);
+ *   - attention against a double-precision reference written here (the
+ *     slot formula, attn.h's visibility rule, GQA, the stored values as
+ *     the cache's dtype rounds them): plain caches, rings after wrapping
+ *     without and with sinks, a prefill-like pass of one row, a pass of
+ *     three rows at different positions with a padded token, dims 32..512,
+ *     1..12 query heads per kv head, f32/f16/bf16: 1e-4 max|ref|;
+ *   - refusals: shapes and dtypes the kernels lack.
+ *
+ * Speed (`test_cuda_ops --bench`): the dense product at Llama-3.1-8B's
+ * bf16 shapes, m = 1 and 8, rotating among copies larger than the L2; and
+ * attention at 16k positions (Llama-8B: 32 heads, 8 kv heads, dim 128,
+ * bf16), GB/s of the K and V bytes read, against the copy bandwidth.
+ *
+ * Without a GPU it prints "skipped: no GPU" and exits 77 (ctest's skip);
+ * RINGLM_REQUIRE_GPU=1 makes that a failure. */
+#include "cuda/cuda_ops.h"
+#include "model/model.h"
+#include "quant/quant.h"
+#include "test.h"
+#include "cuda_test.h"
+
+#include <cuda_runtime_api.h>
+
+static uint64_t g_rng = 0x5eed0c0da0c0ffeeull;
+static float rndf(void) { return t_rng_float(&g_rng, -1.0f, 1.0f); }
+static uint32_t rnd32(void) { return (uint32_t)t_rng_next(&g_rng); }
+
+/* ---- device buffers and comparisons ---------------------------------------- */
+
+static void *dev_copy(const void *src, size_t n) {
+  void *d;
+  CU(cudaMalloc(&d, n ? n : 1));
+  if (n) CU(cudaMemcpy(d, src, n, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* n bytes of 0xff: NaN as f32, f16 and bf16. */
+static void *dev_poisoned(size_t n) {
+  void *d;
+  CU(cudaMalloc(&d, n ? n : 1));
+  CU(cudaMemset(d, 0xff, n ? n : 1));
+  return d;
+}
+
+static void download(void *dst, const void *src, size_t n) {
+  CU(cudaDeviceSynchronize());
+  CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+}
+
+static float *frand(int64_t n, float scale) {
+  float *x = xmalloc((size_t)n * sizeof *x);
+  for (int64_t i = 0; i < n; i++) x[i] = rndf() * scale;
+  return x;
+}
+
+/* Elements of got further than rel * max|ref| + abs from ref (NaN counts);
+ * *worst the largest difference, *mx max|ref|, *exact the bit-equal ones. */
+typedef struct cmp {
+  int64_t bad, exact;
+  double worst, mx;
+} cmp;
+
+static cmp compare(const float *got, const float *ref, int64_t n, double rel, double abs_tol) {
+  cmp c = {0, 0, 0, 0};
+  for (int64_t i = 0; i < n; i++) c.mx = fmax(c.mx, fabs(ref[i]));
+  for (int64_t i = 0; i < n; i++) {
+    const double d = fabs((double)got[i] - ref[i]);
+    if (!(d <= rel * c.mx + abs_tol)) c.bad++;
+    if (!(d <= c.worst)) c.worst = isnan(d) ? INFINITY : d;
+    c.exact += memcmp(&got[i], &ref[i], 4) == 0;
+  }
+  return c;
+}
+
+/* The comparison's verdict, with a note naming the case. */
+static void expect_close(const char *what, const float *got, const float *ref, int64_t n, double rel) {
+  const cmp c = compare(got, ref, n, rel, 1e-6);
+  test_note("%s: %lld of %lld off, worst %.3g (max|ref| %.3g), %lld bit-identical", what, (long long)c.bad,
+            (long long)n, c.worst, c.mx, (long long)c.exact);
+  if (getenv("RINGLM_TEST_VERBOSE")) printf("    %s\n", t_note);
+  CHECK_EQ(c.bad, 0);
+}
+
+static size_t dt_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
+
+/* ---- element-wise ------------------------------------------------------------ */
+
+static void check_rmsnorm(int rows, int n, bool weight, bool in_place) {
+  const double eps = 1e-6;
+  float *x = frand((int64_t)rows * n, 3.0f), *w = weight ? frand(n, 1.5f) : NULL;
+  float *ref = xmalloc((size_t)rows * n * 4), *got = xmalloc((size_t)rows * n * 4);
+  for (int r = 0; r < rows; r++) rlm__rmsnorm_ref(ref + (size_t)r * n, x + (size_t)r * n, w, n, eps);
+  float *dx = dev_copy(x, (size_t)rows * n * 4), *dw = w ? dev_copy(w, (size_t)n * 4) : NULL;
+  float *dy = in_place ? dx : dev_poisoned((size_t)rows * n * 4);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_rmsnorm(dy, dx, dw, rows, n, eps, NULL, &err), RLM_OK);
+  download(got, dy, (size_t)rows * n * 4);
+  char what[96];
+  snprintf(what, sizeof what, "rmsnorm %d x %d%s%s", rows, n, weight ? ", weight" : "", in_place ? ", in place" : "");
+  expect_close(what, got, ref, (int64_t)rows * n, 1e-5);
+  cudaFree(dx), cudaFree(dw);
+  if (!in_place) cudaFree(dy);
+  free(x), free(w), free(ref), free(got);
+}
+
+TEST(rmsnorm_matches_reference) {
+  check_rmsnorm(3, 1, true, false);
+  check_rmsnorm(3, 7, false, false);
+  check_rmsnorm(5, 1152, true, false);
+  check_rmsnorm(5, 1152, true, true);
+  check_rmsnorm(2, 4096, false, true);
+  check_rmsnorm(1, 6913, true, false);
+  check_rmsnorm(300, 256, true, false);
+}
+
+enum { N_ELEM = 100003 };
+
+TEST(vector_ops_match_reference) {
+  const int64_t n = N_ELEM;
+  float *x = frand(n, 30.0f), *h = frand(n, 30.0f), *ref = xmalloc(n * 4), *got = xmalloc(n * 4);
+  float *dx = dev_copy(x, n * 4), *dh = dev_copy(h, n * 4);
+  rlm_error err = {0};
+  /* add */
+  for (int64_t i = 0; i < n; i++) ref[i] = x[i] + h[i];
+  CHECK_EQ(rlm__cuda_add(dx, dh, n, NULL, &err), RLM_OK);
+  download(got, dx, n * 4);
+  expect_close("add", got, ref, n, 1e-5);
+  /* scale */
+  CU(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+  for (int64_t i = 0; i < n; i++) ref[i] = x[i] * 0.0883883f;
+  CHECK_EQ(rlm__cuda_scale(dx, 0.0883883f, n, NULL, &err), RLM_OK);
+  download(got, dx, n * 4);
+  expect_close("scale", got, ref, n, 1e-5);
+  /* axpby (the test is built with -ffp-contract=off: two products, one sum) */
+  CU(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+  for (int64_t i = 0; i < n; i++) ref[i] = 0.7f * h[i] + -1.3f * x[i];
+  CHECK_EQ(rlm__cuda_axpby(dx, 0.7f, dh, -1.3f, n, NULL, &err), RLM_OK);
+  download(got, dx, n * 4);
+  expect_close("axpby", got, ref, n, 1e-5);
+  /* softcap: forward.c's logits loop */
+  CU(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+  for (int64_t i = 0; i < n; i++) ref[i] = tanhf(x[i] / 30.0f) * 30.0f;
+  CHECK_EQ(rlm__cuda_softcap(dx, 30.0f, n, NULL, &err), RLM_OK);
+  download(got, dx, n * 4);
+  expect_close("softcap", got, ref, n, 1e-5);
+  cudaFree(dx), cudaFree(dh);
+  free(x), free(h), free(ref), free(got);
+}
+
+/* y = act(g) * u over rows; u the second half of a fused [rows][2n]
+ * gate|up product (u_stride 2n), or its own [rows][n]. */
+static void check_act(bool gelu, int rows, int n, bool fused, bool in_place) {
+  const int64_t us = fused ? 2 * (int64_t)n : n;
+  float *gu = frand(rows * us, 6.0f), *g = xmalloc((size_t)rows * n * 4);
+  float *ref = xmalloc((size_t)rows * n * 4), *got = xmalloc((size_t)rows * n * 4);
+  const float *u = fused ? gu + n : gu;
+  for (int r = 0; r < rows; r++)
+    for (int i = 0; i < n; i++) g[(size_t)r * n + i] = rndf() * 8.0f;
+  for (int r = 0; r < rows; r++) {
+    if (gelu) rlm__gelu_tanh_mul_ref(ref + (size_t)r * n, g + (size_t)r * n, u + r * us, n);
+    else rlm__silu_mul_ref(ref + (size_t)r * n, g + (size_t)r * n, u + r * us, n);
+  }
+  float *dgu = dev_copy(gu, (size_t)(rows * us) * 4), *dg = dev_copy(g, (size_t)rows * n * 4);
+  float *dy = in_place ? dg : dev_poisoned((size_t)rows * n * 4);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_act_mul(gelu, dy, dg, fused ? dgu + n : dgu, rows, n, us, NULL, &err), RLM_OK);
+  download(got, dy, (size_t)rows * n * 4);
+  char what[96];
+  snprintf(what, sizeof what, "%s_mul %d x %d%s%s", gelu ? "gelu" : "silu", rows, n, fused ? ", fused u" : "",
+           in_place ? ", in place" : "");
+  expect_close(what, got, ref, (int64_t)rows * n, 1e-5);
+  cudaFree(dgu), cudaFree(dg);
+  if (!in_place) cudaFree(dy);
+  free(gu), free(g), free(ref), free(got);
+}
+
+TEST(act_mul_matches_reference) {
+  for (int gelu = 0; gelu < 2; gelu++) {
+    check_act(gelu, 1, 6912, false, false);
+    check_act(gelu, 3, 1000, true, false);
+    check_act(gelu, 4, 14336, true, true);
+    check_act(gelu, 7, 33, false, true);
+  }
+}
+
+TEST(gather_rows_copies) {
+  const int n = 6;
+  const int64_t width = 1153, rows = 40;
+  const int32_t idx[6] = {3, 39, 3, 0, -1, 17}; /* -1: zeros */
+  float *src = frand(rows * width, 1.0f), *got = xmalloc((size_t)n * width * 4), *ref = xmalloc((size_t)n * width * 4);
+  for (int j = 0; j < n; j++)
+    for (int64_t i = 0; i < width; i++) ref[j * width + i] = idx[j] >= 0 ? src[idx[j] * width + i] : 0.0f;
+  float *dsrc = dev_copy(src, (size_t)(rows * width) * 4), *ddst = dev_poisoned((size_t)n * width * 4);
+  int32_t *didx = dev_copy(idx, sizeof idx);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_gather_rows(ddst, dsrc, didx, n, width, NULL, &err), RLM_OK);
+  download(got, ddst, (size_t)n * width * 4);
+  CHECK(memcmp(got, ref, (size_t)n * width * 4) == 0);
+  cudaFree(dsrc), cudaFree(ddst), cudaFree(didx);
+  free(src), free(got), free(ref);
+}
+
+/* ---- RoPE -------------------------------------------------------------------- */
+
+/* Distance in ulps of two finite floats. */
+static int64_t ulps(float a, float b) {
+  int32_t ia, ib;
+  memcpy(&ia, &a, 4), memcpy(&ib, &b, 4);
+  const int64_t oa = ia < 0 ? (int64_t)INT32_MIN - ia : ia, ob = ib < 0 ? (int64_t)INT32_MIN - ib : ib;
+  return oa > ob ? oa - ob : ob - oa;
+}
+
+static void check_angles(int half, double base) {
+  static const int64_t pos[] = {0, 1, 2, 17, 511, 4095, 8191, 32767, 131071, 1000003, 7, 65536};
+  const int n = N_OF(pos);
+  const int64_t stride = 2 * half + 6; /* rows apart by more than they hold */
+  float *inv = xmalloc((size_t)half * 4), *ref = xmalloc((size_t)n * stride * 4),
+        *got = xmalloc((size_t)n * stride * 4);
+  for (int i = 0; i < half; i++) inv[i] = (float)(1.0 / pow(base, (double)(2 * i) / (2 * half)));
+  for (int j = 0; j < n; j++) rlm__rope_angles(ref + j * stride, inv, half, pos[j]);
+  float *dinv = dev_copy(inv, (size_t)half * 4), *dcs = dev_poisoned((size_t)n * stride * 4);
+  int64_t *dpos = dev_copy(pos, sizeof pos);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_rope_angles(dcs, stride, dinv, half, dpos, n, NULL, &err), RLM_OK);
+  download(got, dcs, (size_t)n * stride * 4);
+  int64_t worst = 0, exact = 0;
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < 2 * half; i++) {
+      const float a = got[j * stride + i], b = ref[j * stride + i];
+      const int64_t u = isfinite(a) ? ulps(a, b) : INT64_MAX;
+      worst = u > worst ? u : worst;
+      exact += u == 0;
+    }
+  test_note("rope_angles half %d base %g: worst %lld ulp, %lld of %lld exact", half, base, (long long)worst,
+            (long long)exact, (long long)(n * 2 * half));
+  if (getenv("RINGLM_TEST_VERBOSE")) printf("    %s\n", t_note);
+  CHECK(worst <= 1);
+  cudaFree(dinv), cudaFree(dcs), cudaFree(dpos);
+  free(inv), free(ref), free(got);
+}
+
+TEST(rope_angles_match_reference) {
+  check_angles(64, 500000.0);
+  check_angles(128, 10000.0);
+  check_angles(16, 1000000.0);
+}
+
+static void check_rope(int n, int heads, int hd) {
+  const int half = hd / 2;
+  const int64_t stride = hd + 2, nx = (int64_t)n * heads * hd;
+  float *inv = xmalloc((size_t)half * 4), *cs = xmalloc((size_t)n * stride * 4);
+  for (int i = 0; i < half; i++) inv[i] = (float)(1.0 / pow(10000.0, (double)(2 * i) / hd));
+  for (int j = 0; j < n; j++) rlm__rope_angles(cs + j * stride, inv, half, 100 + 37 * j);
+  float *x = frand(nx, 2.0f), *ref = xmalloc((size_t)nx * 4), *got = xmalloc((size_t)nx * 4);
+  memcpy(ref, x, (size_t)nx * 4);
+  for (int j = 0; j < n; j++) rlm__rope(ref + (int64_t)j * heads * hd, heads, hd, cs + j * stride);
+  float *dx = dev_copy(x, (size_t)nx * 4), *dcs = dev_copy(cs, (size_t)n * stride * 4);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_rope(dx, n, heads, hd, dcs, stride, NULL, &err), RLM_OK);
+  download(got, dx, (size_t)nx * 4);
+  char what[64];
+  snprintf(what, sizeof what, "rope %d tokens x %d heads x %d", n, heads, hd);
+  expect_close(what, got, ref, nx, 1e-5);
+  cudaFree(dx), cudaFree(dcs);
+  free(inv), free(cs), free(x), free(ref), free(got);
+}
+
+TEST(rope_matches_reference) {
+  check_rope(1, 32, 128);
+  check_rope(5, 8, 256);
+  check_rope(37, 3, 64);
+}
+
+/* ---- embedding ------------------------------------------------------------- */
+
+static void check_embed_dense(rlm_dtype dt, int64_t rows, int64_t cols, float scale) {
+  const size_t es = dt_size(dt);
+  void *tab = xmalloc((size_t)(rows * cols) * es);
+  for (int64_t i = 0; i < rows * cols; i++) rlm__store_f(tab, dt, i, rndf() * 0.2f);
+  const int32_t ids[7] = {0, (int32_t)rows - 1, 5, 5, 2, 1, 3};
+  const int n = 7;
+  float *ref = xmalloc((size_t)(n * cols) * 4), *got = xmalloc((size_t)(n * cols) * 4);
+  const rlm_linear lin = {.out = rows, .in = cols, .quant = false, .dtype = dt, .w = tab};
+  for (int j = 0; j < n; j++) {
+    rlm__embed_row(&lin, ids[j], ref + j * cols);
+    for (int64_t c = 0; scale != 1.0f && c < cols; c++) ref[j * cols + c] *= scale;
+  }
+  rlm_cuda_weight e = {.w = dev_copy(tab, (size_t)(rows * cols) * es), .dtype = dt, .rows = rows, .cols = cols};
+  int32_t *dids = dev_copy(ids, sizeof ids);
+  float *dout = dev_poisoned((size_t)(n * cols) * 4);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_embed(&e, dids, n, scale, dout, NULL, &err), RLM_OK);
+  download(got, dout, (size_t)(n * cols) * 4);
+  test_note("embed %s %lld x %lld, scale %g", rlm_dtype_name(dt), (long long)rows, (long long)cols, scale);
+  CHECK(memcmp(got, ref, (size_t)(n * cols) * 4) == 0);
+  cudaFree((void *)e.w), cudaFree(dids), cudaFree(dout);
+  free(tab), free(ref), free(got);
+}
+
+static void check_embed_q(int bits, int g, rlm_dtype sd, float scale) {
+  const int64_t rows = 50, cols = 512, words = rlm__quant_row_words(cols, bits), ng = cols / g;
+  uint32_t *wq = xmalloc((size_t)(rows * words) * 4);
+  void *sc = xmalloc((size_t)(rows * ng) * 4), *bi = xmalloc((size_t)(rows * ng) * 4);
+  for (int64_t i = 0; i < rows * words; i++) wq[i] = rnd32();
+  for (int64_t i = 0; i < rows * ng; i++)
+    rlm__store_f(sc, sd, i, 0.02f * rndf()), rlm__store_f(bi, sd, i, 0.1f * rndf());
+  const int32_t ids[6] = {49, 0, 7, 7, 1, 50}; /* 50: past the table, zeros */
+  const int n = 6;
+  float *ref = xmalloc((size_t)(n * cols) * 4), *got = xmalloc((size_t)(n * cols) * 4);
+  const rlm_linear lin = {.out = rows, .in = cols, .quant = true, .q = {wq, sc, bi, sd, rows, cols, bits, g}};
+  for (int j = 0; j < n; j++) {
+    if (ids[j] >= rows) {
+      memset(ref + j * cols, 0, (size_t)cols * 4);
+      continue;
+    }
+    rlm__embed_row(&lin, ids[j], ref + j * cols);
+    for (int64_t c = 0; scale != 1.0f && c < cols; c++) ref[j * cols + c] *= scale;
+  }
+  const size_t sb = (size_t)(rows * ng) * dt_size(sd);
+  rlm_cuda_weight e = {
+      .q = {dev_copy(wq, (size_t)(rows * words) * 4), dev_copy(sc, sb), dev_copy(bi, sb), sd, rows, cols, bits, g},
+      .rows = rows,
+      .cols = cols};
+  int32_t *dids = dev_copy(ids, sizeof ids);
+  float *dout = dev_poisoned((size_t)(n * cols) * 4);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_embed(&e, dids, n, scale, dout, NULL, &err), RLM_OK);
+  download(got, dout, (size_t)(n * cols) * 4);
+  test_note("embed %d-bit g%d %s scales, scale %g: %s", bits, g, rlm_dtype_name(sd), scale, err.msg);
+  CHECK(memcmp(got, ref, (size_t)(n * cols) * 4) == 0);
+  cudaFree((void *)e.q.wq), cudaFree((void *)e.q.scales), cudaFree((void *)e.q.biases), cudaFree(dids), cudaFree(dout);
+  free(wq), free(sc), free(bi), free(ref), free(got);
+}
+
+TEST(embed_matches_reference) {
+  static const rlm_dtype dts[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
+  for (int d = 0; d < 3; d++) {
+    check_embed_dense(dts[d], 300, 1152, 1.0f);
+    check_embed_dense(dts[d], 20, 101, 33.941124f); /* odd width; Gemma's sqrt(hidden) */
+  }
+  int k = 0;
+  for (int bits = 2; bits <= 8; bits *= 2)
+    for (int g = 32; g <= 128; g *= 2, k++) check_embed_q(bits, g, dts[k % 3], k % 2 ? 45.25f : 1.0f);
+}
+
+/* ---- the dense product ---------------------------------------------------------- */
+
+/* W's device copy starts `skew` elements into its buffer (skew 1: rows
+ * not 16-byte aligned, the scalar path). */
+static void check_dense(rlm_dtype dt, int64_t rows, int64_t cols, int m, int skew) {
+  const size_t es = dt_size(dt), wb = (size_t)(rows * cols) * es;
+  void *w = xmalloc(wb);
+  for (int64_t i = 0; i < rows * cols; i++) rlm__store_f(w, dt, i, rndf());
+  float *x = frand(m * cols, 1.0f), *ref = xmalloc((size_t)(m * rows) * 4), *got = xmalloc((size_t)(m * rows) * 4);
+  rlm__dense_matmul_isa("scalar")(NULL, w, dt, rows, cols, x, m, ref);
+  char *dbuf;
+  CU(cudaMalloc((void **)&dbuf, wb + 16));
+  CU(cudaMemcpy(dbuf + skew * es, w, wb, cudaMemcpyHostToDevice));
+  const rlm_cuda_weight dw = {.w = dbuf + skew * es, .dtype = dt, .rows = rows, .cols = cols};
+  float *dx = dev_copy(x, (size_t)(m * cols) * 4), *dy = dev_poisoned((size_t)(m * rows) * 4);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_dense_gemv(&dw, dx, m, dy, NULL, &err), RLM_OK);
+  download(got, dy, (size_t)(m * rows) * 4);
+  char what[96];
+  snprintf(what, sizeof what, "dense %s %lld x %lld, m %d%s", rlm_dtype_name(dt), (long long)rows, (long long)cols, m,
+           skew ? ", unaligned" : "");
+  expect_close(what, got, ref, m * rows, 1e-5);
+  cudaFree(dbuf), cudaFree(dx), cudaFree(dy);
+  free(w), free(x), free(ref), free(got);
+}
+
+TEST(dense_gemv_matches_reference) {
+  static const rlm_dtype dts[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
+  for (int d = 0; d < 3; d++) {
+    for (int m = 1; m <= 8; m++) check_dense(dts[d], 67, 512, m, 0); /* 67: a partial row pair and block */
+    check_dense(dts[d], 1029, 4096, 1, 0);
+    check_dense(dts[d], 1029, 4096, 8, 0);
+    check_dense(dts[d], 33, 100, 3, 0); /* 200 / 400-byte rows */
+    check_dense(dts[d], 9, 13, 2, 0);   /* odd everything: scalar */
+    check_dense(dts[d], 40, 64, 5, 1);  /* W not aligned: scalar */
+    check_dense(dts[d], 5, 32, 1, 0);
+  }
+  check_dense(RLM_DTYPE_F32, 7, 36, 4, 0);        /* 144-byte rows: vectors of 4 */
+  check_dense(RLM_DTYPE_BF16, 64, 8192, 3, 0);    /* 8 warps a row pair */
+  check_dense(RLM_DTYPE_BF16, 4096, 14336, 1, 0); /* Llama's down projection */
+  check_dense(RLM_DTYPE_BF16, 14336, 4096, 2, 0); /* its gate */
+}
+
+/* ---- the KV cache write -------------------------------------------------------- */
+
+/* Slot of position p (cuda_ops.h's formula), -1: none. */
+static int64_t slot_of(const rlm_cuda_kv *c, int64_t p) {
+  if (p < 0) return -1;
+  const int64_t s = c->ring == 0 || p < c->keep ? p : c->keep + (p - c->keep) % c->ring;
+  return s < c->cap ? s : -1;
+}
+
+/* A device cache of n_rows rows, every byte 0xff (NaN: a slot read
+ * before it was written fails the comparison). */
+static rlm_cuda_kv kv_make(rlm_dtype dt, int n_rows, int n_kv, int dim, int64_t cap, int64_t ring, int keep,
+                           int64_t window) {
+  const size_t b = (size_t)n_rows * n_kv * (size_t)cap * dim * dt_size(dt);
+  return (rlm_cuda_kv){dev_poisoned(b), dev_poisoned(b), dt, n_kv, dim, cap, ring, keep, window};
+}
+
+static void kv_free(rlm_cuda_kv *c) { cudaFree(c->k), cudaFree(c->v); }
+
+/* The host image of the same writes. */
+static void kv_write_host(const rlm_cuda_kv *c, uint8_t *hk, uint8_t *hv, const float *k, const float *v,
+                          const int32_t *row, const int64_t *pos, int n) {
+  const size_t es = dt_size(c->dtype);
+  for (int j = 0; j < n; j++) {
+    const int64_t s = slot_of(c, pos[j]);
+    if (s < 0 || row[j] < 0) continue;
+    for (int h = 0; h < c->n_kv; h++) {
+      const size_t at = ((((size_t)row[j] * c->n_kv + h) * c->cap + s) * c->dim) * es;
+      const size_t from = ((size_t)j * c->n_kv + h) * c->dim;
+      rlm__convert(k + from, RLM_DTYPE_F32, hk + at, c->dtype, c->dim);
+      rlm__convert(v + from, RLM_DTYPE_F32, hv + at, c->dtype, c->dim);
+    }
+  }
+}
+
+/* f32 values over a wide range of magnitudes (f16 subnormals, overflow,
+ * ties of both 16-bit formats). */
+static float wide_value(void) {
+  const float v = t_rng_normal(&g_rng) * powf(2.0f, (float)(int)(t_rng_next(&g_rng) % 40) - 24.0f);
+  return (t_rng_next(&g_rng) % 16 == 0) ? (float)(int)(v * 256) / 256.0f + 1.0f / 512.0f : v;
+}
+
+static void check_kv_write(rlm_dtype dt, int64_t cap, int64_t ring, int keep) {
+  const int n_rows = 2, n_kv = 3, dim = 40;
+  rlm_cuda_kv c = kv_make(dt, n_rows, n_kv, dim, cap, ring, keep, ring ? cap - 5 : 0);
+  const size_t bytes = (size_t)n_rows * n_kv * (size_t)cap * dim * dt_size(dt);
+  uint8_t *hk = xmalloc(bytes), *hv = xmalloc(bytes), *gk = xmalloc(bytes), *gv = xmalloc(bytes);
+  memset(hk, 0xff, bytes), memset(hv, 0xff, bytes);
+  const int chunk = 5;
+  const int64_t len = ring ? 3 * cap + 7 : cap - 3; /* a ring wraps about three times */
+  float *k = xmalloc((size_t)chunk * n_kv * dim * 4), *v = xmalloc((size_t)chunk * n_kv * dim * 4);
+  float *dk = dev_poisoned((size_t)chunk * n_kv * dim * 4), *dv = dev_poisoned((size_t)chunk * n_kv * dim * 4);
+  int32_t *drow = dev_poisoned(chunk * 4);
+  int64_t *dpos = dev_poisoned(chunk * 8);
+  rlm_error err = {0};
+  for (int64_t p0 = 0; p0 < len; p0 += chunk) {
+    int32_t row[5];
+    int64_t pos[5];
+    for (int j = 0; j < chunk; j++) {
+      row[j] = j % 2;                         /* the two rows, interleaved */
+      pos[j] = p0 + j / 2;                    /* row 0 three positions, row 1 two */
+      if (j == 4 && p0 % 3 == 0) pos[j] = -1; /* a padded token: not written */
+    }
+    for (int i = 0; i < chunk * n_kv * dim; i++) k[i] = wide_value(), v[i] = wide_value();
+    kv_write_host(&c, hk, hv, k, v, row, pos, chunk);
+    CU(cudaMemcpy(dk, k, (size_t)chunk * n_kv * dim * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, v, (size_t)chunk * n_kv * dim * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(drow, row, sizeof row, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dpos, pos, sizeof pos, cudaMemcpyHostToDevice));
+    CHECK_EQ(rlm__cuda_kv_write(&c, dk, dv, drow, dpos, chunk, NULL, &err), RLM_OK);
+  }
+  download(gk, c.k, bytes);
+  download(gv, c.v, bytes);
+  test_note("kv_write %s cap %lld ring %lld keep %d", rlm_dtype_name(dt), (long long)cap, (long long)ring, keep);
+  CHECK(memcmp(gk, hk, bytes) == 0);
+  CHECK(memcmp(gv, hv, bytes) == 0);
+  kv_free(&c);
+  cudaFree(dk), cudaFree(dv), cudaFree(drow), cudaFree(dpos);
+  free(hk), free(hv), free(gk), free(gv), free(k), free(v);
+}
+
+TEST(kv_write_matches_convert) {
+  static const rlm_dtype dts[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
+  for (int d = 0; d < 3; d++) {
+    check_kv_write(dts[d], 64, 0, 0);  /* plain */
+    check_kv_write(dts[d], 23, 23, 0); /* ring */
+    check_kv_write(dts[d], 23, 20, 3); /* ring with 3 sinks */
+  }
+}
+
+/* ---- attention ---------------------------------------------------------------- */
+
+typedef struct attn_case {
+  const char *name;
+  rlm_dtype dt;
+  int dim, n_heads, n_kv;
+  int64_t cap, ring;
+  int keep;
+  int64_t window;
+  int n_rows;
+  int64_t len[3];  /* positions each row holds before the pass */
+  int n;           /* the pass's tokens: */
+  int32_t row[40]; /*   their rows, */
+  int64_t pos[40]; /*   positions (-1: a padded token) */
+} attn_case;
+
+/* The pass's positions: each row's next ones, in the order of row[]
+ * (pos[] filled from len unless `given`). */
+static void fill_positions(attn_case *a) {
+  int64_t next[3] = {a->len[0], a->len[1], a->len[2]};
+  for (int j = 0; j < a->n; j++)
+    if (a->pos[j] >= 0) a->pos[j] = next[a->row[j]]++;
+}
+
+/* attn.h's rule. */
+static bool visible(const attn_case *a, int64_t qp, int64_t kp) {
+  if (kp < 0 || kp > qp) return false;
+  return a->window == 0 || kp < a->keep || qp - kp < a->window - a->keep;
+}
+
+/* Writes positions [p0, p1) of row r (history hk/hv [p][n_kv][dim]). */
+static void write_span(const rlm_cuda_kv *c, int r, int64_t p0, int64_t p1, const float *hk, const float *hv) {
+  enum { CH = 16 };
+  const size_t tok = (size_t)c->n_kv * c->dim;
+  int32_t row[CH];
+  int64_t pos[CH];
+  float *dk = dev_poisoned(CH * tok * 4), *dv = dev_poisoned(CH * tok * 4);
+  int32_t *drow = dev_poisoned(sizeof row);
+  int64_t *dpos = dev_poisoned(sizeof pos);
+  rlm_error err = {0};
+  for (int64_t p = p0; p < p1; p += CH) {
+    const int n = (int)(p1 - p < CH ? p1 - p : CH);
+    for (int j = 0; j < n; j++) row[j] = r, pos[j] = p + j;
+    CU(cudaMemcpy(dk, hk + (size_t)p * tok, n * tok * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, hv + (size_t)p * tok, n * tok * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(drow, row, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dpos, pos, n * 8, cudaMemcpyHostToDevice));
+    CHECK_EQ(rlm__cuda_kv_write(c, dk, dv, drow, dpos, n, NULL, &err), RLM_OK);
+  }
+  cudaFree(dk), cudaFree(dv), cudaFree(drow), cudaFree(dpos);
+}
+
+static void check_attend(attn_case *a) {
+  fill_positions(a);
+  const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
+  const size_t tok = (size_t)a->n_kv * dim;
+  rlm_cuda_kv c = kv_make(a->dt, a->n_rows, a->n_kv, dim, a->cap, a->ring, a->keep, a->window);
+  /* Every row's K and V by position, f32, through the end of the pass. */
+  float *hk[3] = {0}, *hv[3] = {0};
+  int64_t end[3] = {0};
+  for (int r = 0; r < a->n_rows; r++) {
+    end[r] = a->len[r];
+    for (int j = 0; j < n; j++)
+      if (a->row[j] == r && a->pos[j] + 1 > end[r]) end[r] = a->pos[j] + 1;
+    hk[r] = frand(end[r] * (int64_t)tok, 1.0f), hv[r] = frand(end[r] * (int64_t)tok, 1.0f);
+    write_span(&c, r, 0, a->len[r], hk[r], hv[r]);
+  }
+  /* The pass: its K and V written in one call (rows mixed), then attention. */
+  float *pk = xmalloc(n * tok * 4), *pv = xmalloc(n * tok * 4);
+  for (int j = 0; j < n; j++) {
+    const int r = a->row[j];
+    for (size_t i = 0; i < tok; i++) {
+      pk[j * tok + i] = a->pos[j] >= 0 ? hk[r][a->pos[j] * tok + i] : rndf();
+      pv[j * tok + i] = a->pos[j] >= 0 ? hv[r][a->pos[j] * tok + i] : rndf();
+    }
+  }
+  float *q = frand((int64_t)n * H * dim, 4.0f); /* scores of a few units: a peaked softmax */
+  const float scale = 1.0f / sqrtf((float)dim);
+  float *dk = dev_copy(pk, n * tok * 4), *dv = dev_copy(pv, n * tok * 4), *dq = dev_copy(q, (size_t)n * H * dim * 4);
+  int32_t *drow = dev_copy(a->row, (size_t)n * 4);
+  int64_t *dpos = dev_copy(a->pos, (size_t)n * 8);
+  float *dout = dev_poisoned((size_t)n * H * dim * 4);
+  void *scratch = dev_poisoned(rlm__cuda_attend_scratch_bytes(n, H, dim));
+  rlm_error err = {0};
+  test_note("attend %s", a->name);
+  CHECK_EQ(rlm__cuda_kv_write(&c, dk, dv, drow, dpos, n, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_attend(&c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, &err), RLM_OK);
+  float *got = xmalloc((size_t)n * H * dim * 4), *ref = xmalloc((size_t)n * H * dim * 4);
+  download(got, dout, (size_t)n * H * dim * 4);
+  /* The reference, in double over the stored (rounded) values. */
+  const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
+  double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
+  for (int j = 0; j < n; j++)
+    for (int h = 0; h < H; h++) {
+      const int r = a->row[j], kvh = h / q_per_kv;
+      const int64_t qp = a->pos[j];
+      const float *qv = q + ((size_t)j * H + h) * dim;
+      float *out = ref + ((size_t)j * H + h) * dim;
+      double mx = -INFINITY, sum = 0;
+      for (int64_t kp = 0; kp <= qp; kp++) {
+        if (!visible(a, qp, kp)) continue;
+        const float *kv = hk[r] + kp * tok + (size_t)kvh * dim;
+        double d = 0;
+        for (int i = 0; i < dim; i++) d += (double)qv[i] * rlm__round_to(a->dt, kv[i]);
+        s[kp] = (double)scale * d;
+        mx = fmax(mx, s[kp]);
+      }
+      memset(o, 0, (size_t)dim * 8);
+      for (int64_t kp = 0; kp <= qp; kp++) {
+        if (!visible(a, qp, kp)) continue;
+        const double p = exp(s[kp] - mx);
+        const float *vv = hv[r] + kp * tok + (size_t)kvh * dim;
+        sum += p;
+        for (int i = 0; i < dim; i++) o[i] += p * rlm__round_to(a->dt, vv[i]);
+      }
+      for (int i = 0; i < dim; i++) out[i] = sum > 0 ? (float)(o[i] / sum) : 0.0f;
+    }
+  char what[160];
+  snprintf(what, sizeof what, "attend %s (%s, dim %d, %d/%d heads, %d tokens)", a->name, rlm_dtype_name(a->dt), dim, H,
+           a->n_kv, n);
+  expect_close(what, got, ref, (int64_t)n * H * dim, 1e-4);
+  for (int j = 0; j < n; j++) /* a padded token: exactly zeros */
+    for (int i = 0; a->pos[j] < 0 && i < H * dim; i++) CHECK(got[(size_t)j * H * dim + i] == 0.0f);
+  kv_free(&c);
+  cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(drow), cudaFree(dpos), cudaFree(dout), cudaFree(scratch);
+  for (int r = 0; r < a->n_rows; r++) free(hk[r]), free(hv[r]);
+  free(pk), free(pv), free(q), free(got), free(ref), free(s), free(o);
+}
+
+/* A ring's slack (cap - window) covers each pass's tokens of a row. */
+TEST(attend_matches_reference) {
+  /* clang-format off */
+  attn_case cases[] = {
+      /* name, dtype, dim, heads, kv heads, cap, ring, keep, window, rows, their lengths, tokens, rows, positions */
+      {"plain decode, 3000 positions", RLM_DTYPE_BF16, 128, 32, 8, 4096, 0, 0, 0, 1, {3000}, 1, {0}, {0}},
+      {"plain decode f16", RLM_DTYPE_F16, 128, 8, 8, 600, 0, 0, 0, 1, {517}, 1, {0}, {0}},
+      {"plain decode f32", RLM_DTYPE_F32, 128, 16, 4, 600, 0, 0, 0, 1, {333}, 1, {0}, {0}},
+      {"plain prefill of one row", RLM_DTYPE_F16, 64, 8, 4, 256, 0, 0, 0, 1, {0}, 37, {0}, {0}},
+      {"window 64, ring wrapped, no sinks", RLM_DTYPE_BF16, 256, 4, 1, 71, 71, 0, 64, 1, {300}, 4, {0}, {0}},
+      {"window 40, ring wrapped, 2 sinks", RLM_DTYPE_F32, 32, 2, 2, 45, 43, 2, 40, 1, {200}, 3, {0}, {0}},
+      {"three rows, ring with sinks, a padded token", RLM_DTYPE_BF16, 128, 16, 4, 60, 58, 2, 50,
+       3, {5, 130, 77}, 7, {1, 0, 2, 0, 2, 0, 2}, {0, 0, 0, 0, 0, -1, 0}},
+      {"dim 512, 8 heads on one kv head", RLM_DTYPE_BF16, 512, 8, 1, 300, 0, 0, 0, 2, {100, 250}, 3, {0, 1, 1}, {0}},
+      {"plain cache with a window, 6 heads a kv head", RLM_DTYPE_F16, 256, 12, 2, 400, 0, 0, 100,
+       1, {350}, 1, {0}, {0}},
+      {"12 heads a kv head, prefill", RLM_DTYPE_F32, 64, 24, 2, 128, 0, 0, 0, 1, {60}, 5, {0}, {0}},
+      {"dim 96, ring with 1 sink", RLM_DTYPE_F16, 96, 4, 4, 30, 29, 1, 20, 1, {100}, 2, {0}, {0}},
+      {"dim 32, 8 heads a kv head, prefill", RLM_DTYPE_BF16, 32, 8, 1, 64, 0, 0, 0, 1, {10}, 20, {0}, {0}},
+      {"f32 dim 512, 2 heads a kv head", RLM_DTYPE_F32, 512, 4, 2, 64, 0, 0, 0, 1, {33}, 2, {0}, {0}},
+      {"f16 dim 512, ring, 3 rows", RLM_DTYPE_F16, 512, 2, 1, 40, 40, 0, 36, 3, {90, 3, 41}, 3, {2, 1, 0}, {0}},
+  };
+  /* clang-format on */
+  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i]);
+}
+
+/* ---- refusals ------------------------------------------------------------------ */
+
+TEST(refuses_what_it_lacks) {
+  rlm_error err = {0};
+  void *p = (void *)(uintptr_t)256; /* never dereferenced: refused first */
+  rlm_cuda_kv c = {p, p, RLM_DTYPE_BF16, 8, 520, 1024, 0, 0, 0};
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "rlm__cuda_attend");
+  c.dim = 100; /* not a multiple of 8 */
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  c.dim = 128;
+  CHECK_EQ(rlm__cuda_attend(&c, p, 12, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_INVALID); /* 12 over 8 */
+  c.dtype = RLM_DTYPE_I32;
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_UNSUPPORTED);
+  c.dtype = RLM_DTYPE_BF16, c.ring = 1000, c.keep = 2; /* ring must be cap - keep */
+  CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_INVALID);
+  rlm_cuda_weight w = {.w = p, .dtype = RLM_DTYPE_BF16, .rows = 8, .cols = 64};
+  CHECK_EQ(rlm__cuda_dense_gemv(&w, p, 9, p, NULL, &err), RLM_ERR_INVALID);
+  w.dtype = RLM_DTYPE_I8;
+  CHECK_EQ(rlm__cuda_dense_gemv(&w, p, 1, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  rlm_cuda_weight e = {.q = {p, p, p, RLM_DTYPE_BF16, 8, 64, 3, 64}, .rows = 8, .cols = 64};
+  CHECK_EQ(rlm__cuda_embed(&e, p, 1, 1.0f, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "3-bit");
+  e.q.bits = 4, e.q.group_size = 48;
+  CHECK_EQ(rlm__cuda_embed(&e, p, 1, 1.0f, p, NULL, &err), RLM_ERR_INVALID);
+  CHECK_EQ(rlm__cuda_rope(p, 1, 8, 127, p, 128, NULL, &err), RLM_ERR_INVALID); /* odd head dim */
+  CHECK_EQ(rlm__cuda_rmsnorm(p, p, NULL, 1, 0, 1e-6, NULL, &err), RLM_ERR_INVALID);
+  /* Nothing to do is not an error, and launches nothing. */
+  CHECK_EQ(rlm__cuda_add(p, p, 0, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_act_mul(true, p, p, p, 0, 64, 64, NULL, &err), RLM_OK);
+  CU(cudaDeviceSynchronize());
+}
+
+/* ---- speed -------------------------------------------------------------------- */
+
+/* Median microseconds of `iters` launches of fn(ctx, i), after 5 warm-ups. */
+typedef void (*launch_fn)(void *ctx, int i);
+static double median_us(launch_fn fn, void *ctx, int iters) {
+  enum { MAX_IT = 64 };
+  cudaEvent_t ev[MAX_IT + 1];
+  float t[MAX_IT];
+  for (int i = 0; i <= iters; i++) CU(cudaEventCreate(&ev[i]));
+  for (int i = 0; i < 5; i++) fn(ctx, i);
+  for (int i = 0; i < iters; i++) {
+    CU(cudaEventRecord(ev[i], NULL));
+    fn(ctx, i);
+  }
+  CU(cudaEventRecord(ev[iters], NULL));
+  CU(cudaEventSynchronize(ev[iters]));
+  for (int i = 0; i < iters; i++) CU(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  for (int i = 1; i < iters; i++) /* insertion sort for the median */
+    for (int k = i; k > 0 && t[k] < t[k - 1]; k--) {
+      const float s = t[k];
+      t[k] = t[k - 1], t[k - 1] = s;
+    }
+  for (int i = 0; i <= iters; i++) cudaEventDestroy(ev[i]);
+  return 0.5 * (t[(iters - 1) / 2] + t[iters / 2]) * 1e3;
+}
+
+typedef struct dense_bench {
+  rlm_cuda_weight w[64];
+  int copies, m;
+  float *x, *y;
+} dense_bench;
+
+static void dense_launch(void *ctx, int i) {
+  dense_bench *b = ctx;
+  rlm_error err;
+  if (rlm__cuda_dense_gemv(&b->w[i % b->copies], b->x, b->m, b->y, NULL, &err))
+    fprintf(stderr, "%s\n", err.msg), exit(1);
+}
+
+static void bench_dense(const char *name, int64_t rows, int64_t cols, int m, double bw) {
+  dense_bench b = {.m = m};
+  const size_t wb = (size_t)(rows * cols) * 2;
+  b.copies = (int)(((size_t)400 << 20) / wb) + 1;
+  b.copies = b.copies > 64 ? 64 : b.copies;
+  uint16_t *hw = xmalloc(wb);
+  for (size_t i = 0; i < wb / 2; i++) hw[i] = rlm__f32_to_bf16(rndf());
+  for (int c = 0; c < b.copies; c++)
+    b.w[c] = (rlm_cuda_weight){.w = dev_copy(hw, wb), .dtype = RLM_DTYPE_BF16, .rows = rows, .cols = cols};
+  float *hx = frand(m * cols, 1.0f);
+  b.x = dev_copy(hx, (size_t)(m * cols) * 4), b.y = dev_poisoned((size_t)(m * rows) * 4);
+  const double us = median_us(dense_launch, &b, 50);
+  const double bytes = (double)wb + 4.0 * m * (double)(cols + rows), gbps = bytes / (us * 1e-6) / 1e9;
+  printf("%-26s %3d %10.1f %9.0f %7.0f%%\n", name, m, us, gbps, 100 * gbps / bw);
+  for (int c = 0; c < b.copies; c++) cudaFree((void *)b.w[c].w);
+  cudaFree(b.x), cudaFree(b.y);
+  free(hw), free(hx);
+}
+
+typedef struct attn_bench {
+  rlm_cuda_kv c;
+  float *q, *out;
+  int32_t *row;
+  int64_t *pos;
+  int n, n_heads;
+  void *scratch;
+} attn_bench;
+
+static void attn_launch(void *ctx, int i) {
+  attn_bench *b = ctx;
+  rlm_error err;
+  if (rlm__cuda_attend(&b->c, b->q, b->n_heads, 0.0883883f, b->row, b->pos, b->n, b->out, b->scratch, NULL, &err))
+    fprintf(stderr, "%s\n", err.msg), exit(1);
+}
+
+/* n rows of one token each at position ctx - 1 (ctx positions seen),
+ * Llama-8B's layer shape; the cache holds random bf16 (its bytes, not
+ * written through kv_write: the speed does not depend on the values). */
+static void bench_attend(int n, int64_t ctx, double bw) {
+  attn_bench b = {.n = n, .n_heads = 32};
+  const int n_kv = 8, dim = 128;
+  const size_t bytes = (size_t)n * n_kv * (size_t)ctx * dim * 2;
+  b.c = (rlm_cuda_kv){NULL, NULL, RLM_DTYPE_BF16, n_kv, dim, ctx, 0, 0, 0};
+  CU(cudaMalloc(&b.c.k, bytes));
+  CU(cudaMalloc(&b.c.v, bytes));
+  CU(cudaMemset(b.c.k, 0x3c, bytes)); /* bf16 0x3c3c: about 0.0115 */
+  CU(cudaMemset(b.c.v, 0x3c, bytes));
+  int32_t row[8];
+  int64_t pos[8];
+  for (int j = 0; j < n; j++) row[j] = j, pos[j] = ctx - 1;
+  float *hq = frand((int64_t)n * 32 * dim, 1.0f);
+  b.q = dev_copy(hq, (size_t)n * 32 * dim * 4), b.out = dev_poisoned((size_t)n * 32 * dim * 4);
+  b.row = dev_copy(row, (size_t)n * 4), b.pos = dev_copy(pos, (size_t)n * 8);
+  b.scratch = dev_poisoned(rlm__cuda_attend_scratch_bytes(n, 32, dim));
+  const double us = median_us(attn_launch, &b, 30), gbps = 2.0 * (double)bytes / (us * 1e-6) / 1e9;
+  printf("attend bf16 32/8 heads x 128, %d row%s x %6lld positions: %8.1f us %6.0f GB/s %4.0f%% of copy\n", n,
+         n > 1 ? "s" : " ", (long long)ctx, us, gbps, 100 * gbps / bw);
+  cudaFree(b.c.k), cudaFree(b.c.v), cudaFree(b.q), cudaFree(b.out), cudaFree(b.row), cudaFree(b.pos);
+  cudaFree(b.scratch);
+  free(hq);
+}
+
+static void bench(void) {
+  const double bw = copy_gbps();
+  printf("device-to-device copy: %.0f GB/s (read + written)\n", bw);
+  printf("%-26s %3s %10s %9s %8s\n", "dense bf16 product", "m", "us", "GB/s", "of copy");
+  static const struct {
+    const char *name;
+    int64_t rows, cols;
+  } sh[] = {{"llama8b q|o 4096x4096", 4096, 4096},
+            {"llama8b k|v 1024x4096", 1024, 4096},
+            {"llama8b gate|up 14336x4096", 14336, 4096},
+            {"llama8b down 4096x14336", 4096, 14336},
+            {"llama8b head 128256x4096", 128256, 4096}};
+  for (int i = 0; i < N_OF(sh); i++)
+    for (int m = 1; m <= 8; m *= 8) bench_dense(sh[i].name, sh[i].rows, sh[i].cols, m, bw);
+  bench_attend(1, 16384, bw);
+  bench_attend(1, 4096, bw);
+  bench_attend(8, 16384, bw);
+}
+
+int main(int argc, char **argv) {
+  const int skip = cuda_test_start(argc, argv, bench);
+  if (skip >= 0) return skip;
+  RUN(rmsnorm_matches_reference);
+  RUN(vector_ops_match_reference);
+  RUN(act_mul_matches_reference);
+  RUN(gather_rows_copies);
+  RUN(rope_angles_match_reference);
+  RUN(rope_matches_reference);
+  RUN(embed_matches_reference);
+  RUN(dense_gemv_matches_reference);
+  RUN(kv_write_matches_convert);
+  RUN(attend_matches_reference);
+  RUN(refuses_what_it_lacks);
+  return test_summary();
+}
