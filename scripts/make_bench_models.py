@@ -63,7 +63,11 @@ SHAPES = {
                         head_dim=64, vocab=128256, window=0, theta=5e5, qk_norm=False),
     "qwen3-0.6b": dict(arch="qwen3", gguf="qwen3", hidden=1024, inter=3072, layers=28, heads=16, kv=8,
                        head_dim=128, vocab=151936, window=0, theta=1e6, qk_norm=True),
+    # The GPU's bench shape (issue 17), as the anchor's Llama 3.1 8B.
+    "llama3.1-8b": dict(arch="llama", gguf="llama", hidden=4096, inter=14336, layers=32, heads=32, kv=8,
+                        head_dim=128, vocab=128256, window=0, theta=5e5, qk_norm=False),
 }
+DEFAULT = ["gemma3-1b", "llama3.2-1b", "qwen3-0.6b"]  # the CPU's; name llama3.1-8b to get it
 
 
 def to_bf16(x):
@@ -338,11 +342,13 @@ def write_gguf(path, s, items, vocab_kv=None):
 def main():
     ap = argparse.ArgumentParser(description="Random-weight benchmark models (see the module docstring).")
     ap.add_argument("out", nargs="?", default="build-bench", help="output folder (default: build-bench)")
-    ap.add_argument("names", nargs="*", metavar="name", help=f"models (default: all of {' '.join(SHAPES)})")
+    ap.add_argument("names", nargs="*", metavar="name",
+                    help=f"models among {' '.join(SHAPES)} (default: {' '.join(DEFAULT)})")
+    ap.add_argument("--no-gguf", action="store_true", help="write only the Hugging Face folders")
     ap.add_argument("--tokenizer", metavar="DIR", help="a tokenizer folder (tokenizer.json, "
                     "tokenizer_config.json) that gives the models a vocabulary (default: none)")
     args = ap.parse_args()
-    names = args.names or list(SHAPES)
+    names = args.names or DEFAULT
     for name in names:
         if name not in SHAPES:
             sys.exit(f"unknown model {name!r} (known: {' '.join(SHAPES)})")
@@ -361,7 +367,8 @@ def main():
         write_safetensors(os.path.join(d, "model.safetensors"), [(h, a) for h, _, a in items])
         if args.tokenizer:
             copy_tokenizer(args.tokenizer, d)
-        write_gguf(os.path.join(args.out, f"{name}-f16.gguf"), s, [(g, a) for _, g, a in items], vocab_kv)
+        if not args.no_gguf:
+            write_gguf(os.path.join(args.out, f"{name}-f16.gguf"), s, [(g, a) for _, g, a in items], vocab_kv)
         n = sum(a.size for _, _, a in items)
         vocab = f", vocabulary of {args.tokenizer}" if args.tokenizer else ""
         print(f"{name}: {n / 1e9:.3f} B parameters -> {d}/, {name}-f16.gguf{vocab}", flush=True)

@@ -6,27 +6,40 @@
 #                                  reference, the same under compute-sanitizer
 #                                  memcheck, then the speed table (--bench)
 #   scripts/test-cuda.sh           both
-# A GPU machine without jansson/PCRE2 headers can run what another machine
-# built: the programs need only libcudart and libc there.
+# A GPU machine without our Debian packages can run what another machine
+# built: `build` gathers the libraries it lacks into build-cuda/devlib, which
+# `run` puts on LD_LIBRARY_PATH (carry build-cuda/tests/test_cuda_*,
+# build-cuda/ringlm and build-cuda/devlib there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
-bin=build-cuda/tests/test_cuda_qgemv
+# test_cuda_qgemv: the quantized products; test_cuda_ops: the rest of the
+# forward pass's kernels (element-wise, RoPE, embedding, dense product, KV
+# write, attention); test_cuda_model: sessions on the GPU against the CPU.
+progs="test_cuda_qgemv test_cuda_ops test_cuda_model"
 if [ "$what" = build ] || [ "$what" = all ]; then
   bash scripts/deps.sh >/dev/null
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGLM_CUDA=ON -DRINGLM_BENCH=OFF >/dev/null
-  cmake --build build-cuda --target test_cuda_qgemv
+  cmake --build build-cuda --target $progs ringlm
+  # The run-time libraries a GPU machine without our Debian packages lacks
+  # (jansson, libmicrohttpd, libedit, libringlm itself), for LD_LIBRARY_PATH
+  # there: carry build-cuda/devlib with the programs.
+  mkdir -p build-cuda/devlib
+  for l in $(ldd build-cuda/ringlm | awk '/=> \// {print $3}' | grep -E 'ringlm|jansson|microhttpd|libedit|libbsd|libmd'); do
+    cp -L "$l" build-cuda/devlib/
+  done
 fi
 if [ "$what" = run ] || [ "$what" = all ]; then
   export RINGLM_REQUIRE_GPU=1 # a missing GPU is a failure here, not a skip
-  "$bin"
-  if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" >build-cuda/memcheck.log 2>&1 ||
-      { tail -30 build-cuda/memcheck.log; echo "test-cuda: compute-sanitizer memcheck found errors"; exit 1; }
-    grep -E "ERROR SUMMARY|passed" build-cuda/memcheck.log
-  else
-    echo "test-cuda: compute-sanitizer not found; memcheck not run"
-    exit 1
-  fi
-  "$bin" --bench
+  export RINGLM_SOURCE_DIR=$PWD LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for p in $progs; do
+    bin=build-cuda/tests/$p log=build-cuda/memcheck-$p.log
+    "$bin"
+    command -v compute-sanitizer >/dev/null ||
+      { echo "test-cuda: compute-sanitizer not found; memcheck not run"; exit 1; }
+    compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" >"$log" 2>&1 ||
+      { tail -30 "$log"; echo "test-cuda: compute-sanitizer memcheck found errors in $p"; exit 1; }
+    grep -E "ERROR SUMMARY|passed" "$log"
+  done
+  for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
 fi

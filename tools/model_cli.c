@@ -209,6 +209,10 @@ static const opt_def opts[] = {
      .help = "aggregate decode tokens/s of B sequences at once (llama-batched-bench)"},
     {{"--act-bits"}, "B", OPT_INT, C_SESSION, F(sp.act_bits), SET(0, 8),
      .help = "8: int8 activations in 4-bit decode products (faster, ~0.4% error); 0: exact"},
+    {{"--device"}, "cpu|cuda", OPT_STR, C_SESSION, F(device),
+     .help = "where the model runs (cuda: a build with -DRINGLM_CUDA=ON)", .def = "cpu"},
+    {{"--no-graph"}, NULL, OPT_FLAG, C_SESSION, F(sp.no_graph),
+     .help = "cuda: launch each decode step's kernels one by one, not as one captured graph"},
 };
 enum { N_OPTS = sizeof opts / sizeof *opts };
 
@@ -485,6 +489,9 @@ int mcli_parse(int argc, char **argv, model_opts *o, const char *cmd, const char
     return cli_usage_error(
         cmd, "needs -m DIR (the embedded model was not found; RINGLM_MODEL names one)");
   check_threads(o);
+  if (o->device && strcmp(o->device, "cpu") && strcmp(o->device, "cuda"))
+    return cli_usage_error(cmd, "--device expects cpu or cuda, got '%s'", o->device);
+  o->sp.device = o->device && !strcmp(o->device, "cuda") ? RLM_DEVICE_CUDA : RLM_DEVICE_CPU;
   return check_inputs(o, bit);
 }
 

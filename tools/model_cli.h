@@ -42,6 +42,7 @@ typedef struct model_opts {
   bool json;                                 /* bench --json              */
   bool decode, no_special, skip_special;     /* tokenize                  */
   const char *draft_dir;                     /* --draft: a draft model    */
+  const char *device;                        /* --device cpu|cuda         */
   int draft_max;                             /* --draft-max               */
   int draft_adaptive;                        /* --draft-adaptive 0|1      */
   int lookup_n;                              /* --lookup: n-gram size     */

@@ -69,4 +69,16 @@ struct rlm_backend {
  * src/quant and the KV-state layer. */
 extern const rlm_backend rlm__backend_cpu;
 
+/* The CUDA backend (src/cuda/backend_cuda.c; RLM_HAVE_CUDA builds only).
+ * session_init checks what the GPU cannot run yet (RLM_ERR_UNSUPPORTED,
+ * named), uploads the model's weights at its first session there, sets
+ * s->be and s->dev and allocates the caches whole (n_ctx chosen when 0);
+ * rows then have no rlm_kv caches of their own. */
+rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err);
+void rlm__cuda_session_fini(rlm_session *s);
+/* The first layer that cannot take `row` back to position `to` (a ring
+ * past its slack), or -1. */
+int rlm__cuda_rewind_blocker(const rlm_session *s, int row, int64_t to);
+size_t rlm__cuda_row_kv_bytes(const rlm_session *s);
+
 #endif /* RLM_BACKEND_H */

@@ -233,10 +233,13 @@ static rlm_status layers(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   return RLM_OK;
 }
 
-rlm_status rlm__forward(rlm_session *s, const rlm_pass *ps, float *logits, rlm_error *err) {
+rlm_status rlm__forward(rlm_session *s, const rlm_pass *plan, float *logits, rlm_error *err) {
+  rlm_pass pass = *plan;
+  if (!logits) pass.n_want = 0; /* part of a pass's shape (a device's graph) */
+  const rlm_pass *ps = &pass;
   rlm_status rc = s->be->begin_pass(s, ps, err);
   if (!rc) rc = layers(s, ps, err);
-  if (!rc && logits && ps->n_want) rc = output_logits(s, ps, logits, err);
+  if (!rc && ps->n_want) rc = output_logits(s, ps, logits, err);
   rlm_status end = s->be->end_pass(s, err);
   if (!rc) rc = end;
   if (rc) return rc;

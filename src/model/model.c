@@ -341,6 +341,7 @@ rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
 
 void rlm_model_free(rlm_model *m) {
   if (!m) return;
+  if (m->dev_weights) m->dev_weights_free(m->dev_weights);
   rlm__st_free(m->st);
   rlm__arena_free(&m->arena);
   rlm__free(m->config_path);
@@ -351,3 +352,49 @@ int32_t rlm_model_vocab_size(const rlm_model *m) { return m ? m->cfg.vocab : 0; 
 const char *rlm_model_arch(const rlm_model *m) { return m ? m->cfg.model_type : ""; }
 const char *rlm_model_signature(const rlm_model *m) { return m ? m->signature : ""; }
 
+
+/* ---- the model's arrays (device backends upload them) -------------------- */
+
+static void linear_arrays(const rlm_linear *l, rlm_model_array_fn fn, void *ctx) {
+  if (!l->out) return;
+  if (!l->quant) {
+    fn(ctx, l->w, (size_t)l->out * (size_t)l->in * rlm_dtype_size(l->dtype));
+    return;
+  }
+  const rlm_qmat *q = &l->q;
+  const size_t groups = (size_t)q->rows * (size_t)(q->cols / q->group_size);
+  fn(ctx, q->wq, (size_t)q->rows * (size_t)rlm__quant_row_words(q->cols, q->bits) * 4);
+  fn(ctx, q->scales, groups * rlm_dtype_size(q->sdtype));
+  fn(ctx, q->biases, groups * rlm_dtype_size(q->sdtype));
+}
+
+static void vec(const float *v, int64_t n, rlm_model_array_fn fn, void *ctx) {
+  if (v) fn(ctx, v, (size_t)n * sizeof *v);
+}
+
+void rlm__model_arrays(const rlm_model *m, rlm_model_array_fn fn, void *ctx) {
+  const rlm_model_config *c = &m->cfg;
+  const int64_t H = c->hidden;
+  linear_arrays(&m->embed, fn, ctx);
+  linear_arrays(&m->lm_head, fn, ctx); /* the embedding again when tied */
+  linear_arrays(&m->ple_embed, fn, ctx);
+  linear_arrays(&m->ple_model_proj, fn, ctx);
+  vec(m->final_norm, H, fn, ctx);
+  vec(m->ple_proj_norm, c->ple_dim, fn, ctx);
+  vec(m->inv_freq, c->max_head_dim / 2, fn, ctx);
+  vec(m->inv_freq_local, c->max_head_dim / 2, fn, ctx);
+  for (int i = 0; i < c->n_layers; i++) {
+    const rlm_layer *L = &m->layers[i];
+    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate,
+                              &L->ple_proj, &L->router};
+    for (size_t j = 0; j < sizeof ls / sizeof *ls; j++) linear_arrays(ls[j], fn, ctx);
+    for (int e = 0; L->expert_gate_up && e < c->n_experts; e++) linear_arrays(&L->expert_gate_up[e], fn, ctx);
+    for (int e = 0; L->expert_down && e < c->n_experts; e++) linear_arrays(&L->expert_down[e], fn, ctx);
+    const float *hv[] = {L->attn_norm, L->mlp_norm, L->post_attn_norm, L->post_mlp_norm, L->ple_norm,
+                         L->router_scale, L->moe_post1, L->moe_post2, L->moe_pre2};
+    for (size_t j = 0; j < sizeof hv / sizeof *hv; j++) vec(hv[j], H, fn, ctx);
+    vec(L->q_norm, c->layer_head_dim[i], fn, ctx);
+    vec(L->k_norm, c->layer_head_dim[i], fn, ctx);
+    vec(L->expert_scale, c->n_experts, fn, ctx);
+  }
+}

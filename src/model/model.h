@@ -121,6 +121,10 @@ struct rlm_model {
   bool has_full, has_sliding; /* which of the two kinds the layers use   */
   float embed_scale;          /* 1, or sqrt(hidden) in the weights' dtype */
   rlm_arena arena;            /* f32 copies of norms, inv_freq, layers   */
+  /* The weights on a device (the CUDA backend's, uploaded by the model's
+   * first session there; freed with the model), or NULL. */
+  void *dev_weights;
+  void (*dev_weights_free)(void *);
 };
 
 /* One sequence of a session: its own caches (KV-shared layers have none:
@@ -175,6 +179,12 @@ struct rlm_session {
   int64_t *row_need;          /* [n_rows] tokens a batch feeds each row  */
   int64_t stamp;
 };
+
+/* ---- model.c: the arrays a device backend uploads ---------------------- */
+/* Calls fn for every weight array and norm vector the forward pass reads
+ * (a tied head's arrays come twice: the callee dedupes by pointer). */
+typedef void (*rlm_model_array_fn)(void *ctx, const void *p, size_t bytes);
+void rlm__model_arrays(const rlm_model *m, rlm_model_array_fn fn, void *ctx);
 
 /* ---- config.c ---------------------------------------------------------- */
 rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err);

@@ -111,6 +111,7 @@ static rlm_status make_cache(rlm_session *s, int r, int i, rlm_error *err) {
   return rc ? rc : rlm__kv_use_pool(s->rows[0].kv[i], s->pool, err);
 }
 
+/* Rows and, on the CPU, their caches (a device backend holds its own). */
 static rlm_status make_rows(rlm_session *s, rlm_error *err) {
   const int L = s->m->cfg.n_layers;
   s->rows = rlm__calloc((size_t)s->p.n_rows, sizeof *s->rows);
@@ -118,7 +119,7 @@ static rlm_status make_rows(rlm_session *s, rlm_error *err) {
   for (int r = 0; r < s->p.n_rows; r++) {
     if (!(s->rows[r].kv = rlm__calloc((size_t)L, sizeof *s->rows[r].kv)))
       return rlm__err_nomem(err, "session caches", 0);
-    for (int i = 0; i < L; i++) {
+    for (int i = 0; s->be == &rlm__backend_cpu && i < L; i++) {
       rlm_status rc = make_cache(s, r, i, err);
       if (rc) return rc;
     }
@@ -159,6 +160,16 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
   return RLM_OK;
 }
 
+static rlm_status cuda_init(rlm_session *s, rlm_error *err) {
+#ifdef RLM_HAVE_CUDA
+  return rlm__cuda_session_init(s, err);
+#else
+  (void)s;
+  return rlm__err(err, RLM_ERR_UNSUPPORTED, "device cuda: this build has no CUDA backend (configure with "
+                  "-DRINGLM_CUDA=ON)");
+#endif
+}
+
 rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session_params *p,
                               rlm_error *err) {
   if (!out || !m) return rlm__err(err, RLM_ERR_INVALID, "rlm_session_create: NULL argument");
@@ -172,6 +183,7 @@ rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session
   s->p = params;
   s->be = &rlm__backend_cpu;
   rc = rlm__pool_acquire(&s->pool, s->p.n_threads, err); /* the process's shared workers */
+  if (!rc && s->p.device == RLM_DEVICE_CUDA) rc = cuda_init(s, err);
   if (!rc) rc = make_rows(s, err);
   if (!rc) rc = alloc_scratch(s, err);
   if (rc) {
@@ -193,6 +205,9 @@ void rlm_session_free(rlm_session *s) {
   float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->ple, s->ple_tmp, s->rope, s->logits};
   for (size_t i = 0; s->be && i < sizeof bufs / sizeof *bufs; i++)
     if (bufs[i]) s->be->release(s, bufs[i]);
+#ifdef RLM_HAVE_CUDA
+  rlm__cuda_session_fini(s);
+#endif
   rlm__free(s->xsum), rlm__free(s->moe), rlm__free(s->q8);
   rlm__free(s->runs), rlm__free(s->tok_pos), rlm__free(s->want);
   rlm__free(s->row_mark), rlm__free(s->row_need);
@@ -212,7 +227,7 @@ int64_t rlm_session_position(const rlm_session *s) { return s ? s->rows[0].pos :
 
 size_t rlm_session_kv_bytes(const rlm_session *s) {
   size_t t = 0;
-  for (int r = 0; s && r < s->p.n_rows; r++) t += rlm_kv_nbytes_total(s->rows[r].kv, s->m->cfg.n_layers);
+  for (int r = 0; s && r < s->p.n_rows; r++) t += rlm_session_row_kv_bytes(s, r);
   return t;
 }
 
@@ -238,7 +253,21 @@ rlm_status rlm_session_row_release(rlm_session *s, int row, rlm_error *err) {
 
 size_t rlm_session_row_kv_bytes(const rlm_session *s, int row) {
   if (!s || row < 0 || row >= s->p.n_rows) return 0;
+#ifdef RLM_HAVE_CUDA
+  if (s->dev) return rlm__cuda_row_kv_bytes(s);
+#endif
   return rlm_kv_nbytes_total(s->rows[row].kv, s->m->cfg.n_layers);
+}
+
+/* The first layer whose cache cannot take `row` back to position `to`,
+ * or -1 when every one can. */
+static int rewind_blocker(const rlm_session *s, int row, int64_t to) {
+#ifdef RLM_HAVE_CUDA
+  if (s->dev) return rlm__cuda_rewind_blocker(s, row, to);
+#endif
+  for (int i = 0; i < s->m->cfg.n_layers; i++)
+    if (s->rows[row].kv[i] && !rlm__kv_can_rewind(s->rows[row].kv[i], 0, to)) return i;
+  return -1;
 }
 
 rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *err) {
@@ -248,13 +277,12 @@ rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *e
   if (n < 0 || n > R->pos)
     return rlm__err(err, RLM_ERR_INVALID, "%s: row %d holds %lld tokens, cannot forget %lld", fn, row,
                     (long long)R->pos, (long long)n);
-  const int L = s->m->cfg.n_layers;
-  for (int i = 0; i < L; i++) /* every layer can, or nothing changes */
-    if (R->kv[i] && !rlm__kv_can_rewind(R->kv[i], 0, R->pos - n))
-      return rlm__err(err, RLM_ERR_INVALID,
-                      "%s: row %d cannot forget %lld tokens: layer %d's ring has overwritten keys "
-                      "it would need (at most prefill_chunk=%d tokens fed since can be forgotten)",
-                      fn, row, (long long)n, i, s->p.prefill_chunk);
+  const int L = s->m->cfg.n_layers, blocker = rewind_blocker(s, row, R->pos - n);
+  if (blocker >= 0) /* every layer can, or nothing changes */
+    return rlm__err(err, RLM_ERR_INVALID,
+                    "%s: row %d cannot forget %lld tokens: layer %d's ring has overwritten keys "
+                    "it would need (at most prefill_chunk=%d tokens fed since can be forgotten)",
+                    fn, row, (long long)n, blocker, s->p.prefill_chunk);
   for (int i = 0; i < L; i++)
     if (R->kv[i] && rlm_kv_trim(R->kv[i], n, err)) return RLM_ERR_INTERNAL; /* checked above */
   R->pos -= n;

@@ -197,6 +197,8 @@ rlm_status rlm_session_row_save(const rlm_session *s, int row, const int32_t *to
   if (!s || !buf || !len) return rlm__err(err, RLM_ERR_INVALID, "%s: NULL argument", fn);
   if (row < 0 || row >= s->p.n_rows)
     return rlm__err(err, RLM_ERR_INVALID, "%s: row %d is outside [0, %d)", fn, row, s->p.n_rows);
+  if (s->dev)
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: saving a row of a device session is not supported yet", fn);
   const rlm_row *R = &s->rows[row];
   if (n_tokens != 0 && (n_tokens != R->pos || !tokens))
     return rlm__err(err, RLM_ERR_INVALID, "%s: %lld token ids for a row holding %lld", fn,
@@ -546,6 +548,8 @@ rlm_status rlm_session_row_load(rlm_session *s, int row, const rlm_snapshot *sn,
   if (!s || !sn) return rlm__err(err, RLM_ERR_INVALID, "%s: NULL argument", fn);
   if (row < 0 || row >= s->p.n_rows)
     return rlm__err(err, RLM_ERR_INVALID, "%s: row %d is outside [0, %d)", fn, row, s->p.n_rows);
+  if (s->dev)
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: loading a row into a device session is not supported yet", fn);
   rlm_status rc = rlm_snapshot_check(sn, s, err);
   rlm_row *R = &s->rows[row];
   for (int i = 0; !rc && i < sn->n_layers; i++) /* room first: the row is still as it was */

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# ringlm's decode and prefill speed on an NVIDIA GPU (issue 17), with the
+# fraction of the memory-bandwidth floor: the bytes a decode step reads
+# (every weight once; the tied embedding is the output head) over the
+# device-to-device copy bandwidth measured in the same run
+# (test_cuda_qgemv --bench prints it).
+#
+#   bench/cuda.sh [MODELS_DIR]     (default /tmp/ringlm-bench)
+#
+# Models: random weights with the shapes of Gemma 3 1B and Llama 3.1 8B
+# (scripts/make_bench_models.py, bf16), quantized to MLX 4-bit g64 with the
+# tied embedding/head at 8 bits g64, as llama-quantize's Q4_0 gives Gemma's
+# (Q8_0); Llama's Q4_0 head is Q6_K (6.56 bits), and the GPU has no 6-bit
+# product yet, so ours reads 8.5 bits there: more bytes than the anchor's.
+# RINGLM (default build-cuda/ringlm) and QGEMV (build-cuda/tests/
+# test_cuda_qgemv) name the programs; REPS (3) the repetitions; DEPTHS
+# (0,4096) the context depths.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-/tmp/ringlm-bench}
+bin=${RINGLM:-build-cuda/ringlm}
+qgemv=${QGEMV:-build-cuda/tests/test_cuda_qgemv}
+reps=${REPS:-3}
+depths=${DEPTHS:-0,4096}
+mkdir -p "$dir"
+for shape in gemma3-1b llama3.1-8b; do
+  [ -f "$dir/$shape/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" "$shape" --no-gguf
+  [ -f "$dir/$shape-4bit/model.safetensors" ] ||
+    "$bin" quantize "$dir/$shape" "$dir/$shape-4bit" --bits 4 --group-size 64 --quantize-embeddings \
+      --override embed_tokens=8 >/dev/null
+done
+bw=$("$qgemv" --bench | sed -n 's/^device-to-device copy: \([0-9.]*\) GB.*/\1/p' | head -1)
+echo "device-to-device copy: ${bw:-?} GB/s"
+for m in gemma3-1b-4bit llama3.1-8b-4bit gemma3-1b llama3.1-8b; do
+  bytes=$(stat -c %s "$dir/$m/model.safetensors")
+  acts=0
+  case $m in *4bit) acts=8 ;; esac
+  echo "== $m: $((bytes / 1000000)) MB of weights; floor $(awk -v b="$bytes" -v w="${bw:-0}" 'BEGIN{printf "%.0f", w*1e9/b}') tok/s"
+  "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 512 -n 128 -d "$depths" -r "$reps"
+  "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 0 -n 128 -r "$reps" --no-graph
+done

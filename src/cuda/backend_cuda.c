@@ -1,0 +1,555 @@
+/* backend_cuda.c -- the CUDA backend of the forward pass (backend.h), built
+ * with -DRINGLM_CUDA=ON: the model's weights uploaded once, as they are
+ * stored; a session's activations, caches and pass plan in device memory;
+ * the kernels of cuda_backend.h and cuda_ops.h on one stream; and each
+ * decode step captured once as a CUDA graph and replayed.
+ *
+ * THE CACHES. Each layer with its own cache holds [n_rows][n_kv][cap][dim]
+ * K and V in the model's dtype, allocated whole at create (n_ctx slots, or
+ * a ring of window + prefill_chunk - 1 for sliding and max_kv layers). The
+ * slot of a position is a formula (cuda_ops.h), and a row holds exactly
+ * the positions below its length, so the host keeps no table: rollback
+ * and clearing only change rlm_row.pos, and a step's kernels read each
+ * token's row and position from device arrays (begin_pass uploads them).
+ *
+ * THE GRAPH. A pass whose runs are all one token (a decode step of one or
+ * more rows) is captured the first time its shape (tokens, wanted logits)
+ * is seen, and replayed afterwards: begin_pass uploads the plan, then
+ * either starts the capture (the ops enqueue into it) or marks the pass a
+ * replay (the ops enqueue nothing); copy_logits or end_pass closes the
+ * capture, launches the graph, and copies the logits out. Replaying gives
+ * the same bits as running the kernels one by one, since it is the same
+ * kernels on the same buffers.
+ *
+ * Not yet here (RLM_ERR_UNSUPPORTED at create, naming what): quantized KV,
+ * weights at bits other than 4 and 8, Gemma 4's MoE, session snapshots.
+ */
+#include "model/backend.h"
+
+#include "cuda/cuda_ops.h"
+
+#include <cuda_runtime.h>
+#include <stdlib.h>
+
+enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8 };
+
+/* ---- the model's weights on the device ------------------------------------ */
+
+typedef struct dev_array {
+  const char *host;
+  size_t bytes;
+  char *dev;
+} dev_array;
+
+typedef struct dev_weights {
+  dev_array *a;               /* sorted by host address                  */
+  size_t n, cap;
+  void *block;                /* every array, 256-byte aligned           */
+  bool failed;                /* out of host memory while collecting     */
+} dev_weights;
+
+static void collect(void *ctx, const void *p, size_t bytes) {
+  dev_weights *w = ctx;
+  if (!p || !bytes || w->failed) return;
+  if (w->n == w->cap) {
+    size_t cap = w->cap ? 2 * w->cap : 256;
+    dev_array *a = rlm__realloc(w->a, cap * sizeof *a);
+    if (!a) {
+      w->failed = true;
+      return;
+    }
+    w->a = a, w->cap = cap;
+  }
+  w->a[w->n++] = (dev_array){p, bytes, NULL};
+}
+
+static int by_host(const void *a, const void *b) {
+  const char *x = ((const dev_array *)a)->host, *y = ((const dev_array *)b)->host;
+  return x < y ? -1 : x > y;
+}
+
+static void weights_free(void *p) {
+  dev_weights *w = p;
+  if (!w) return;
+  cudaFree(w->block);
+  rlm__free(w->a);
+  rlm__free(w);
+}
+
+/* The device copy of host address p (inside an uploaded array), or NULL. */
+static const void *dev_of(const dev_weights *w, const void *p) {
+  if (!p) return NULL;
+  size_t lo = 0, hi = w->n;
+  while (lo < hi) { /* the last array starting at or before p */
+    size_t mid = (lo + hi) / 2;
+    if (w->a[mid].host <= (const char *)p) lo = mid + 1;
+    else hi = mid;
+  }
+  if (!lo) return NULL;
+  const dev_array *a = &w->a[lo - 1];
+  size_t off = (size_t)((const char *)p - a->host);
+  return off < a->bytes ? a->dev + off : NULL;
+}
+
+static rlm_status cuda_fail(rlm_error *err, cudaError_t e, const char *what) {
+  return rlm__err(err, e == cudaErrorMemoryAllocation ? RLM_ERR_NOMEM : RLM_ERR_INTERNAL, "cuda: %s: %s", what,
+                  cudaGetErrorString(e));
+}
+
+/* Every array the forward pass reads, each once (a tied head is the
+ * embedding), copied into one device block. */
+static rlm_status upload_weights(rlm_model *m, rlm_error *err) {
+  dev_weights *w = rlm__calloc(1, sizeof *w);
+  if (!w) return rlm__err_nomem(err, "cuda weights table", sizeof *w);
+  rlm__model_arrays(m, collect, w);
+  if (w->failed) {
+    weights_free(w);
+    return rlm__err_nomem(err, "cuda weights table", 0);
+  }
+  qsort(w->a, w->n, sizeof *w->a, by_host);
+  size_t k = 0, total = 0;
+  for (size_t i = 0; i < w->n; i++) /* drop repeats and arrays inside another */
+    if (!k || w->a[i].host >= w->a[k - 1].host + w->a[k - 1].bytes) w->a[k++] = w->a[i];
+  w->n = k;
+  for (size_t i = 0; i < w->n; i++) total += (w->a[i].bytes + 255) & ~(size_t)255;
+  cudaError_t e = cudaMalloc(&w->block, total);
+  for (size_t i = 0, off = 0; e == cudaSuccess && i < w->n; i++) {
+    w->a[i].dev = (char *)w->block + off;
+    off += (w->a[i].bytes + 255) & ~(size_t)255;
+    e = cudaMemcpy(w->a[i].dev, w->a[i].host, w->a[i].bytes, cudaMemcpyHostToDevice);
+  }
+  if (e != cudaSuccess) {
+    weights_free(w);
+    return cuda_fail(err, e, "uploading the weights");
+  }
+  m->dev_weights = w, m->dev_weights_free = weights_free;
+  return RLM_OK;
+}
+
+/* ---- session state ------------------------------------------------------- */
+
+typedef enum pass_mode { MODE_DIRECT, MODE_CAPTURE, MODE_REPLAY } pass_mode;
+
+typedef struct graph {
+  int n, n_want;
+  cudaGraphExec_t exec;
+} graph;
+
+typedef struct cuda_sess {
+  cudaStream_t st;
+  const dev_weights *w;
+  rlm_cuda_kv *kv;            /* [n_layers]; KV-shared layers unused      */
+  void *kv_block;
+  size_t kv_bytes;
+  /* the pass plan: host staging (pinned) and its device copy */
+  void *h_plan, *d_plan;
+  int32_t *d_ids, *d_rows, *d_want;
+  int64_t *d_pos;
+  size_t plan_bytes;
+  void *q8, *att_scratch;
+  rlm_status first;           /* the first error an op met this pass      */
+  rlm_error first_err;
+  pass_mode mode;
+  graph graphs[MAX_GRAPHS];
+  int n_graphs, cur;          /* cur: the graph this pass captures/replays */
+} cuda_sess;
+
+static cuda_sess *cs_of(rlm_session *s) { return s->dev; }
+
+/* Keeps the first failure of the pass. */
+static void note(rlm_session *s, rlm_status rc, const rlm_error *e) {
+  cuda_sess *cs = cs_of(s);
+  if (rc && !cs->first) cs->first = rc, cs->first_err = *e;
+}
+
+static bool skip(rlm_session *s) { return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first; }
+
+static void *cuda_alloc(rlm_session *s, size_t bytes) {
+  (void)s;
+  void *p = NULL;
+  return cudaMalloc(&p, bytes) == cudaSuccess ? p : NULL;
+}
+
+static void cuda_release(rlm_session *s, void *p) {
+  (void)s;
+  cudaFree(p);
+}
+
+/* ---- weights as kernel arguments ---------------------------------------- */
+
+static rlm_cuda_weight weight_of(rlm_session *s, const rlm_linear *l) {
+  const dev_weights *w = cs_of(s)->w;
+  rlm_cuda_weight d = {.rows = l->out, .cols = l->in, .dtype = l->dtype};
+  if (!l->quant) {
+    d.w = dev_of(w, l->w);
+    return d;
+  }
+  d.q = (rlm_cuda_qmat){dev_of(w, l->q.wq), dev_of(w, l->q.scales), dev_of(w, l->q.biases), l->q.sdtype,
+                        l->q.rows, l->q.cols, l->q.bits, l->q.group_size};
+  return d;
+}
+
+static const float *dvec(rlm_session *s, const float *p) { return dev_of(cs_of(s)->w, p); }
+
+/* ---- the ops -------------------------------------------------------------- */
+
+static void cuda_embed(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, float scale, float *out) {
+  if (skip(s)) return;
+  rlm_error er;
+  rlm_cuda_weight w = weight_of(s, e);
+  note(s, rlm__cuda_embed(&w, cs_of(s)->d_ids, ps->n, scale, out, cs_of(s)->st, &er), &er);
+}
+
+/* Rows of x in groups of MAX_M (the kernels read W once per group): the
+ * int8-activation product where the CPU would use it, else f32. */
+static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
+  if (skip(s)) return;
+  cuda_sess *cs = cs_of(s);
+  rlm_error er;
+  rlm_cuda_weight w = weight_of(s, l);
+  const bool q8 = l->quant && s->p.act_bits == 8 && l->in % 128 == 0;
+  rlm_status rc = RLM_OK;
+  for (int64_t r0 = 0; !rc && r0 < n; r0 += MAX_M) {
+    const int m = (int)RLM_MIN((int64_t)MAX_M, n - r0);
+    const float *xr = x + r0 * l->in;
+    float *yr = y + r0 * l->out;
+    if (q8) {
+      rc = rlm__cuda_q8act_quantize(xr, m, l->in, l->q.bits, l->q.group_size, cs->q8, cs->st, &er);
+      if (!rc) rc = rlm__cuda_qgemv_q8(&w.q, cs->q8, m, yr, cs->st, &er);
+    } else if (l->quant) {
+      rc = rlm__cuda_qgemv(&w.q, xr, m, yr, cs->st, &er);
+    } else {
+      rc = rlm__cuda_dense_gemv(&w, xr, m, yr, cs->st, &er);
+    }
+  }
+  note(s, rc, &er);
+}
+
+static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, cs_of(s)->st, &er), &er);
+}
+
+static void cuda_add(rlm_session *s, float *x, const float *h, size_t n) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_add(x, h, (int64_t)n, cs_of(s)->st, &er), &er);
+}
+
+static void cuda_scale(rlm_session *s, float *x, float a, size_t n) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_scale(x, a, (int64_t)n, cs_of(s)->st, &er), &er);
+}
+
+static void cuda_softcap(rlm_session *s, float *x, float cap, size_t n) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_softcap(x, cap, (int64_t)n, cs_of(s)->st, &er), &er);
+}
+
+static void cuda_copy(rlm_session *s, float *dst, const float *src, size_t n) {
+  if (skip(s)) return;
+  cudaError_t e = cudaMemcpyAsync(dst, src, n * sizeof *dst, cudaMemcpyDeviceToDevice, cs_of(s)->st);
+  rlm_error er;
+  if (e != cudaSuccess) note(s, cuda_fail(&er, e, "copy"), &er);
+}
+
+static void cuda_act_mul(rlm_session *s, bool gelu, float *y, const float *g, const float *u, int rows, int n,
+                         int64_t u_stride) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_act_mul(gelu, y, g, u, rows, n, u_stride, cs_of(s)->st, &er), &er);
+}
+
+static void cuda_rope_angles(rlm_session *s, const rlm_pass *ps, float *cs, int64_t stride, const float *inv_freq,
+                             int half) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_rope_angles(cs, stride, dvec(s, inv_freq), half, cs_of(s)->d_pos, ps->n, cs_of(s)->st, &er),
+       &er);
+}
+
+static void cuda_rope(rlm_session *s, float *x, int n, int heads, int hd, const float *cs, int64_t stride) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_rope(x, n, heads, hd, cs, stride, cs_of(s)->st, &er), &er);
+}
+
+static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
+                        int64_t width) {
+  (void)ps;
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_gather_rows(dst, src, cs_of(s)->d_want + i0, count, width, cs_of(s)->st, &er), &er);
+}
+
+static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
+  (void)err;
+  if (skip(s)) return RLM_OK;
+  cuda_sess *cs = cs_of(s);
+  const rlm_model_config *c = &s->m->cfg;
+  const int donor = c->kv_donor[li];
+  rlm_error er;
+  rlm_status rc = RLM_OK;
+  if (donor < 0) rc = rlm__cuda_kv_write(&cs->kv[li], s->k, s->v, cs->d_rows, cs->d_pos, ps->n, cs->st, &er);
+  if (!rc)
+    rc = rlm__cuda_attend(&cs->kv[donor >= 0 ? donor : li], s->q, c->n_heads, (float)c->attn_scale, cs->d_rows,
+                          cs->d_pos, ps->n, s->att, cs->att_scratch, cs->st, &er);
+  note(s, rc, &er);
+  return RLM_OK; /* the pass's first error comes back from end_pass */
+}
+
+/* ---- the pass: plan upload, capture and replay ---------------------------- */
+
+static bool graph_shape(const rlm_session *s, const rlm_pass *ps) {
+  if (s->p.no_graph || ps->n_want > LOGIT_ROWS) return false;
+  for (int r = 0; r < ps->n_runs; r++)
+    if (ps->runs[r].n != 1) return false;
+  return true;
+}
+
+static int find_graph(const cuda_sess *cs, const rlm_pass *ps) {
+  for (int i = 0; i < cs->n_graphs; i++)
+    if (cs->graphs[i].n == ps->n && cs->graphs[i].n_want == ps->n_want) return i;
+  return -1;
+}
+
+/* The plan into pinned staging, one copy to the device (before any capture:
+ * a replayed graph reads what this copy wrote). */
+static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  const size_t N = (size_t)s->p.prefill_chunk;
+  int64_t *pos = cs->h_plan;
+  int32_t *ids = (int32_t *)(pos + N), *rows = ids + N, *want = rows + N;
+  for (int j = 0; j < ps->n; j++) ids[j] = ps->ids[j], pos[j] = ps->tok_pos[j];
+  for (int r = 0; r < ps->n_runs; r++)
+    for (int t = 0; t < ps->runs[r].n; t++) rows[ps->runs[r].j0 + t] = ps->runs[r].row;
+  for (int i = 0; i < ps->n_want; i++) want[i] = ps->want[i];
+  cudaError_t e = cudaMemcpyAsync(cs->d_plan, cs->h_plan, cs->plan_bytes, cudaMemcpyHostToDevice, cs->st);
+  return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "uploading the pass plan");
+}
+
+static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1;
+  rlm_status rc = upload_plan(s, ps, err);
+  if (rc || !graph_shape(s, ps)) return rc;
+  cs->cur = find_graph(cs, ps);
+  if (cs->cur >= 0) {
+    cs->mode = MODE_REPLAY;
+    return RLM_OK;
+  }
+  if (cs->n_graphs == MAX_GRAPHS) return RLM_OK; /* shapes past the table run directly */
+  cudaError_t e = cudaStreamBeginCapture(cs->st, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) return cuda_fail(err, e, "starting a graph capture");
+  cs->mode = MODE_CAPTURE;
+  cs->graphs[cs->n_graphs] = (graph){ps->n, ps->n_want, NULL};
+  return RLM_OK;
+}
+
+/* Ends a capture (keeping the graph if every op enqueued) and launches the
+ * pass's graph; afterwards the pass's remaining copies run directly. */
+static rlm_status run_graph(rlm_session *s, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  if (cs->mode == MODE_CAPTURE) {
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cs->st, &g);
+    cs->mode = MODE_DIRECT;
+    if (cs->first) {
+      if (g) cudaGraphDestroy(g);
+      return RLM_OK;
+    }
+    if (e != cudaSuccess) return cuda_fail(err, e, "capturing the decode step");
+    graph *gr = &cs->graphs[cs->n_graphs];
+    e = cudaGraphInstantiate(&gr->exec, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return cuda_fail(err, e, "instantiating the decode step's graph");
+    cs->cur = cs->n_graphs++;
+    cs->mode = MODE_REPLAY;
+  }
+  if (cs->mode == MODE_REPLAY) {
+    cs->mode = MODE_DIRECT;
+    cudaError_t e = cudaGraphLaunch(cs->graphs[cs->cur].exec, cs->st);
+    if (e != cudaSuccess) return cuda_fail(err, e, "launching the decode step's graph");
+  }
+  return RLM_OK;
+}
+
+static rlm_status cuda_copy_logits(rlm_session *s, float *host, const float *dev, size_t n, rlm_error *err) {
+  rlm_status rc = run_graph(s, err);
+  if (rc || cs_of(s)->first) return rc;
+  cudaError_t e = cudaMemcpyAsync(host, dev, n * sizeof *host, cudaMemcpyDeviceToHost, cs_of(s)->st);
+  return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "copying the logits");
+}
+
+static rlm_status cuda_end(rlm_session *s, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  rlm_status rc = run_graph(s, err);
+  cudaError_t e = cudaStreamSynchronize(cs->st);
+  if (cs->first) {
+    if (err) *err = cs->first_err;
+    return cs->first;
+  }
+  if (!rc && e != cudaSuccess) rc = cuda_fail(err, e, "the pass");
+  return rc;
+}
+
+static const rlm_backend backend_cuda = {
+    .name = "cuda",
+    .logit_rows = LOGIT_ROWS,
+    .alloc = cuda_alloc,
+    .release = cuda_release,
+    .begin_pass = cuda_begin,
+    .embed = cuda_embed,
+    .linear = cuda_linear,
+    .rmsnorm = cuda_rmsnorm,
+    .add = cuda_add,
+    .scale = cuda_scale,
+    .softcap = cuda_softcap,
+    .copy = cuda_copy,
+    .act_mul = cuda_act_mul,
+    .rope_angles = cuda_rope_angles,
+    .rope = cuda_rope,
+    .gather_wanted = cuda_gather,
+    .attend = cuda_attend,
+    .copy_logits = cuda_copy_logits,
+    .end_pass = cuda_end,
+};
+
+/* ---- create / free --------------------------------------------------------- */
+
+static rlm_status unsupported(rlm_error *err, const char *what) {
+  return rlm__err(err, RLM_ERR_UNSUPPORTED, "device cuda: %s is not supported on the GPU yet", what);
+}
+
+static bool bits_ok(const rlm_linear *l) { return !l->out || !l->quant || l->q.bits == 4 || l->q.bits == 8; }
+
+/* What this backend cannot run yet, named, before anything is allocated. */
+static rlm_status check_support(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
+  const rlm_model_config *c = &m->cfg;
+  if (p->k_bits || p->v_bits) return unsupported(err, "quantized KV (k_bits/v_bits)");
+  if (c->n_experts) return unsupported(err, "a mixture-of-experts model");
+  if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj)) return unsupported(err, "an output head not at 4 or 8 bits");
+  if (m->embed.quant && m->embed.q.bits != 2 && m->embed.q.bits != 4 && m->embed.q.bits != 8)
+    return unsupported(err, "an embedding not at 2, 4 or 8 bits");
+  for (int i = 0; i < c->n_layers; i++) {
+    const rlm_layer *L = &m->layers[i];
+    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate, &L->ple_proj};
+    for (size_t j = 0; j < sizeof ls / sizeof *ls; j++)
+      if (!bits_ok(ls[j])) return unsupported(err, "a linear layer not at 4 or 8 bits");
+    if (c->layer_head_dim[i] > 512) return unsupported(err, "a head dim above 512");
+  }
+  int n_dev = 0;
+  if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev < 1)
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "device cuda: no CUDA device is visible");
+  return RLM_OK;
+}
+
+/* Layer i's cache geometry (rlm__layer_kv_config's windows): a ring where
+ * the window is shorter than the context, else n_ctx plain slots. */
+static rlm_cuda_kv layer_kv(const rlm_session *s, int i) {
+  const rlm_model_config *c = &s->m->cfg;
+  const int64_t window = c->sliding[i] ? c->sliding_window : s->p.max_kv;
+  const int keep = c->sliding[i] ? 0 : s->p.kv_sinks;
+  rlm_cuda_kv k = {.dtype = c->dtype, .n_kv = c->layer_kv_heads[i], .dim = c->layer_head_dim[i],
+                   .cap = s->p.n_ctx, .window = window, .keep = window ? keep : 0};
+  if (window && window + s->p.prefill_chunk - 1 < s->p.n_ctx) {
+    k.cap = window + s->p.prefill_chunk - 1;
+    k.ring = k.cap - k.keep;
+  }
+  return k;
+}
+
+static rlm_status make_caches(rlm_session *s, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  const rlm_model_config *c = &s->m->cfg;
+  if (!(cs->kv = rlm__calloc((size_t)c->n_layers, sizeof *cs->kv))) return rlm__err_nomem(err, "cuda caches", 0);
+  size_t total = 0, el = rlm_dtype_size(c->dtype);
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->kv_donor[i] >= 0) continue;
+    cs->kv[i] = layer_kv(s, i);
+    total += 2 * (size_t)s->p.n_rows * (size_t)cs->kv[i].n_kv * (size_t)cs->kv[i].cap * (size_t)cs->kv[i].dim * el;
+  }
+  cudaError_t e = cudaMalloc(&cs->kv_block, RLM_MAX(total, (size_t)1));
+  if (e != cudaSuccess) return cuda_fail(err, e, "allocating the KV caches");
+  cs->kv_bytes = total;
+  char *p = cs->kv_block;
+  for (int i = 0; i < c->n_layers; i++) {
+    if (c->kv_donor[i] >= 0) continue;
+    const size_t half = (size_t)s->p.n_rows * (size_t)cs->kv[i].n_kv * (size_t)cs->kv[i].cap * (size_t)cs->kv[i].dim * el;
+    cs->kv[i].k = p, cs->kv[i].v = p + half;
+    p += 2 * half;
+  }
+  return RLM_OK;
+}
+
+static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  const rlm_model_config *c = &s->m->cfg;
+  const size_t N = (size_t)s->p.prefill_chunk;
+  cs->plan_bytes = N * (sizeof(int64_t) + 3 * sizeof(int32_t));
+  cudaError_t e = cudaMallocHost(&cs->h_plan, cs->plan_bytes);
+  if (e == cudaSuccess) e = cudaMalloc(&cs->d_plan, cs->plan_bytes);
+  if (e != cudaSuccess) return cuda_fail(err, e, "allocating the pass plan");
+  cs->d_pos = cs->d_plan;
+  cs->d_ids = (int32_t *)(cs->d_pos + N), cs->d_rows = cs->d_ids + N, cs->d_want = cs->d_rows + N;
+  const int64_t in_max = RLM_MAX(RLM_MAX((int64_t)c->max_inter, (int64_t)c->hidden),
+                                 (int64_t)c->n_heads * c->max_head_dim);
+  size_t q8 = 0;
+  for (int g = 32; g <= 128; g *= 2) q8 = RLM_MAX(q8, rlm__cuda_q8act_bytes(in_max, g, MAX_M));
+  size_t att = 0; /* the split count depends on the pass's tokens: the most any pass needs */
+  for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
+  e = cudaMalloc(&cs->q8, q8);
+  if (e == cudaSuccess) e = cudaMalloc(&cs->att_scratch, att);
+  return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "allocating the session scratch");
+}
+
+rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
+  rlm_status rc = check_support(s->m, &s->p, err);
+  if (rc) return rc;
+  if (!s->p.n_ctx) { /* the caches are allocated whole: a context must be chosen */
+    const int64_t mp = s->m->cfg.max_positions;
+    s->p.n_ctx = mp > 0 && mp < 4096 ? mp : 4096;
+  }
+  if (!s->m->dev_weights && (rc = upload_weights(s->m, err))) return rc;
+  cuda_sess *cs = rlm__calloc(1, sizeof *cs);
+  if (!cs) return rlm__err_nomem(err, "cuda session", sizeof *cs);
+  s->dev = cs, s->be = &backend_cuda;
+  cs->w = s->m->dev_weights;
+  cudaError_t e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_fail(err, e, "creating a stream");
+  rc = make_caches(s, err);
+  return rc ? rc : make_scratch(s, err);
+}
+
+void rlm__cuda_session_fini(rlm_session *s) {
+  cuda_sess *cs = s->dev;
+  if (!cs) return;
+  if (cs->st) cudaStreamSynchronize(cs->st);
+  for (int i = 0; i < cs->n_graphs; i++) cudaGraphExecDestroy(cs->graphs[i].exec);
+  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch);
+  cudaFreeHost(cs->h_plan);
+  if (cs->st) cudaStreamDestroy(cs->st);
+  rlm__free(cs->kv);
+  rlm__free(cs);
+  s->dev = NULL;
+}
+
+int rlm__cuda_rewind_blocker(const rlm_session *s, int row, int64_t to) {
+  const cuda_sess *cs = s->dev;
+  const int64_t end = s->rows[row].pos;
+  for (int i = 0; i < s->m->cfg.n_layers; i++) {
+    const rlm_cuda_kv *k = &cs->kv[i];
+    /* a ring keeps what a query at `to` sees while fewer than its slack's
+     * positions past it were written, or while it never wrapped */
+    if (s->m->cfg.kv_donor[i] < 0 && k->ring && end > k->cap && end - to > k->cap - k->window) return i;
+  }
+  return -1;
+}
+
+size_t rlm__cuda_row_kv_bytes(const rlm_session *s) {
+  const cuda_sess *cs = s->dev;
+  return cs ? cs->kv_bytes / (size_t)s->p.n_rows : 0;
+}

@@ -1,0 +1,353 @@
+/* test_cuda_model.c -- sessions on the CUDA backend against the same
+ * sessions on the CPU, on every fixture architecture (issue 17).
+ *
+ * The CPU path is the reference here: it matches transformers' logits
+ * (test_model), so the GPU must match it. Every case feeds the fixture's
+ * prompt (longer than the 16-token sliding window, so rings wrap) and then
+ * greedy tokens, and compares every wanted position's logits within
+ * tol x max |logit|: f32 weights 1e-4; MLX 4- and 8-bit weights with f32
+ * activations 1e-4 too (the products differ only in the order of f32
+ * additions); int8 activations no further from the exact CPU path than
+ * the CPU's own int8 path is (an activation a hair from a rounding boundary
+ * may round the other way, so the two int8 paths need not agree closer).
+ * Greedy tokens must be identical.
+ * Also: a captured decode step replays to the same bits as its kernels run
+ * one by one; prefill chunks 1, 7 and 512; rings rolled back after they
+ * wrapped equal rings that never saw the rejected tokens; ragged batches of
+ * rows; and what the backend refuses, named.
+ *
+ * Without a GPU it prints "skipped: no GPU" and exits 77 (ctest's skip);
+ * scripts/test-cuda.sh runs it on one with RINGLM_REQUIRE_GPU=1. */
+#include "ringlm.h"
+#include "test.h"
+#include "cuda_test.h"
+
+#include <cuda_runtime.h>
+#include <jansson.h>
+#include <math.h>
+#include <sys/stat.h>
+
+static const char *g_src;
+
+static const char *const archs[] = {"llama", "qwen3", "mistral", "gemma3_text", "gemma4_text", "gemma4_keqv"};
+enum { N_ARCHS = sizeof archs / sizeof *archs, N_PROMPT = 40, N_GEN = 32, V_MAX = 512 };
+
+static int32_t g_prompt[96];
+
+static void fixture_dir(char *dir, size_t n, const char *arch) {
+  snprintf(dir, n, "%s/tests/fixtures/models/%s", g_src, arch);
+}
+
+static void read_prompt(const char *dir) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/fixture.json", dir);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je), *p = json_object_get(j, "prompt_ids");
+  for (int i = 0; i < 96; i++) g_prompt[i] = (int32_t)json_integer_value(json_array_get(p, i));
+  json_decref(j);
+}
+
+/* The fixture at `bits` (0: as stored, f32) via rlm_quantize_model into /tmp. */
+static rlm_model *load(const char *arch, int bits) {
+  char dir[512], qdir[600];
+  fixture_dir(dir, sizeof dir, arch);
+  read_prompt(dir);
+  const char *use = dir;
+  rlm_error err;
+  if (bits) {
+    mkdir("/tmp/ringlm-cuda-test", 0755);
+    snprintf(qdir, sizeof qdir, "/tmp/ringlm-cuda-test/%s-q%d", arch, bits);
+    rlm_quantize_params qp = rlm_quantize_params_default();
+    qp.bits = bits, qp.group_size = 32, qp.overwrite = true, qp.quantize_embeddings = true;
+    CHECK_EQ(rlm_quantize_model(dir, qdir, &qp, NULL, &err), RLM_OK);
+    use = qdir;
+  }
+  rlm_model *m = NULL;
+  CHECK_EQ(rlm_model_load(&m, use, &err), RLM_OK);
+  if (!m) test_note("%s: %s", use, err.msg);
+  return m;
+}
+
+typedef struct opts {
+  rlm_device device;
+  int chunk, rows, act_bits, sinks;
+  int64_t max_kv;
+  bool no_graph;
+} opts;
+
+static rlm_session *open_s(rlm_model *m, opts o) {
+  rlm_session_params p = rlm_session_params_default();
+  p.device = o.device, p.prefill_chunk = o.chunk ? o.chunk : 7, p.n_rows = o.rows ? o.rows : 1;
+  p.act_bits = o.act_bits, p.max_kv = o.max_kv, p.kv_sinks = o.sinks, p.no_graph = o.no_graph;
+  p.n_threads = 2, p.n_ctx = 256;
+  rlm_session *s = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);
+  if (!s) test_note("%s", err.msg);
+  return s;
+}
+
+static int argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++) b = x[i] > x[b] ? i : b;
+  return b;
+}
+
+/* max |a - b| / max |a| over n floats. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double d = 0, mx = 1e-30;
+  for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i])), mx = fmax(mx, fabs((double)a[i]));
+  return d / mx;
+}
+
+/* Feeds ids to both sessions, every position's logits, and checks them. */
+static double feed_both(rlm_session *a, rlm_session *b, const int32_t *ids, int n, float *la, float *lb, int V) {
+  rlm_error err;
+  CHECK_EQ(rlm_session_eval(a, ids, n, la, true, &err), RLM_OK);
+  rlm_status rc = rlm_session_eval(b, ids, n, lb, true, &err);
+  CHECK_EQ(rc, RLM_OK);
+  if (rc) test_note("%s", err.msg);
+  return rel_diff(la, lb, (size_t)n * V);
+}
+
+/* Prompt then N_GEN greedy steps on the CPU and the GPU; returns the worst
+ * relative difference, counts differing greedy tokens. */
+static double prompt_and_greedy(rlm_model *m, opts gpu, int cpu_chunk, int *bad_tokens) {
+  const int V = rlm_model_vocab_size(m);
+  opts cpu = gpu;
+  cpu.device = RLM_DEVICE_CPU, cpu.chunk = cpu_chunk;
+  rlm_session *c = open_s(m, cpu), *g = open_s(m, gpu);
+  float *lc = xmalloc((size_t)N_PROMPT * V * 4), *lg = xmalloc((size_t)N_PROMPT * V * 4);
+  double worst = 0;
+  *bad_tokens = 0;
+  if (c && g) {
+    worst = feed_both(c, g, g_prompt, N_PROMPT, lc, lg, V);
+    int32_t tok = argmax(lc + (size_t)(N_PROMPT - 1) * V, V);
+    *bad_tokens += tok != argmax(lg + (size_t)(N_PROMPT - 1) * V, V);
+    for (int t = 0; t < N_GEN; t++) {
+      worst = fmax(worst, feed_both(c, g, &tok, 1, lc, lg, V));
+      *bad_tokens += argmax(lc, V) != argmax(lg, V);
+      tok = argmax(lc, V);
+    }
+  }
+  rlm_session_free(c), rlm_session_free(g);
+  free(lc), free(lg);
+  return worst;
+}
+
+static void check_arch(const char *arch, int bits, double tol) {
+  rlm_model *m = load(arch, bits);
+  if (!m) return;
+  int bad = 0;
+  double d = prompt_and_greedy(m, (opts){.device = RLM_DEVICE_CUDA}, 7, &bad);
+  printf("  %-12s weights %s: max |gpu - cpu| / max |cpu| = %.2e, greedy tokens differing %d/%d\n", arch,
+         bits ? (bits == 4 ? "q4" : "q8") : "f32", d, bad, N_GEN + 1);
+  CHECK(d <= tol);
+  CHECK_EQ(bad, 0);
+  rlm_model_free(m);
+}
+
+/* int8 activations: the GPU's distance from the exact CPU path is at most
+ * that of the CPU's own int8 path (x 1.5, + 1e-4), on the exact path's
+ * greedy tokens. */
+static void check_act8(const char *arch) {
+  rlm_model *m = load(arch, 4);
+  if (!m) return;
+  const int V = rlm_model_vocab_size(m);
+  rlm_session *ex = open_s(m, (opts){0}), *ex2 = open_s(m, (opts){0}), *c8 = open_s(m, (opts){.act_bits = 8});
+  rlm_session *g8 = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .act_bits = 8});
+  float *le = xmalloc((size_t)N_PROMPT * V * 4), *lc = xmalloc((size_t)N_PROMPT * V * 4);
+  float *lg = xmalloc((size_t)N_PROMPT * V * 4);
+  double dc = 0, dg = 0;
+  if (ex && ex2 && c8 && g8) {
+    dc = feed_both(ex, c8, g_prompt, N_PROMPT, le, lc, V);
+    dg = feed_both(ex2, g8, g_prompt, N_PROMPT, le, lg, V);
+    for (int t = 0; t < N_GEN; t++) {
+      int32_t tok = argmax(le + (size_t)(t ? 0 : N_PROMPT - 1) * V, V);
+      dc = fmax(dc, feed_both(ex, c8, &tok, 1, le, lc, V));
+      dg = fmax(dg, feed_both(ex2, g8, &tok, 1, le, lg, V));
+    }
+  }
+  printf("  %-12s weights q4, int8 activations: from the exact path, cpu %.2e, gpu %.2e\n", arch, dc, dg);
+  CHECK(dg <= 1.5 * dc + 1e-4);
+  rlm_session_free(ex), rlm_session_free(ex2), rlm_session_free(c8), rlm_session_free(g8);
+  free(le), free(lc), free(lg);
+  rlm_model_free(m);
+}
+
+TEST(f32_matches_cpu) {
+  for (int a = 0; a < N_ARCHS; a++) check_arch(archs[a], 0, 1e-4);
+}
+
+TEST(quantized_matches_cpu) {
+  for (int a = 0; a < N_ARCHS; a++) {
+    check_arch(archs[a], 4, 1e-4);
+    check_arch(archs[a], 8, 1e-4);
+    check_act8(archs[a]);
+  }
+}
+
+/* Prefill chunks 1, 7 and 512 on the GPU against one 512-token chunk on
+ * the CPU (rings of window + chunk - 1 slots). */
+TEST(prefill_chunks) {
+  for (int a = 0; a < N_ARCHS; a++) {
+    rlm_model *m = load(archs[a], 0);
+    const int chunks[] = {1, 7, 512};
+    for (int k = 0; m && k < 3; k++) {
+      int bad = 0;
+      double d = prompt_and_greedy(m, (opts){.device = RLM_DEVICE_CUDA, .chunk = chunks[k]}, 512, &bad);
+      CHECK(d <= 1e-4);
+      CHECK_EQ(bad, 0);
+      if (d > 1e-4 || bad) test_note("%s chunk %d: %.2e, %d tokens", archs[a], chunks[k], d, bad);
+    }
+    rlm_model_free(m);
+  }
+}
+
+/* The same prompt and decode steps with and without the captured graph:
+ * the same bits. */
+TEST(graph_equals_direct) {
+  for (int a = 0; a < N_ARCHS; a++) {
+    rlm_model *m = load(archs[a], a % 2 ? 4 : 0);
+    if (!m) continue;
+    const int V = rlm_model_vocab_size(m);
+    rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA});
+    rlm_session *d = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .no_graph = true});
+    float *lg = xmalloc((size_t)N_PROMPT * V * 4), *ld = xmalloc((size_t)N_PROMPT * V * 4);
+    rlm_error err;
+    int differ = 0;
+    if (g && d) {
+      CHECK_EQ(rlm_session_eval(g, g_prompt, N_PROMPT, lg, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(d, g_prompt, N_PROMPT, ld, false, &err), RLM_OK);
+      for (int t = 0; t < N_GEN; t++) {
+        int32_t tok = argmax(ld, V);
+        CHECK_EQ(rlm_session_eval(g, &tok, 1, lg, false, &err), RLM_OK);
+        CHECK_EQ(rlm_session_eval(d, &tok, 1, ld, false, &err), RLM_OK);
+        differ += memcmp(lg, ld, (size_t)V * 4) != 0;
+      }
+    }
+    CHECK_EQ(differ, 0);
+    if (differ) test_note("%s: %d steps differ", archs[a], differ);
+    rlm_session_free(g), rlm_session_free(d);
+    free(lg), free(ld);
+    rlm_model_free(m);
+  }
+}
+
+/* Rings (sliding layers; llama's full layers made rings of 24 with 2
+ * sinks by max_kv) wrap, then a row feeds 5 tokens it rejects, forgets
+ * them and feeds 3 others: its logits equal, bit for bit, those of a row
+ * that never saw the rejected tokens, and match the CPU doing the same. */
+TEST(rollback_after_wrap) {
+  const char *which[] = {"llama", "gemma3_text", "mistral"};
+  for (int a = 0; a < 3; a++) {
+    rlm_model *m = load(which[a], 0);
+    if (!m) continue;
+    const int V = rlm_model_vocab_size(m);
+    opts o = {.device = RLM_DEVICE_CUDA, .max_kv = a == 0 ? 24 : 0, .sinks = a == 0 ? 2 : 0};
+    opts oc = o;
+    oc.device = RLM_DEVICE_CPU;
+    rlm_session *g = open_s(m, o), *fresh = open_s(m, o), *c = open_s(m, oc);
+    float *l1 = xmalloc((size_t)8 * V * 4), *l2 = xmalloc((size_t)8 * V * 4), *l3 = xmalloc((size_t)8 * V * 4);
+    rlm_error err;
+    if (g && fresh && c) {
+      const int32_t *pre = g_prompt, *rej = g_prompt + 60, *acc = g_prompt + 70;
+      CHECK_EQ(rlm_session_eval(g, pre, 60, NULL, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(fresh, pre, 60, NULL, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(c, pre, 60, NULL, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(g, rej, 5, NULL, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_rollback(g, 0, 5, &err), RLM_OK);
+      CHECK_EQ(rlm_session_row_position(g, 0), 60);
+      CHECK_EQ(rlm_session_eval(g, acc, 3, l1, true, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(fresh, acc, 3, l2, true, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(c, acc, 3, l3, true, &err), RLM_OK);
+      CHECK(memcmp(l1, l2, (size_t)3 * V * 4) == 0);
+      CHECK(rel_diff(l3, l1, (size_t)3 * V) <= 1e-4);
+      /* past the slack (prefill_chunk - 1 = 6 positions): refused, unchanged */
+      CHECK_EQ(rlm_session_eval(g, g_prompt, 7, NULL, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_rollback(g, 0, 7, &err), RLM_ERR_INVALID);
+      CHECK_STR_CONTAINS(err.msg, "cannot forget 7 tokens");
+      CHECK_EQ(rlm_session_row_position(g, 0), 70);
+    }
+    rlm_session_free(g), rlm_session_free(fresh), rlm_session_free(c);
+    free(l1), free(l2), free(l3);
+    rlm_model_free(m);
+  }
+}
+
+/* A ragged batch of three rows (a prefill of 10, a decode step, a prefill
+ * of 5), then decode steps of all three rows at once (a captured graph of
+ * three tokens), against the CPU doing the same. */
+TEST(batched_rows) {
+  for (int a = 0; a < N_ARCHS; a++) {
+    rlm_model *m = load(archs[a], 0);
+    if (!m) continue;
+    const int V = rlm_model_vocab_size(m);
+    rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .rows = 3, .chunk = 32});
+    rlm_session *c = open_s(m, (opts){.device = RLM_DEVICE_CPU, .rows = 3, .chunk = 32});
+    float *lg = xmalloc((size_t)16 * V * 4), *lc = xmalloc((size_t)16 * V * 4);
+    rlm_error err;
+    double worst = 0;
+    if (g && c) {
+      int32_t ids[16], rows[16];
+      for (int i = 0; i < 16; i++) ids[i] = g_prompt[i], rows[i] = i < 10 ? 0 : i < 11 ? 1 : 2;
+      rlm_batch b = {16, ids, rows, NULL};
+      CHECK_EQ(rlm_session_decode(g, &b, lg, &err), RLM_OK);
+      CHECK_EQ(rlm_session_decode(c, &b, lc, &err), RLM_OK);
+      worst = rel_diff(lc, lg, (size_t)3 * V);
+      for (int t = 0; t < 20; t++) {
+        int32_t step[3], srows[3] = {0, 1, 2};
+        for (int r = 0; r < 3; r++) step[r] = argmax(lc + (size_t)r * V, V);
+        rlm_batch sb = {3, step, srows, NULL};
+        CHECK_EQ(rlm_session_decode(g, &sb, lg, &err), RLM_OK);
+        CHECK_EQ(rlm_session_decode(c, &sb, lc, &err), RLM_OK);
+        worst = fmax(worst, rel_diff(lc, lg, (size_t)3 * V));
+      }
+      CHECK_EQ(rlm_session_row_position(g, 1), 21);
+    }
+    CHECK(worst <= 1e-4);
+    if (worst > 1e-4) test_note("%s: %.2e", archs[a], worst);
+    rlm_session_free(g), rlm_session_free(c);
+    free(lg), free(lc);
+    rlm_model_free(m);
+  }
+}
+
+/* What the GPU cannot run yet is refused at create, named. */
+TEST(refuses_what_it_lacks) {
+  rlm_model *m = load("gemma4_moe", 0);
+  rlm_session_params p = rlm_session_params_default();
+  p.device = RLM_DEVICE_CUDA, p.kv_group_size = 32;
+  rlm_session *s = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "mixture-of-experts");
+  rlm_model_free(m);
+  m = load("llama", 0);
+  p.k_bits = p.v_bits = 4;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "quantized KV");
+  p.k_bits = p.v_bits = 0;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);
+  void *buf = NULL;
+  size_t len = 0;
+  CHECK_EQ(rlm_session_row_save(s, 0, NULL, 0, &buf, &len, &err), RLM_ERR_UNSUPPORTED);
+  static int32_t big[600]; /* past n_ctx: max_position_embeddings, 512 */
+  CHECK_EQ(rlm_session_eval(s, big, 600, NULL, false, &err), RLM_KV_FULL);
+  rlm_session_free(s);
+  rlm_model_free(m);
+}
+
+int main(void) {
+  const int skip = cuda_test_skip();
+  if (skip >= 0) return skip;
+  g_src = t_env("RINGLM_SOURCE_DIR");
+  RUN(f32_matches_cpu);
+  RUN(quantized_matches_cpu);
+  RUN(prefill_chunks);
+  RUN(graph_equals_direct);
+  RUN(rollback_after_wrap);
+  RUN(batched_rows);
+  RUN(refuses_what_it_lacks);
+  return test_summary();
+}
