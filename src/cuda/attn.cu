@@ -32,7 +32,10 @@
  *      / sum_s l_s 2^(m_s - M), M = max m_s; a query that sees nothing
  *      (every m_s = -inf) gets zeros.
  * S depends only on the launch's n and n_heads (n_splits), never on the
- * positions; scratch is n * n_heads * S * (dim + 2) floats.
+ * positions; scratch is n * n_heads * S * (dim + 2) floats. A query uses
+ * only its first ceil(N / 64) parts (parts_used, from tok_pos, so still
+ * the same launch every step): the others return at once and the merge
+ * reads only the used ones, so a short context pays for one part.
  */
 #include "cuda_ops.h"
 
@@ -60,6 +63,10 @@ constexpr int kMaxSplits = 128;
  * hundreds of tokens get 1 part, nothing to merge. */
 constexpr int64_t kSplitTarget = 4096;
 constexpr int kMergeThreads = 128;
+/* Keys a part takes at least: a query that sees few positions uses fewer
+ * parts than the launch has (the rest exit at once, and the merge reads
+ * only the parts used), so a short context costs little beyond one pass. */
+constexpr int64_t kMinKeys = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 int n_splits(int n, int n_heads) {
@@ -107,6 +114,12 @@ __global__ void kv_write_kernel(rlm_cuda_kv c, const float *__restrict__ k, cons
  * clamps only matter for a cache that breaks its contract: a plain one
  * never reads past cap, a ring never more than ring window positions (so
  * every slot read is inside the row). */
+/* Parts a query seeing n positions uses, of the launch's n_parts (>= 1). */
+__device__ __forceinline__ int parts_used(int64_t n, int n_parts) {
+  const int64_t want = (n + kMinKeys - 1) / kMinKeys;
+  return want < 1 ? 1 : want < n_parts ? (int)want : n_parts;
+}
+
 struct Runs {
   int64_t sink_end, lo, n; /* [0, sink_end) then [lo, lo + n - sink_end) */
   int64_t slot_lo;         /* slot of lo                                 */
@@ -187,7 +200,9 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
 
   const int row = tok_row[j];
   const Runs r = runs_of(c, row < 0 ? -1 : tok_pos[j]);
-  const int64_t t0 = r.n * part / n_parts, t1 = r.n * (part + 1) / n_parts;
+  const int used = parts_used(r.n, n_parts);
+  if (part >= used) return; /* the whole block: the merge does not read it */
+  const int64_t t0 = r.n * part / used, t1 = r.n * (part + 1) / used;
   const int64_t head_off = ((int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh) * c.cap * dim;
   const T *kb = static_cast<const T *>(c.k) + head_off, *vb = static_cast<const T *>(c.v) + head_off;
 
@@ -311,19 +326,21 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
 /* Block (token, head): the weights of the parts by one warp, then threads
  * over dim. */
 __global__ void __launch_bounds__(kMergeThreads)
-    merge_kernel(const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, int dim,
+    merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
+                 const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, int dim,
                  float *__restrict__ out) {
   __shared__ float w[kMaxSplits];
   __shared__ float l_sh;
-  const int64_t th = blockIdx.x;
+  const int64_t th = blockIdx.x, j = th / n_heads;
+  const int used = parts_used(runs_of(c, tok_row[j] < 0 ? -1 : tok_pos[j]).n, n_parts);
   const float *ml = part_ml + th * n_parts * 2;
   if (threadIdx.x < kWarp) {
     const int lane = threadIdx.x;
     float mx = -INFINITY, ls = 0.f;
-    for (int s = lane; s < n_parts; s += kWarp) mx = fmaxf(mx, ml[2 * s]);
+    for (int s = lane; s < used; s += kWarp) mx = fmaxf(mx, ml[2 * s]);
 #pragma unroll
     for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    for (int s = lane; s < n_parts; s += kWarp) {
+    for (int s = lane; s < used; s += kWarp) {
       const float ws = mx == -INFINITY ? 0.f : exp2f(ml[2 * s] - mx);
       w[s] = ws;
       ls = fmaf(ml[2 * s + 1], ws, ls);
@@ -336,9 +353,14 @@ __global__ void __launch_bounds__(kMergeThreads)
   const float ls = l_sh;
   const float *po = part_o + th * n_parts * dim;
   for (int d = threadIdx.x; d < dim; d += kMergeThreads) {
-    float a = 0.f;
-    for (int s = 0; s < n_parts; s++) a = fmaf(po[(int64_t)s * dim + d], w[s], a);
-    out[th * dim + d] = ls > 0.f ? __fdiv_rn(a, ls) : 0.f; /* sees nothing: zeros */
+    float a[4] = {0.f, 0.f, 0.f, 0.f}; /* four loads in flight, not one */
+    int s = 0;
+    for (; s + 4 <= used; s += 4)
+#pragma unroll
+      for (int u = 0; u < 4; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
+    for (; s < used; s++) a[0] = fmaf(po[(int64_t)s * dim + d], w[s], a[0]);
+    const float sum = (a[0] + a[1]) + (a[2] + a[3]);
+    out[th * dim + d] = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
   }
 }
 
@@ -468,6 +490,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   }
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
   if (rc) return rc;
-  merge_kernel<<<(unsigned)((int64_t)n * n_heads), kMergeThreads, 0, s>>>(part_o, part_ml, parts, c->dim, out);
+  merge_kernel<<<(unsigned)((int64_t)n * n_heads), kMergeThreads, 0, s>>>(*c, tok_row, tok_pos, n_heads, part_o,
+                                                                          part_ml, parts, c->dim, out);
   return launched("rlm__cuda_attend (merge_kernel)", err);
 }

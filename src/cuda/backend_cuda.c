@@ -21,6 +21,11 @@
  * the same bits as running the kernels one by one, since it is the same
  * kernels on the same buffers.
  *
+ * THE PRODUCTS. Up to GEMM_MIN tokens (decode steps, small batches): our
+ * matrix-vector kernels, which read each weight once per MAX_M rows; int8
+ * activations (--act-bits 8) are quantized once for the products that
+ * share an input (q, k, v; gate, up). Past GEMM_MIN: cuBLAS (gemm.cu).
+ *
  * Not yet here (RLM_ERR_UNSUPPORTED at create, naming what): quantized KV,
  * weights at bits other than 4 and 8, Gemma 4's MoE, session snapshots.
  */
@@ -28,10 +33,14 @@
 
 #include "cuda/cuda_ops.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 
-enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8 };
+/* LOGIT_ROWS: wanted logits per lm_head product; MAX_M: rows of x a
+ * matrix-vector kernel reads W once for; GEMM_MIN: passes of more tokens
+ * than this take cuBLAS's GEMM instead (compute-bound by then). */
+enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16 };
 
 /* ---- the model's weights on the device ------------------------------------ */
 
@@ -147,6 +156,13 @@ typedef struct cuda_sess {
   int64_t *d_pos;
   size_t plan_bytes;
   void *q8, *att_scratch;
+  rlm_cuda_blas blas;         /* cuBLAS, for passes past GEMM_MIN tokens  */
+  void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
+  /* the activations q8 holds (reused by the next product on the same x:
+   * q, k and v; gate and up); any other op forgets them */
+  const float *q8_x;
+  int64_t q8_cols;
+  int q8_bits, q8_group;
   rlm_status first;           /* the first error an op met this pass      */
   rlm_error first_err;
   pass_mode mode;
@@ -162,7 +178,13 @@ static void note(rlm_session *s, rlm_status rc, const rlm_error *e) {
   if (rc && !cs->first) cs->first = rc, cs->first_err = *e;
 }
 
-static bool skip(rlm_session *s) { return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first; }
+/* Whether an op enqueues nothing (a replayed graph holds it, or the pass
+ * has failed). Every op but the products calls it, and so forgets which
+ * activations q8 holds: it may have written them. */
+static bool skip(rlm_session *s) {
+  cs_of(s)->q8_x = NULL;
+  return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first;
+}
 
 static void *cuda_alloc(rlm_session *s, size_t bytes) {
   (void)s;
@@ -200,21 +222,40 @@ static void cuda_embed(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, 
   note(s, rlm__cuda_embed(&w, cs_of(s)->d_ids, ps->n, scale, out, cs_of(s)->st, &er), &er);
 }
 
+/* int8 activations of x for w, unless q8 already holds them (the same x,
+ * width and format as the previous product's: no op ran in between). */
+static rlm_status q8_of(rlm_session *s, const rlm_linear *l, const float *x, int m, rlm_error *er) {
+  cuda_sess *cs = cs_of(s);
+  if (cs->q8_x == x && cs->q8_cols == l->in * m && cs->q8_bits == l->q.bits && cs->q8_group == l->q.group_size)
+    return RLM_OK;
+  rlm_status rc = rlm__cuda_q8act_quantize(x, m, l->in, l->q.bits, l->q.group_size, cs->q8, cs->st, er);
+  cs->q8_x = rc ? NULL : x, cs->q8_cols = l->in * m, cs->q8_bits = l->q.bits, cs->q8_group = l->q.group_size;
+  return rc;
+}
+
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
- * int8-activation product where the CPU would use it, else f32. */
+ * int8-activation product where the CPU would use it, else f32; more than
+ * GEMM_MIN rows (prefill, large batches): cuBLAS. */
 static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
-  if (skip(s)) return;
+  if (cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first) return;
   cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
-  const bool q8 = l->quant && s->p.act_bits == 8 && l->in % 128 == 0;
   rlm_status rc = RLM_OK;
+  if (n > GEMM_MIN && cs->gemm_scratch) {
+    cs->q8_x = NULL;
+    note(s, rlm__cuda_gemm(cs->blas, &w, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
+    return;
+  }
+  const bool q8 = l->quant && s->p.act_bits == 8 && l->in % 128 == 0;
+  if (!q8 || n > MAX_M) cs->q8_x = NULL; /* the memo covers one group of rows */
   for (int64_t r0 = 0; !rc && r0 < n; r0 += MAX_M) {
     const int m = (int)RLM_MIN((int64_t)MAX_M, n - r0);
     const float *xr = x + r0 * l->in;
     float *yr = y + r0 * l->out;
     if (q8) {
-      rc = rlm__cuda_q8act_quantize(xr, m, l->in, l->q.bits, l->q.group_size, cs->q8, cs->st, &er);
+      if (n > MAX_M) cs->q8_x = NULL;
+      rc = q8_of(s, l, xr, m, &er);
       if (!rc) rc = rlm__cuda_qgemv_q8(&w.q, cs->q8, m, yr, cs->st, &er);
     } else if (l->quant) {
       rc = rlm__cuda_qgemv(&w.q, xr, m, yr, cs->st, &er);
@@ -222,6 +263,7 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
       rc = rlm__cuda_dense_gemv(&w, xr, m, yr, cs->st, &er);
     }
   }
+  if (y == cs->q8_x) cs->q8_x = NULL; /* overwritten */
   note(s, rc, &er);
 }
 
@@ -333,7 +375,7 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
-  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1;
+  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL;
   rlm_status rc = upload_plan(s, ps, err);
   if (rc || !graph_shape(s, ps)) return rc;
   cs->cur = find_graph(cs, ps);
@@ -485,6 +527,35 @@ static rlm_status make_caches(rlm_session *s, rlm_error *err) {
   return RLM_OK;
 }
 
+/* The largest product a pass past GEMM_MIN tokens runs (every linear of
+ * the layers and Gemma 4's per-layer projection; the head takes at most
+ * LOGIT_ROWS rows). */
+static size_t gemm_bytes(const rlm_model *m, int64_t n) {
+  size_t most = rlm__cuda_gemm_scratch_bytes(n, m->ple_model_proj.out, m->ple_model_proj.in);
+  for (int i = 0; i < m->cfg.n_layers; i++) {
+    const rlm_layer *L = &m->layers[i];
+    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate, &L->ple_proj};
+    for (size_t j = 0; j < sizeof ls / sizeof *ls; j++)
+      most = RLM_MAX(most, rlm__cuda_gemm_scratch_bytes(n, ls[j]->out, ls[j]->in));
+  }
+  return most;
+}
+
+/* cuBLAS and its scratch, for sessions whose passes can pass GEMM_MIN. */
+static rlm_status make_gemm(rlm_session *s, rlm_error *err) {
+  cuda_sess *cs = cs_of(s);
+  if (s->p.prefill_chunk <= GEMM_MIN) return RLM_OK;
+  cublasStatus_t b = cublasCreate((cublasHandle_t *)&cs->blas);
+  if (b != CUBLAS_STATUS_SUCCESS) {
+    cs->blas = NULL;
+    return rlm__err(err, b == CUBLAS_STATUS_ALLOC_FAILED ? RLM_ERR_NOMEM : RLM_ERR_INTERNAL,
+                    "cuda: creating a cuBLAS handle: status %d", (int)b);
+  }
+  cudaError_t e = cudaMalloc(&cs->gemm_scratch, gemm_bytes(s->m, s->p.prefill_chunk));
+  if (e != cudaSuccess) cs->gemm_scratch = NULL;
+  return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "allocating the GEMM scratch");
+}
+
 static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   const rlm_model_config *c = &s->m->cfg;
@@ -503,7 +574,8 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
   for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
   e = cudaMalloc(&cs->q8, q8);
   if (e == cudaSuccess) e = cudaMalloc(&cs->att_scratch, att);
-  return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "allocating the session scratch");
+  if (e != cudaSuccess) return cuda_fail(err, e, "allocating the session scratch");
+  return make_gemm(s, err);
 }
 
 rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
@@ -530,6 +602,8 @@ void rlm__cuda_session_fini(rlm_session *s) {
   if (cs->st) cudaStreamSynchronize(cs->st);
   for (int i = 0; i < cs->n_graphs; i++) cudaGraphExecDestroy(cs->graphs[i].exec);
   cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch);
+  cudaFree(cs->gemm_scratch);
+  if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
   cudaFreeHost(cs->h_plan);
   if (cs->st) cudaStreamDestroy(cs->st);
   rlm__free(cs->kv);

@@ -76,6 +76,20 @@ rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *ids, int n, 
 rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
                                 rlm_cuda_stream st, rlm_error *err);
 
+/* ---- many-token products (gemm.cu) ------------------------------------------ */
+
+typedef struct cublasContext *rlm_cuda_blas; /* cublasHandle_t */
+
+/* Scratch rlm__cuda_gemm needs for m rows of x against W [rows][cols]. */
+size_t rlm__cuda_gemm_scratch_bytes(int64_t m, int64_t rows, int64_t cols);
+/* y [m][rows] = x [m][cols] . W^T through cuBLAS: f32 weights by SGEMM;
+ * f16/bf16 ones with x rounded to their dtype; MLX-affine 4- and 8-bit
+ * ones dequantized to f32 in scratch, by TF32 on f32 x; accumulation in
+ * f32. For prefill and large batches (compute-bound); decode uses the
+ * matrix-vector kernels. */
+rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *w, const float *x, int64_t m, float *y,
+                          void *scratch, rlm_cuda_stream st, rlm_error *err);
+
 /* ---- KV cache and attention (attn.cu) ------------------------------------- */
 
 /* One layer's cache on the device, every row's slots laid out

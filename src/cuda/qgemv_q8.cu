@@ -25,6 +25,7 @@
 #include "common.cuh"
 
 #include <cuda_runtime.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -168,6 +169,100 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
   warp_store(acc, lane, n_rows, rows, row0, y);
 }
 
+/* DECODE'S 4-BIT PRODUCT (m = 1, cols a multiple of 1024): x in registers.
+ * qgemv_q8_kernel reads x's codes and scales again for every pair of
+ * weight rows: 36 bytes of x side per 32 bytes of codes, loads that the
+ * L1 serves but that cost as many instructions as the codes' (ncu: L1TEX
+ * stalls, DRAM 45%). Here lane l of warp w owns the 32 columns of x-block
+ * (w + p * W) * 32 + l for its PP passes, loads their codes, scale and sum
+ * once, and keeps them for every row: per row a lane then reads one
+ * 16-byte vector of codes and one scale and bias. The W warps of a block
+ * split the columns (split-K: P = cols / 1024 passes, W = P / PP) over
+ * the same R rows, and add up in shared memory in a fixed order (a replay
+ * gives the same bits). The bias term b_g * xsum_g is added by the one lane
+ * whose block starts group g. */
+template <int PP, int R, typename T>
+__global__ void __launch_bounds__(kWarp * 8)
+    qgemv_q4_xreg_kernel(const uint4 *__restrict__ wq, const T *__restrict__ sc, const T *__restrict__ bi,
+                         const uint8_t *__restrict__ scratch, int64_t rows, int64_t cols, int g,
+                         float *__restrict__ y) {
+  __shared__ float red[8][R];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
+  const int64_t row0 = (int64_t)blockIdx.x * R, n_vec = cols / 32, n_groups = cols / g;
+  const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
+  int xe[PP][4], xo[PP][4];
+  float dx[PP], xs[PP];
+  int64_t vec[PP];
+#pragma unroll
+  for (int p = 0; p < PP; p++) {
+    const int64_t v = (int64_t)(warp + p * W) * kWarp + lane, c0 = v * 32;
+    const int4 *xv = reinterpret_cast<const int4 *>(scratch + c0);
+    const int4 a = __ldg(xv), b = __ldg(xv + 1);
+    xe[p][0] = a.x, xe[p][1] = a.z, xe[p][2] = b.x, xe[p][3] = b.z;
+    xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
+    dx[p] = __ldg(dq + v), xs[p] = c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f, vec[p] = v;
+  }
+  uint4 wv[R][PP];
+  float s[R][PP], b[R][PP];
+#pragma unroll
+  for (int r = 0; r < R; r++) /* every load first: R * PP vectors in flight */
+#pragma unroll
+    for (int p = 0; p < PP; p++) {
+      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
+      wv[r][p] = __ldcs(wq + row * n_vec + vec[p]);
+      s[r][p] = to_f32(__ldg(sc + row * n_groups + vec[p] * 32 / g));
+      b[r][p] = to_f32(__ldg(bi + row * n_groups + vec[p] * 32 / g));
+    }
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    float acc = 0.f;
+#pragma unroll
+    for (int p = 0; p < PP; p++) {
+      const uint32_t w4[4] = {wv[r][p].x, wv[r][p].y, wv[r][p].z, wv[r][p].w};
+      int isum = 0;
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], isum);
+        isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[p][k], isum);
+      }
+      acc = fmaf((float)isum, dx[p] * s[r][p], acc);
+      acc = fmaf(b[r][p], xs[p], acc);
+    }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) red[warp][r] = acc;
+  }
+  __syncthreads();
+  if (threadIdx.x < R && row0 + threadIdx.x < rows) {
+    float sum = 0.f;
+    for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
+    y[row0 + threadIdx.x] = sum;
+  }
+}
+
+constexpr int kXregRows = 4;
+
+/* Passes a warp of the x-in-registers kernel takes (cols / 1024 = P of
+ * them, split over at most 8 warps), or 0 where it does not apply. */
+int xreg_passes(const rlm_cuda_qmat *w, int m) {
+  if (m != 1 || w->bits != 4 || w->cols % 1024) return 0;
+  const int64_t P = w->cols / 1024;
+  for (int pp = 1; pp <= 4; pp *= 2)
+    if (P % pp == 0 && P / pp <= 8) return pp;
+  return 0;
+}
+
+template <typename T>
+void launch_xreg(const rlm_cuda_qmat *w, int pp, const void *scratch, float *y, cudaStream_t st) {
+  const dim3 block((unsigned)(kWarp * (w->cols / 1024 / pp))), grid((unsigned)((w->rows + kXregRows - 1) / kXregRows));
+  const uint4 *wq = reinterpret_cast<const uint4 *>(w->wq);
+  const T *sc = static_cast<const T *>(w->scales), *bi = static_cast<const T *>(w->biases);
+  const uint8_t *x = static_cast<const uint8_t *>(scratch);
+  if (pp == 1) qgemv_q4_xreg_kernel<1, kXregRows, T><<<grid, block, 0, st>>>(wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
+  else if (pp == 2) qgemv_q4_xreg_kernel<2, kXregRows, T><<<grid, block, 0, st>>>(wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
+  else qgemv_q4_xreg_kernel<4, kXregRows, T><<<grid, block, 0, st>>>(wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
+}
+
 template <int BITS, int M, typename T>
 void launch_one(const rlm_cuda_qmat *w, const void *scratch, float *y, cudaStream_t st) {
   const dim3 block(kWarp * kWarpsPerBlock), grid((unsigned)((w->rows + kRowsPerBlock - 1) / kRowsPerBlock));
@@ -233,7 +328,17 @@ extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scr
     return fail(err, w->bits == 4 || w->bits == 8 ? RLM_ERR_INVALID : RLM_ERR_UNSUPPORTED, fn,
                 "4- or 8-bit weights, group 32/64/128, cols a multiple of 128, f16/bf16/f32 scales are needed");
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  if (w->bits == 4) launch_bits<4>(w, scratch, m, y, st);
-  else launch_bits<8>(w, scratch, m, y, st);
+  static int no_xreg = -1; /* RLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare (docs/cuda-notes.md) */
+  if (no_xreg < 0) no_xreg = getenv("RLM_CUDA_Q8_NO_XREG") != NULL;
+  const int pp = no_xreg ? 0 : xreg_passes(w, m);
+  if (pp) {
+#define RLM_T(T) launch_xreg<T>(w, pp, scratch, y, st)
+    RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+#undef RLM_T
+  } else if (w->bits == 4) {
+    launch_bits<4>(w, scratch, m, y, st);
+  } else {
+    launch_bits<8>(w, scratch, m, y, st);
+  }
   return cuda_status(cudaGetLastError(), fn, err);
 }
