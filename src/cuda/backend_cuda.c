@@ -279,6 +279,13 @@ static void cuda_add(rlm_session *s, float *x, const float *h, size_t n) {
   note(s, rlm__cuda_add(x, h, (int64_t)n, cs_of(s)->st, &er), &er);
 }
 
+static void cuda_add_norm(rlm_session *s, float *x, float *h, const float *post, const float *w, float *y, int rows,
+                          int n, double eps) {
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_add_norm(x, h, dvec(s, post), dvec(s, w), y, rows, n, eps, cs_of(s)->st, &er), &er);
+}
+
 static void cuda_scale(rlm_session *s, float *x, float a, size_t n) {
   if (skip(s)) return;
   rlm_error er;
@@ -448,6 +455,7 @@ static const rlm_backend backend_cuda = {
     .linear = cuda_linear,
     .rmsnorm = cuda_rmsnorm,
     .add = cuda_add,
+    .add_norm = cuda_add_norm,
     .scale = cuda_scale,
     .softcap = cuda_softcap,
     .copy = cuda_copy,

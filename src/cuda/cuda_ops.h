@@ -25,6 +25,11 @@ extern "C" {
  * contiguous floats (rlm__rmsnorm_ref); w NULL: no weight; y may be x. */
 rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
                              rlm_cuda_stream st, rlm_error *err);
+/* Per row r < rows of n: x[r] += post ? rmsnorm(h[r]) * post : h[r], then
+ * y[r] = rmsnorm(x[r]) * w (the residual add of one block fused with the
+ * next block's input norm: rlm__rmsnorm_ref's formula each time). */
+rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows, int n,
+                              double eps, rlm_cuda_stream st, rlm_error *err);
 /* x[i] += h[i]. */
 rlm_status rlm__cuda_add(float *x, const float *h, int64_t n, rlm_cuda_stream st, rlm_error *err);
 /* x[i] *= a. */
@@ -84,8 +89,9 @@ typedef struct cublasContext *rlm_cuda_blas; /* cublasHandle_t */
 size_t rlm__cuda_gemm_scratch_bytes(int64_t m, int64_t rows, int64_t cols);
 /* y [m][rows] = x [m][cols] . W^T through cuBLAS: f32 weights by SGEMM;
  * f16/bf16 ones with x rounded to their dtype; MLX-affine 4- and 8-bit
- * ones dequantized to f32 in scratch, by TF32 on f32 x; accumulation in
- * f32. For prefill and large batches (compute-bound); decode uses the
+ * ones dequantized to f16 in scratch, each row of x scaled by a power of
+ * two into f16's range and rounded to f16 (scaled back after); accumulation
+ * in f32. For prefill and large batches (compute-bound); decode uses the
  * matrix-vector kernels. */
 rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *w, const float *x, int64_t m, float *y,
                           void *scratch, rlm_cuda_stream st, rlm_error *err);

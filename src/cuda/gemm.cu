@@ -6,14 +6,18 @@
  * compute-bound instead, and there cuBLAS's GEMMs are the best tool:
  *   - f32 weights: SGEMM on f32 activations (exact f32 products, the
  *     fixtures' path);
- *   - f16/bf16 weights: the activations rounded to the weights' dtype, a
- *     GEMM accumulating in f32 (as llama.cpp's cuBLAS path does);
- *   - MLX-affine weights: dequantized into f32 scratch (q * s + b exactly
- *     as the CPU computes them), then a TF32 GEMM on the f32 activations:
- *     10-bit mantissas, where rounding both operands to bf16 (7 bits) left
- *     Gemma 4's fixture 2.8e-2 of max |logit| from the CPU. The
- *     dequantization costs a pass over the weights and their f32 copy,
- *     against the pass's hundreds of tokens of compute.
+ *   - bf16 weights: the activations rounded to bf16, a GEMM accumulating
+ *     in f32 (as llama.cpp's cuBLAS path does); f16 weights: as below;
+ *   - MLX-affine weights: dequantized to f16 in scratch (q * s + b in f32
+ *     as the CPU computes it, rounded once), and each row of x scaled by a
+ *     power of two that brings its largest element into [1, 2) before it is
+ *     rounded to f16, the product's rows scaled back after: f16's 10-bit
+ *     mantissas without its range limit (Gemma's activations pass 65504),
+ *     and the scalings exact. bf16 (7 bits) for both left Gemma 4's fixture
+ *     2.8e-2 of max |logit| from the CPU; TF32 on f32 copies was as exact
+ *     as this and 1.6x slower (twice the bytes dequantized). The
+ *     dequantization costs a pass over the weights, against the pass's
+ *     hundreds of tokens of compute.
  * Row-major W [rows][cols] is cuBLAS's column-major W^T, so y^T = W x^T is
  * GEMM(op(A) = A^T, A = W with lda = cols; B = x^T with ldb = cols).
  */
@@ -30,24 +34,17 @@ using namespace rlm_cuda;
 
 constexpr int kThreads = 256;
 
-template <typename T>
-__device__ __forceinline__ T from_f32(float v);
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
-
-template <typename T>
-__global__ void round_kernel(const float *__restrict__ x, int64_t n, T *__restrict__ y) {
+/* x rounded to bf16 (the activations of a bf16 GEMM). */
+__global__ void round_kernel(const float *__restrict__ x, int64_t n, __nv_bfloat16 *__restrict__ y) {
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-    y[i] = from_f32<T>(x[i]);
+    y[i] = __float2bfloat16_rn(x[i]);
 }
 
 /* One u32 word of codes (32 / BITS of them) a thread: q * s + b in f32,
- * as the CPU's dequantization. */
+ * as the CPU's dequantization, rounded once to f16. */
 template <int BITS, typename S>
 __global__ void dequant_kernel(const uint32_t *__restrict__ wq, const S *__restrict__ sc, const S *__restrict__ bi,
-                               int64_t rows, int64_t cols, int gs, float *__restrict__ out) {
+                               int64_t rows, int64_t cols, int gs, __half *__restrict__ out) {
   constexpr int kPer = 32 / BITS;
   constexpr uint32_t kMask = (1u << BITS) - 1u;
   const int64_t words = rows * (cols / kPer);
@@ -58,8 +55,35 @@ __global__ void dequant_kernel(const uint32_t *__restrict__ wq, const S *__restr
     const uint32_t word = wq[w];
 #pragma unroll
     for (int k = 0; k < kPer; k++)
-      out[r * cols + c0 + k] = __fadd_rn(__fmul_rn((float)((word >> (k * BITS)) & kMask), s), b);
+      out[r * cols + c0 + k] = __float2half_rn(__fadd_rn(__fmul_rn((float)((word >> (k * BITS)) & kMask), s), b));
   }
+}
+
+/* A block a row of x: 2^-e with max |x| in [2^(e-1), 2^e), so the scaled
+ * row's largest element is in [0.5, 1): x * 2^-e to f16, 2^e kept. */
+__global__ void __launch_bounds__(kThreads)
+    scale_rows_kernel(const float *__restrict__ x, int64_t cols, __half *__restrict__ xs, float *__restrict__ back) {
+  __shared__ float part[kThreads / kWarp];
+  const float *xr = x + (int64_t)blockIdx.x * cols;
+  float amax = 0.f;
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads) amax = fmaxf(amax, fabsf(xr[i]));
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = amax;
+  __syncthreads();
+  amax = 0.f;
+  for (int i = 0; i < kThreads / kWarp; i++) amax = fmaxf(amax, part[i]);
+  int e = 0;
+  if (amax > 0.f && isfinite(amax)) frexpf(amax, &e);
+  const float down = ldexpf(1.0f, -e);
+  for (int64_t i = threadIdx.x; i < cols; i += kThreads) xs[(int64_t)blockIdx.x * cols + i] = __float2half_rn(xr[i] * down);
+  if (threadIdx.x == 0) back[blockIdx.x] = ldexpf(1.0f, e);
+}
+
+/* y[r][o] *= back[r]: a power of two, exact. */
+__global__ void unscale_rows_kernel(float *__restrict__ y, int64_t rows, int64_t m, const float *__restrict__ back) {
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * m; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] *= back[i / rows];
 }
 
 unsigned blocks_for(int64_t n) {
@@ -73,7 +97,7 @@ rlm_status cublas_fail(rlm_error *err, const char *fn, cublasStatus_t st) {
 }
 
 template <typename S>
-void launch_dequant(const rlm_cuda_qmat *q, float *out, cudaStream_t st) {
+void launch_dequant(const rlm_cuda_qmat *q, __half *out, cudaStream_t st) {
   const S *sc = static_cast<const S *>(q->scales), *bi = static_cast<const S *>(q->biases);
   const unsigned g = blocks_for(q->rows * (q->cols * q->bits / 32));
   if (q->bits == 4) dequant_kernel<4, S><<<g, kThreads, 0, st>>>(q->wq, sc, bi, q->rows, q->cols, q->group_size, out);
@@ -83,8 +107,8 @@ void launch_dequant(const rlm_cuda_qmat *q, float *out, cudaStream_t st) {
 } // namespace
 
 extern "C" size_t rlm__cuda_gemm_scratch_bytes(int64_t m, int64_t rows, int64_t cols) {
-  const size_t x16 = (size_t)(m * cols) * 2, w32 = (size_t)(rows * cols) * 4;
-  return x16 > w32 ? x16 : w32;
+  /* x as f16 | the rows' scales | W as f16 (quantized weights) */
+  return ((size_t)(m * cols) * 2 + (size_t)m * 4 + 255) / 256 * 256 + (size_t)(rows * cols) * 2;
 }
 
 extern "C" rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *w, const float *x, int64_t m, float *y,
@@ -109,27 +133,34 @@ extern "C" rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of dtype %d", (int)w->dtype);
   if (w->q.wq && w->q.bits != 4 && w->q.bits != 8)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights (4 and 8 are supported)", w->q.bits);
-  if (w->q.wq) { /* dequantize into the scratch, then TF32 on f32 x */
-    float *wd = static_cast<float *>(scratch);
+  if (w->q.wq || f16) { /* W (dequantized) in f16, rows of x scaled into f16's range */
+    __half *xs = static_cast<__half *>(scratch);
+    float *back = reinterpret_cast<float *>(xs + m * w->cols);
+    __half *wd = reinterpret_cast<__half *>(static_cast<char *>(scratch) +
+                                            ((size_t)(m * w->cols) * 2 + (size_t)m * 4 + 255) / 256 * 256);
+    if (w->q.wq) {
 #define RLM_T(S) launch_dequant<S>(&w->q, wd, st)
-    RLM_CUDA_FOR_SDTYPE(w->q.sdtype, RLM_T)
+      RLM_CUDA_FOR_SDTYPE(w->q.sdtype, RLM_T)
 #undef RLM_T
+    } else {
+      wd = static_cast<__half *>(const_cast<void *>(w->w));
+    }
+    scale_rows_kernel<<<(unsigned)m, kThreads, 0, st>>>(x, w->cols, xs, back);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-    cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, wd, CUDA_R_32F, K, x, CUDA_R_32F, K, &zero, y,
-                      CUDA_R_32F, M, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);
-    return cs == CUBLAS_STATUS_SUCCESS ? RLM_OK : cublas_fail(err, fn, cs);
+    cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, wd, CUDA_R_16F, K, xs, CUDA_R_16F, K, &zero, y,
+                      CUDA_R_32F, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (cs != CUBLAS_STATUS_SUCCESS) return cublas_fail(err, fn, cs);
+    unscale_rows_kernel<<<blocks_for(m * w->rows), kThreads, 0, st>>>(y, w->rows, m, back);
+    e = cudaGetLastError();
+    return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
   }
   void *xs = scratch;
   const void *a = w->w;
-  if (f16) round_kernel<__half><<<blocks_for(m * w->cols), kThreads, 0, st>>>(x, m * w->cols, static_cast<__half *>(xs));
-  else
-    round_kernel<__nv_bfloat16>
-        <<<blocks_for(m * w->cols), kThreads, 0, st>>>(x, m * w->cols, static_cast<__nv_bfloat16 *>(xs));
+  round_kernel<<<blocks_for(m * w->cols), kThreads, 0, st>>>(x, m * w->cols, static_cast<__nv_bfloat16 *>(xs));
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-  const cudaDataType_t t = f16 ? CUDA_R_16F : CUDA_R_16BF;
-  cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, a, t, K, xs, t, K, &zero, y, CUDA_R_32F, M,
+  cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, a, CUDA_R_16BF, K, xs, CUDA_R_16BF, K, &zero, y, CUDA_R_32F, M,
                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   return cs == CUBLAS_STATUS_SUCCESS ? RLM_OK : cublas_fail(err, fn, cs);
 }

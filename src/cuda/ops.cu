@@ -387,9 +387,66 @@ size_t elem_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
 
 bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+/* 1 / sqrt(mean(v^2) + eps) of a row, every thread of the block given
+ * its own part of the sum of squares (in double, as rmsnorm_kernel). */
+__device__ float row_rsqrt(double ss, int n, double eps) {
+  __shared__ double part[kNormThreads / kWarp];
+  __shared__ float r_sh;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    ss = lane < kNormThreads / kWarp ? part[lane] : 0.0;
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) r_sh = (float)(1.0 / sqrt(ss / n + eps));
+  }
+  __syncthreads();
+  const float r = r_sh;
+  __syncthreads(); /* r_sh and part are reused by the row's next norm */
+  return r;
+}
+
+/* A block a row: x += [post-norm](h), then y = norm(x) * w. Each thread
+ * rereads only the elements it wrote. */
+__global__ void __launch_bounds__(kNormThreads)
+    add_norm_kernel(float *x, const float *h, const float *post, const float *w, float *y, int n, double eps) {
+  float *xr = x + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
+  const float *hr = h + (int64_t)blockIdx.x * n;
+  float rh = 1.0f;
+  if (post) {
+    double ss = 0;
+    for (int i = threadIdx.x; i < n; i += kNormThreads) ss += (double)hr[i] * (double)hr[i];
+    rh = row_rsqrt(ss, n, eps);
+  }
+  double ss = 0;
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    const float hv = post ? __fmul_rn(post[i], __fmul_rn(hr[i], rh)) : hr[i];
+    const float v = __fadd_rn(xr[i], hv);
+    xr[i] = v;
+    ss += (double)v * (double)v;
+  }
+  const float r = row_rsqrt(ss, n, eps);
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    const float v = __fmul_rn(xr[i], r);
+    yr[i] = w ? __fmul_rn(w[i], v) : v;
+  }
+}
+
 } // namespace
 
 /* ---- element-wise entry points ---------------------------------------------------- */
+
+extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows,
+                                         int n, double eps, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_add_norm";
+  if (!x || !h || !y || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
+  if (rows == 0) return RLM_OK;
+  add_norm_kernel<<<(unsigned)rows, kNormThreads, 0, stream_of(st)>>>(x, h, post, w, y, n, eps);
+  return launched(fn, err);
+}
 
 extern "C" rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
                                         rlm_cuda_stream st, rlm_error *err) {

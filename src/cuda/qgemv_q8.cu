@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
   warp_store(acc, lane, n_rows, rows, row0, y);
 }
 
-/* DECODE'S 4-BIT PRODUCT (m = 1, cols a multiple of 1024): x in registers.
+/* DECODE'S 4-BIT PRODUCT (m = 1): x in registers.
  * qgemv_q8_kernel reads x's codes and scales again for every pair of
  * weight rows: 36 bytes of x side per 32 bytes of codes, loads that the
  * L1 serves but that cost as many instructions as the codes' (ncu: L1TEX
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
  * (w + p * W) * 32 + l for its PP passes, loads their codes, scale and sum
  * once, and keeps them for every row: per row a lane then reads one
  * 16-byte vector of codes and one scale and bias. The W warps of a block
- * split the columns (split-K: P = cols / 1024 passes, W = P / PP) over
+ * split the columns (split-K: P = ceil(cols / 1024) passes, W = P / PP) over
  * the same R rows, and add up in shared memory in a fixed order (a replay
  * gives the same bits). The bias term b_g * xsum_g is added by the one lane
  * whose block starts group g. */
@@ -196,11 +196,13 @@ __global__ void __launch_bounds__(kWarp * 8)
 #pragma unroll
   for (int p = 0; p < PP; p++) {
     const int64_t v = (int64_t)(warp + p * W) * kWarp + lane, c0 = v * 32;
-    const int4 *xv = reinterpret_cast<const int4 *>(scratch + c0);
-    const int4 a = __ldg(xv), b = __ldg(xv + 1);
+    const bool in = v < n_vec; /* the last pass may cover fewer than 32 blocks */
+    const int4 *xv = reinterpret_cast<const int4 *>(scratch + (in ? c0 : 0));
+    const int4 a = in ? __ldg(xv) : make_int4(0, 0, 0, 0), b = in ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
     xe[p][0] = a.x, xe[p][1] = a.z, xe[p][2] = b.x, xe[p][3] = b.z;
     xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
-    dx[p] = __ldg(dq + v), xs[p] = c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f, vec[p] = v;
+    dx[p] = in ? __ldg(dq + v) : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
+    vec[p] = in ? v : 0; /* an idle lane reads block 0 and weighs it by 0 */
   }
   uint4 wv[R][PP];
   float s[R][PP], b[R][PP];
@@ -242,11 +244,11 @@ __global__ void __launch_bounds__(kWarp * 8)
 
 constexpr int kXregRows = 4;
 
-/* Passes a warp of the x-in-registers kernel takes (cols / 1024 = P of
- * them, split over at most 8 warps), or 0 where it does not apply. */
+/* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
+ * of them, split over at most 8 warps), or 0 where it does not apply. */
 int xreg_passes(const rlm_cuda_qmat *w, int m) {
-  if (m != 1 || w->bits != 4 || w->cols % 1024) return 0;
-  const int64_t P = w->cols / 1024;
+  if (m != 1 || w->bits != 4) return 0;
+  const int64_t P = (w->cols + 1023) / 1024;
   for (int pp = 1; pp <= 4; pp *= 2)
     if (P % pp == 0 && P / pp <= 8) return pp;
   return 0;
@@ -254,7 +256,7 @@ int xreg_passes(const rlm_cuda_qmat *w, int m) {
 
 template <typename T>
 void launch_xreg(const rlm_cuda_qmat *w, int pp, const void *scratch, float *y, cudaStream_t st) {
-  const dim3 block((unsigned)(kWarp * (w->cols / 1024 / pp))), grid((unsigned)((w->rows + kXregRows - 1) / kXregRows));
+  const dim3 block((unsigned)(kWarp * ((w->cols + 1023) / 1024 / pp))), grid((unsigned)((w->rows + kXregRows - 1) / kXregRows));
   const uint4 *wq = reinterpret_cast<const uint4 *>(w->wq);
   const T *sc = static_cast<const T *>(w->scales), *bi = static_cast<const T *>(w->biases);
   const uint8_t *x = static_cast<const uint8_t *>(scratch);

@@ -41,6 +41,10 @@ struct rlm_backend {
   /* rows of n floats: y = w * x / rms(x); w NULL: unweighted; y may be x */
   void (*rmsnorm)(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps);
   void (*add)(rlm_session *s, float *x, const float *h, size_t n);            /* x += h     */
+  /* The residual of one block and the next block's input norm, rows of n:
+   * x += post ? rmsnorm(h) * post : h; then y = rmsnorm(x) * w (y may be h). */
+  void (*add_norm)(rlm_session *s, float *x, float *h, const float *post, const float *w, float *y, int rows, int n,
+                   double eps);
   void (*scale)(rlm_session *s, float *x, float a, size_t n);                 /* x *= a     */
   void (*softcap)(rlm_session *s, float *x, float cap, size_t n);             /* tanh(x/c)c */
   void (*copy)(rlm_session *s, float *dst, const float *src, size_t n);

@@ -53,6 +53,13 @@ static void cpu_add(rlm_session *s, float *x, const float *h, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] += h[i];
 }
 
+static void cpu_add_norm(rlm_session *s, float *x, float *h, const float *post, const float *w, float *y, int rows,
+                         int n, double eps) {
+  if (post) cpu_rmsnorm(s, h, h, post, rows, n, eps);
+  cpu_add(s, x, h, (size_t)rows * n);
+  cpu_rmsnorm(s, y, x, w, rows, n, eps);
+}
+
 static void cpu_scale(rlm_session *s, float *x, float a, size_t n) {
   (void)s;
   for (size_t i = 0; i < n; i++) x[i] *= a;
@@ -133,6 +140,7 @@ const rlm_backend rlm__backend_cpu = {
     .linear = cpu_linear,
     .rmsnorm = cpu_rmsnorm,
     .add = cpu_add,
+    .add_norm = cpu_add_norm,
     .scale = cpu_scale,
     .softcap = cpu_softcap,
     .copy = cpu_copy,

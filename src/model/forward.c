@@ -66,17 +66,20 @@ static void project_qkv(rlm_session *s, int li, int n) {
   if (own) be->rope(s, s->k, n, nkv, hd, cs, stride);
 }
 
-static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
+/* normed: s->h already holds the attention norm of x (the previous
+ * block's residual computed it). Ends with the MLP's input norm in s->h,
+ * fused with this block's residual. */
+static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, bool normed, rlm_error *err) {
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
   const rlm_layer *L = &m->layers[li];
   const int H = c->hidden, n = ps->n;
-  s->be->rmsnorm(s, s->h, s->x, L->attn_norm, n, H, c->rms_eps);
+  if (!normed) s->be->rmsnorm(s, s->h, s->x, L->attn_norm, n, H, c->rms_eps);
   project_qkv(s, li, n);
   rlm_status rc = s->be->attend(s, ps, li, err);
   if (rc) return rc;
   lin(s, &L->wo, s->att, n, s->h);
-  add_residual(s, L->post_attn_norm, n, H, c->rms_eps);
+  s->be->add_norm(s, s->x, s->h, L->post_attn_norm, L->mlp_norm, s->h, n, H, c->rms_eps);
   return RLM_OK;
 }
 
@@ -147,17 +150,25 @@ static void moe_block(rlm_session *s, int li, int n) {
   }
 }
 
-static void mlp_block(rlm_session *s, int li, int n) {
+/* s->h holds the MLP's input norm (attention_block). Returns whether it
+ * left the next layer's attention norm in s->h: its residual and that
+ * norm fused, where nothing reads x in between (not Gemma 4, whose
+ * per-layer input comes first; not the last layer). */
+static bool mlp_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
   const int H = c->hidden, I = c->layer_inter[li];
-  s->be->rmsnorm(s, s->h, s->x, L->mlp_norm, n, H, c->rms_eps);
   lin(s, &L->gate, s->h, n, s->g);
   lin(s, &L->up, s->h, n, s->u);
   s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) moe_block(s, li, n);
+  if (c->arch != RLM_ARCH_GEMMA4 && li + 1 < c->n_layers) {
+    s->be->add_norm(s, s->x, s->h, L->post_mlp_norm, s->m->layers[li + 1].attn_norm, s->h, n, H, c->rms_eps);
+    return true;
+  }
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
+  return false;
 }
 
 /* Gemma 4: x += norm(proj(gelu(gate(x)) * ple[j][li])); then x *= scalar. */
@@ -224,10 +235,11 @@ static rlm_status layers(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   /* the pass's RoPE angles, once for all layers of a kind */
   if (m->has_full) be->rope_angles(s, ps, rope_row(s, false, 0), stride, m->inv_freq, half);
   if (m->has_sliding) be->rope_angles(s, ps, rope_row(s, true, 0), stride, m->inv_freq_local, half);
+  bool normed = false;
   for (int li = 0; li < m->cfg.n_layers; li++) {
-    rlm_status rc = attention_block(s, ps, li, err);
+    rlm_status rc = attention_block(s, ps, li, normed, err);
     if (rc) return rc;
-    mlp_block(s, li, ps->n);
+    normed = mlp_block(s, li, ps->n);
     if (m->cfg.arch == RLM_ARCH_GEMMA4) ple_block(s, li, ps->n);
   }
   return RLM_OK;

@@ -205,8 +205,8 @@ TEST(prefill_chunks) {
 }
 
 /* A prompt in one pass of 40 tokens takes cuBLAS's GEMM (past 16 tokens):
- * MLX 4- and 8-bit weights dequantized to f32 and multiplied in TF32
- * (10-bit mantissas), within 5e-3 x max |logit| of the CPU. */
+ * MLX 4- and 8-bit weights dequantized to f16 and x's rows scaled into
+ * f16 (10-bit mantissas), within 5e-3 x max |logit| of the CPU. */
 TEST(gemm_prefill_quantized) {
   for (int a = 0; a < N_ARCHS; a++)
     for (int bits = 4; bits <= 8; bits += 4) {

@@ -209,6 +209,13 @@ TEST(q8_matches_reference) {
   for (int m = 1; m <= 8; m++) check_q8_case(1029, 4096, 4, 64, RLM_DTYPE_BF16, m);
   check_q8_case(4096, 14336, 4, 64, RLM_DTYPE_BF16, 1);
   check_q8_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 3);
+  /* decode's 4-bit kernel (m = 1, x in registers, split-K over warps): a
+   * last pass with idle lanes, rows not a multiple of its 4 per block */
+  for (int g = 32; g <= 128; g *= 2)
+    for (int s = 0; s < 3; s++) check_q8_case(67, 1152, 4, g, sds[s], 1);
+  check_q8_case(1031, 6912, 4, 64, RLM_DTYPE_BF16, 1);
+  check_q8_case(5, 640, 4, 32, RLM_DTYPE_F16, 1);
+  check_q8_case(33, 8192, 4, 128, RLM_DTYPE_F32, 1);
 }
 
 TEST(refuses_what_it_lacks) {
