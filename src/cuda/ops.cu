@@ -101,22 +101,11 @@ dim3 rows_grid(int64_t rows, int64_t n) { return dim3(blocks_for(n), (unsigned)(
 
 constexpr int kNormThreads = 256;
 
-/* One block a row. rlm__rmsnorm_ref sums the squares in double (each
- * square exact, one rounding an add), then r = (float)(1 / sqrt(ss / n +
- * eps)) in double; the same here, only the order of the double adds
- * differs, so r is the CPU's but in the rarest ties, and y = w * (x * r)
- * is then the CPU's too. */
-__global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_kernel(float *y, const float *x, const float *w, int n, double eps) {
+/* 1 / sqrt(mean(v^2) + eps) of a row, every thread of the block given
+ * its own part of the sum of squares (in double, as rmsnorm_kernel). */
+__device__ float row_rsqrt(double ss, int n, double eps) {
   __shared__ double part[kNormThreads / kWarp];
   __shared__ float r_sh;
-  const float *xr = x + (int64_t)blockIdx.x * n;
-  float *yr = y + (int64_t)blockIdx.x * n;
-  double ss = 0;
-  for (int i = threadIdx.x; i < n; i += kNormThreads) {
-    const double v = xr[i];
-    ss += v * v;
-  }
 #pragma unroll
   for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
@@ -130,6 +119,25 @@ __global__ void __launch_bounds__(kNormThreads)
   }
   __syncthreads();
   const float r = r_sh;
+  __syncthreads(); /* r_sh and part are reused by the row's next norm */
+  return r;
+}
+
+/* One block a row. rlm__rmsnorm_ref sums the squares in double (each
+ * square exact, one rounding an add), then r = (float)(1 / sqrt(ss / n +
+ * eps)) in double; the same here, only the order of the double adds
+ * differs, so r is the CPU's but in the rarest ties, and y = w * (x * r)
+ * is then the CPU's too. */
+__global__ void __launch_bounds__(kNormThreads)
+    rmsnorm_kernel(float *y, const float *x, const float *w, int n, double eps) {
+  const float *xr = x + (int64_t)blockIdx.x * n;
+  float *yr = y + (int64_t)blockIdx.x * n;
+  double ss = 0;
+  for (int i = threadIdx.x; i < n; i += kNormThreads) {
+    const double v = xr[i];
+    ss += v * v;
+  }
+  const float r = row_rsqrt(ss, n, eps);
   for (int i = threadIdx.x; i < n; i += kNormThreads) {
     const float v = __fmul_rn(xr[i], r); /* read before the write: y may be x */
     yr[i] = w ? __fmul_rn(w[i], v) : v;
@@ -386,28 +394,6 @@ bool float_dtype(rlm_dtype t) { return t == RLM_DTYPE_F32 || t == RLM_DTYPE_F16 
 size_t elem_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
 
 bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-/* 1 / sqrt(mean(v^2) + eps) of a row, every thread of the block given
- * its own part of the sum of squares (in double, as rmsnorm_kernel). */
-__device__ float row_rsqrt(double ss, int n, double eps) {
-  __shared__ double part[kNormThreads / kWarp];
-  __shared__ float r_sh;
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  if (lane == 0) part[warp] = ss;
-  __syncthreads();
-  if (warp == 0) {
-    ss = lane < kNormThreads / kWarp ? part[lane] : 0.0;
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) r_sh = (float)(1.0 / sqrt(ss / n + eps));
-  }
-  __syncthreads();
-  const float r = r_sh;
-  __syncthreads(); /* r_sh and part are reused by the row's next norm */
-  return r;
-}
 
 /* A block a row: x += [post-norm](h), then y = norm(x) * w. Each thread
  * rereads only the elements it wrote. */
