@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages ringlm needs to build and test, and only
 # those that are missing; says what it installs. Safe to run repeatedly.
+#
+# The CUDA backend (-DRINGLM_CUDA=ON, issue 17) also needs NVIDIA's CUDA 13
+# toolkit (nvcc, cudart, cuBLAS), which is not a Debian package: install it
+# from NVIDIA (it lands in /usr/local/cuda), then configure with
+#   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release \
+#     -DRINGLM_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc
+# (scripts/test.sh and scripts/test-cuda.sh find it there by themselves).
 set -euo pipefail
 need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev libpcre2-dev libedit-dev libmicrohttpd-dev)
 # Node runs the server's end-to-end tests (tests/server/: real HTTP, the
