@@ -504,6 +504,7 @@ TEST(bad_values_are_usage_errors) {
       {"run", "--lookup 2 --draft-max 33", "--draft-max", "[1, 32]"},
       {"batch", "-f x --parallel 0", "--parallel", "[1, 4096]"},
       {"run", "--kv-sinks -1", "--kv-sinks", ">= 0"},
+      {"run", "--device gpu", "--device", "cpu or cuda"},
   };
   char out[8192];
   for (int i = 0; i < N_OF(bad); i++) {
@@ -514,6 +515,21 @@ TEST(bad_values_are_usage_errors) {
     CHECK_STR_CONTAINS(out, bad[i].valid);
     CHECK_EQ(count_lines(out), 1);
   }
+}
+
+/* --device cuda where the GPU is missing: a build without the CUDA
+ * backend, or a machine without a device, is one line and exit 1 (not a
+ * usage error: the value is valid); with a GPU the run succeeds. */
+TEST(device_cuda_without_a_gpu) {
+  const char *src = getenv("RINGLM_SOURCE_DIR");
+  char out[8192];
+  const int rc = run(out, sizeof out, "%s run -m %s/tests/fixtures/models/llama --ids 5,6,7 -n 2 --device cuda "
+                     "--print-ids", g_bin, src);
+  if (rc == 0) return; /* a GPU is here: test_cuda_model checks what it computes */
+  CHECK_EQ(rc, 1);
+  CHECK(strstr(out, "device cuda: this build has no CUDA backend") || strstr(out, "device cuda: no CUDA device"));
+  CHECK_EQ(count_lines(out), 1);
+  test_note("%s", out);
 }
 
 /* --name=value works for every command (main splits it), and a value
@@ -832,6 +848,7 @@ int main(void) {
   RUN(perplexity_matches_logits);
   RUN(usage_names_every_command);
   RUN(bad_values_are_usage_errors);
+  RUN(device_cuda_without_a_gpu);
   RUN(opt_equals_value);
   RUN(prompt_from_file_and_stdin);
   RUN(context_limit);
