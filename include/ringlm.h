@@ -560,7 +560,11 @@ RLM_API rlm_status rlm_chat_template_render(const rlm_chat_template *t, const ch
  * each feeding its next tokens, prefill chunks beside decode steps, and
  * reads every weight once for all of them. A model may be shared by
  * sessions on different threads; a session has one owner (one thread at a
- * time); sessions share one process-wide set of worker threads. Architectures: llama, qwen3, mistral, gemma3_text, gemma4_text
+ * time); sessions share one process-wide set of worker threads. With
+ * device RLM_DEVICE_CUDA the model's first session there uploads its
+ * weights (under a lock, so sessions may be created on several threads)
+ * and every later one shares them; each session has its own stream,
+ * caches and graphs. Architectures: llama, qwen3, mistral, gemma3_text, gemma4_text
  * (dense; its MoE variant is refused as unsupported).
  * ---------------------------------------------------------------------- */
 typedef struct rlm_model rlm_model;

@@ -35,6 +35,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 /* LOGIT_ROWS: wanted logits per lm_head product; MAX_M: rows of x a
@@ -593,7 +594,12 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
     const int64_t mp = s->m->cfg.max_positions;
     s->p.n_ctx = mp > 0 && mp < 4096 ? mp : 4096;
   }
-  if (!s->m->dev_weights && (rc = upload_weights(s->m, err))) return rc;
+  /* A model may be shared by sessions on several threads: one uploads. */
+  static pthread_mutex_t upload_mu = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&upload_mu);
+  if (!s->m->dev_weights) rc = upload_weights(s->m, err);
+  pthread_mutex_unlock(&upload_mu);
+  if (rc) return rc;
   cuda_sess *cs = rlm__calloc(1, sizeof *cs);
   if (!cs) return rlm__err_nomem(err, "cuda session", sizeof *cs);
   s->dev = cs, s->be = &backend_cuda;
