@@ -86,6 +86,10 @@ __global__ void unscale_rows_kernel(float *__restrict__ y, int64_t rows, int64_t
     y[i] *= back[i / rows];
 }
 
+/* The scratch: x as f16 (or bf16) and the rows' scales, then (quantized
+ * weights) W as f16 from a 256-byte boundary. */
+size_t x_part_bytes(int64_t m, int64_t cols) { return ((size_t)(m * cols) * 2 + (size_t)m * 4 + 255) / 256 * 256; }
+
 unsigned blocks_for(int64_t n) {
   const int64_t b = (n + kThreads - 1) / kThreads;
   return (unsigned)(b < 65535 ? b : 65535);
@@ -104,11 +108,54 @@ void launch_dequant(const rlm_cuda_qmat *q, __half *out, cudaStream_t st) {
   else dequant_kernel<8, S><<<g, kThreads, 0, st>>>(q->wq, sc, bi, q->rows, q->cols, q->group_size, out);
 }
 
+
+/* W (f16, or MLX-affine dequantized to f16) times x's rows scaled into
+ * f16's range, the product's rows scaled back. */
+rlm_status gemm_f16(cublasHandle_t h, const rlm_cuda_weight *w, const float *x, int64_t m, float *y, void *scratch,
+                    cudaStream_t st, rlm_error *err) {
+  const char *fn = "rlm__cuda_gemm";
+  const float one = 1.0f, zero = 0.0f;
+  __half *xs = static_cast<__half *>(scratch);
+  float *back = reinterpret_cast<float *>(xs + m * w->cols);
+  __half *wd = reinterpret_cast<__half *>(static_cast<char *>(scratch) + x_part_bytes(m, w->cols));
+  if (w->q.wq) {
+#define RLM_T(S) launch_dequant<S>(&w->q, wd, st)
+    RLM_CUDA_FOR_SDTYPE(w->q.sdtype, RLM_T)
+#undef RLM_T
+  } else {
+    wd = static_cast<__half *>(const_cast<void *>(w->w));
+  }
+  scale_rows_kernel<<<(unsigned)m, kThreads, 0, st>>>(x, w->cols, xs, back);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+  cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)m, (int)w->cols, &one, wd,
+                                   CUDA_R_16F, (int)w->cols, xs, CUDA_R_16F, (int)w->cols, &zero, y, CUDA_R_32F,
+                                   (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (cs != CUBLAS_STATUS_SUCCESS) return cublas_fail(err, fn, cs);
+  unscale_rows_kernel<<<blocks_for(m * w->rows), kThreads, 0, st>>>(y, w->rows, m, back);
+  e = cudaGetLastError();
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
+
+/* bf16 W times x rounded to bf16. */
+rlm_status gemm_bf16(cublasHandle_t h, const rlm_cuda_weight *w, const float *x, int64_t m, float *y, void *scratch,
+                     cudaStream_t st, rlm_error *err) {
+  const char *fn = "rlm__cuda_gemm";
+  const float one = 1.0f, zero = 0.0f;
+  __nv_bfloat16 *xs = static_cast<__nv_bfloat16 *>(scratch);
+  round_kernel<<<blocks_for(m * w->cols), kThreads, 0, st>>>(x, m * w->cols, xs);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+  cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)m, (int)w->cols, &one, w->w,
+                                   CUDA_R_16BF, (int)w->cols, xs, CUDA_R_16BF, (int)w->cols, &zero, y, CUDA_R_32F,
+                                   (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return cs == CUBLAS_STATUS_SUCCESS ? RLM_OK : cublas_fail(err, fn, cs);
+}
+
 } // namespace
 
 extern "C" size_t rlm__cuda_gemm_scratch_bytes(int64_t m, int64_t rows, int64_t cols) {
-  /* x as f16 | the rows' scales | W as f16 (quantized weights) */
-  return ((size_t)(m * cols) * 2 + (size_t)m * 4 + 255) / 256 * 256 + (size_t)(rows * cols) * 2;
+  return x_part_bytes(m, cols) + (size_t)(rows * cols) * 2;
 }
 
 extern "C" rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *w, const float *x, int64_t m, float *y,
@@ -118,49 +165,18 @@ extern "C" rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument or an empty product");
   if (m > INT32_MAX || w->rows > INT32_MAX || w->cols > INT32_MAX)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a product past 2^31 rows or columns");
+  if (w->q.wq ? w->q.bits != 4 && w->q.bits != 8
+              : w->dtype != RLM_DTYPE_F32 && w->dtype != RLM_DTYPE_F16 && w->dtype != RLM_DTYPE_BF16)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of %d bits or dtype %d (4, 8 bits; f32, f16, bf16 are supported)",
+                w->q.wq ? w->q.bits : 0, (int)w->dtype);
   cublasHandle_t h = reinterpret_cast<cublasHandle_t>(blas);
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   cublasStatus_t cs = cublasSetStream(h, st);
   if (cs != CUBLAS_STATUS_SUCCESS) return cublas_fail(err, fn, cs);
-  const int M = (int)w->rows, N = (int)m, K = (int)w->cols;
+  if (w->q.wq || w->dtype == RLM_DTYPE_F16) return gemm_f16(h, w, x, m, y, scratch, st, err);
+  if (w->dtype == RLM_DTYPE_BF16) return gemm_bf16(h, w, x, m, y, scratch, st, err);
   const float one = 1.0f, zero = 0.0f;
-  if (!w->q.wq && w->dtype == RLM_DTYPE_F32) {
-    cs = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, static_cast<const float *>(w->w), K, x, K, &zero, y, M);
-    return cs == CUBLAS_STATUS_SUCCESS ? RLM_OK : cublas_fail(err, fn, cs);
-  }
-  const bool f16 = !w->q.wq && w->dtype == RLM_DTYPE_F16;
-  if (!w->q.wq && !f16 && w->dtype != RLM_DTYPE_BF16)
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of dtype %d", (int)w->dtype);
-  if (w->q.wq && w->q.bits != 4 && w->q.bits != 8)
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights (4 and 8 are supported)", w->q.bits);
-  if (w->q.wq || f16) { /* W (dequantized) in f16, rows of x scaled into f16's range */
-    __half *xs = static_cast<__half *>(scratch);
-    float *back = reinterpret_cast<float *>(xs + m * w->cols);
-    __half *wd = reinterpret_cast<__half *>(static_cast<char *>(scratch) +
-                                            ((size_t)(m * w->cols) * 2 + (size_t)m * 4 + 255) / 256 * 256);
-    if (w->q.wq) {
-#define RLM_T(S) launch_dequant<S>(&w->q, wd, st)
-      RLM_CUDA_FOR_SDTYPE(w->q.sdtype, RLM_T)
-#undef RLM_T
-    } else {
-      wd = static_cast<__half *>(const_cast<void *>(w->w));
-    }
-    scale_rows_kernel<<<(unsigned)m, kThreads, 0, st>>>(x, w->cols, xs, back);
-    cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-    cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, wd, CUDA_R_16F, K, xs, CUDA_R_16F, K, &zero, y,
-                      CUDA_R_32F, M, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (cs != CUBLAS_STATUS_SUCCESS) return cublas_fail(err, fn, cs);
-    unscale_rows_kernel<<<blocks_for(m * w->rows), kThreads, 0, st>>>(y, w->rows, m, back);
-    e = cudaGetLastError();
-    return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-  }
-  void *xs = scratch;
-  const void *a = w->w;
-  round_kernel<<<blocks_for(m * w->cols), kThreads, 0, st>>>(x, m * w->cols, static_cast<__nv_bfloat16 *>(xs));
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-  cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, M, N, K, &one, a, CUDA_R_16BF, K, xs, CUDA_R_16BF, K, &zero, y, CUDA_R_32F, M,
-                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  cs = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)m, (int)w->cols, &one,
+                   static_cast<const float *>(w->w), (int)w->cols, x, (int)w->cols, &zero, y, (int)w->rows);
   return cs == CUBLAS_STATUS_SUCCESS ? RLM_OK : cublas_fail(err, fn, cs);
 }
