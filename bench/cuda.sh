@@ -14,14 +14,17 @@
 # product yet, so ours reads 8.5 bits there: more bytes than the anchor's.
 # RINGLM (default build-cuda/ringlm) and QGEMV (build-cuda/tests/
 # test_cuda_qgemv) name the programs; REPS (3) the repetitions; DEPTHS
-# (0,4096) the context depths.
+# (0,4096,16384) the context depths; BATCH (8,32,64) the batch sizes of
+# the aggregate decode test (llama-batched-bench's, 128 + 128 tokens a
+# sequence; the anchor's table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/tmp/ringlm-bench}
 bin=${RINGLM:-build-cuda/ringlm}
 qgemv=${QGEMV:-build-cuda/tests/test_cuda_qgemv}
 reps=${REPS:-3}
-depths=${DEPTHS:-0,4096}
+depths=${DEPTHS:-0,4096,16384}
+batch=${BATCH:-8,32,64}
 mkdir -p "$dir"
 for shape in gemma3-1b llama3.1-8b; do
   [ -f "$dir/$shape/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" "$shape" --no-gguf
@@ -38,4 +41,5 @@ for m in gemma3-1b-4bit llama3.1-8b-4bit gemma3-1b llama3.1-8b; do
   echo "== $m: $((bytes / 1000000)) MB of weights; floor $(awk -v b="$bytes" -v w="${bw:-0}" 'BEGIN{printf "%.0f", w*1e9/b}') tok/s"
   "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 512 -n 128 -d "$depths" -r "$reps"
   "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 0 -n 128 -r "$reps" --no-graph
+  "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts --batch "$batch" -p 128 -n 128 -r "$reps"
 done
