@@ -30,6 +30,95 @@ RINGLM_DIR = {"q4": "{m}-4bit", "q8": "{m}-8bit", "f16": "{m}"}
 LLAMA_KV = {"f16": "f16", "8": "q8_0", "4": "q4_0"}
 
 
+# ggml tensor types: (block elements, block bytes), for the GGUF's tensor bytes.
+GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+              7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36), 10: ("Q2_K", 256, 84),
+              11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+              15: ("Q8_K", 256, 292), 30: ("BF16", 1, 2)}
+
+
+def gguf_tensor_bytes(path):
+    """(total bytes, {type name: bytes}) of a GGUF file's tensors, from its
+    tensor infos (GGUF v2/v3: header, key-value pairs skipped, infos)."""
+    import struct
+    f = open(path, "rb")
+
+    def rd(fmt):
+        return struct.unpack("<" + fmt, f.read(struct.calcsize("<" + fmt)))[0]
+
+    def skip_value(vt):
+        sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+        if vt == 8:
+            f.seek(rd("Q"), 1)
+        elif vt == 9:
+            et, n = rd("I"), rd("Q")
+            if et == 8:
+                for _ in range(n):
+                    f.seek(rd("Q"), 1)
+            else:
+                f.seek(sizes[et] * n, 1)
+        else:
+            f.seek(sizes[vt], 1)
+
+    if f.read(4) != b"GGUF":
+        sys.exit(f"vs_llamacpp: {path}: not a GGUF file")
+    rd("I")  # version
+    n_tensors, n_kv = rd("Q"), rd("Q")
+    for _ in range(n_kv):
+        f.seek(rd("Q"), 1)
+        skip_value(rd("I"))
+    total, by = 0, {}
+    for _ in range(n_tensors):
+        f.seek(rd("Q"), 1)
+        n = 1
+        for _ in range(rd("I")):
+            n *= rd("Q")
+        name, blk, size = GGML_TYPES.get(rd("I"), ("?", 1, 0))
+        rd("Q")  # offset
+        b = n // blk * size
+        total += b
+        by[name] = by.get(name, 0) + b
+    return total, by
+
+
+def safetensors_tensor_bytes(folder):
+    """(total bytes, {dtype: bytes}) of a Hugging Face folder's tensors
+    (model.safetensors or the shards of its index)."""
+    import struct
+    index = os.path.join(folder, "model.safetensors.index.json")
+    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) else ["model.safetensors"]
+    total, by = 0, {}
+    for name in files:
+        with open(os.path.join(folder, name), "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for k, v in header.items():
+            if k != "__metadata__":
+                b = v["data_offsets"][1] - v["data_offsets"][0]
+                total += b
+                by[v["dtype"]] = by.get(v["dtype"], 0) + b
+    return total, by
+
+
+def print_bytes(a):
+    """Both files' tensor bytes, so that a comparison that is not like for
+    like shows (issue 16: a 4-bit embedding against Q8_0 inflated a ratio
+    by 1.27x)."""
+    gguf = os.path.join(a.models, f"{a.model}-{GGUF[a.weights]}.gguf")
+    folder = os.path.join(a.models, RINGLM_DIR[a.weights].format(m=a.model))
+    lt, lby = gguf_tensor_bytes(gguf)
+    rt, rby = safetensors_tensor_bytes(folder)
+
+    def parts(by):
+        return ", ".join(f"{k} {v / 1e6:.1f}" for k, v in sorted(by.items(), key=lambda kv: -kv[1]))
+
+    print(f"tensor bytes: llama.cpp {os.path.basename(gguf)} {lt / 1e6:.1f} MB ({parts(lby)}); "
+          f"ringlm {os.path.basename(folder)} {rt / 1e6:.1f} MB ({parts(rby)}); ringlm / llama.cpp {rt / lt:.3f}")
+    if abs(rt / lt - 1) > 0.01:
+        print(f"WARNING: the two files differ by {100 * (rt / lt - 1):+.1f}% in tensor bytes: not like for like "
+              f"(give ringlm the GGUF's bits tensor by tensor: ringlm quantize --override)")
+    return lt, rt
+
+
 def child_peak_rss(cmd):
     """Runs cmd, returning (stdout, peak RSS bytes) via wait4's rusage."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -83,14 +172,19 @@ def main():
                     help="ringlm's decode activations: 8 = int8 as llama.cpp's Q8_0 (default), 0 = exact f32")
     ap.add_argument("--flash-f16", action="store_true", help="llama.cpp flash attention with f16 KV too")
     ap.add_argument("--json", help="also write the rows to this file")
+    ap.add_argument("--bytes-only", action="store_true", help="print the two files' tensor bytes and stop")
     ap.add_argument("--llama-commit", default=os.environ.get("LLAMA_CPP_COMMIT"),
                     help="llama.cpp commit to print (default: git of the build's source tree, if it is one)")
     a = ap.parse_args()
+    if a.bytes_only:
+        print_bytes(a)
+        return
     if not a.llama_bench:
         sys.exit("vs_llamacpp: set LLAMA_BENCH to a llama.cpp build's llama-bench (built outside this repo)")
     commit = a.llama_commit or subprocess.run(
         ["git", "-C", os.path.dirname(os.path.dirname(os.path.dirname(a.llama_bench))), "rev-parse", "--short",
          "HEAD"], capture_output=True, text=True).stdout.strip()
+    bytes_llama, bytes_ringlm = print_bytes(a)
     rows = []
     print(f"| test | KV | llama.cpp t/s | ringlm t/s | ringlm / llama.cpp | llama.cpp RSS MB | ringlm RSS MB |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
@@ -109,7 +203,8 @@ def main():
           f"{a.threads} threads, llama.cpp {commit or '(commit unknown)'}")
     if a.json:
         json.dump({"model": a.model, "weights": a.weights, "threads": a.threads, "llama_cpp_commit": commit,
-                   "rows": rows}, open(a.json, "w"), indent=1)
+                   "tensor_bytes": {"llama_cpp": bytes_llama, "ringlm": bytes_ringlm}, "rows": rows},
+                  open(a.json, "w"), indent=1)
 
 
 if __name__ == "__main__":
