@@ -255,7 +255,6 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
     const float *xr = x + r0 * l->in;
     float *yr = y + r0 * l->out;
     if (q8) {
-      if (n > MAX_M) cs->q8_x = NULL;
       rc = q8_of(s, l, xr, m, &er);
       if (!rc) rc = rlm__cuda_qgemv_q8(&w.q, cs->q8, m, yr, cs->st, &er);
     } else if (l->quant) {
@@ -487,8 +486,9 @@ static rlm_status check_support(const rlm_model *m, const rlm_session_params *p,
     return unsupported(err, "an embedding not at 2, 4 or 8 bits");
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
-    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate, &L->ple_proj};
-    for (size_t j = 0; j < sizeof ls / sizeof *ls; j++)
+    const rlm_linear *ls[RLM_LAYER_LINEARS];
+    rlm__layer_linears(L, ls);
+    for (int j = 0; j < RLM_LAYER_LINEARS; j++)
       if (!bits_ok(ls[j])) return unsupported(err, "a linear layer not at 4 or 8 bits");
     if (c->layer_head_dim[i] > 512) return unsupported(err, "a head dim above 512");
   }
@@ -543,8 +543,9 @@ static size_t gemm_bytes(const rlm_model *m, int64_t n) {
   size_t most = rlm__cuda_gemm_scratch_bytes(n, m->ple_model_proj.out, m->ple_model_proj.in);
   for (int i = 0; i < m->cfg.n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
-    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate, &L->ple_proj};
-    for (size_t j = 0; j < sizeof ls / sizeof *ls; j++)
+    const rlm_linear *ls[RLM_LAYER_LINEARS];
+    rlm__layer_linears(L, ls);
+    for (int j = 0; j < RLM_LAYER_LINEARS; j++)
       most = RLM_MAX(most, rlm__cuda_gemm_scratch_bytes(n, ls[j]->out, ls[j]->in));
   }
   return most;

@@ -99,8 +99,9 @@ static int64_t count_params(const rlm_model *m) {
   if (m->lm_head.w != m->embed.w || m->lm_head.q.wq != m->embed.q.wq) n += linear_params(&m->lm_head);
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
-    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate, &L->ple_proj};
-    for (size_t k = 0; k < sizeof ls / sizeof *ls; k++) n += linear_params(ls[k]);
+    const rlm_linear *ls[RLM_LAYER_LINEARS];
+    rlm__layer_linears(L, ls);
+    for (int k = 0; k < RLM_LAYER_LINEARS; k++) n += linear_params(ls[k]);
   }
   for (size_t i = 0; i < rlm__st_count(m->st); i++) {
     const rlm_st_tensor *t = rlm__st_at(m->st, i);

@@ -385,9 +385,10 @@ void rlm__model_arrays(const rlm_model *m, rlm_model_array_fn fn, void *ctx) {
   vec(m->inv_freq_local, c->max_head_dim / 2, fn, ctx);
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
-    const rlm_linear *ls[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down, &L->ple_gate,
-                              &L->ple_proj, &L->router};
-    for (size_t j = 0; j < sizeof ls / sizeof *ls; j++) linear_arrays(ls[j], fn, ctx);
+    const rlm_linear *ls[RLM_LAYER_LINEARS];
+    rlm__layer_linears(L, ls);
+    for (int j = 0; j < RLM_LAYER_LINEARS; j++) linear_arrays(ls[j], fn, ctx);
+    linear_arrays(&L->router, fn, ctx);
     for (int e = 0; L->expert_gate_up && e < c->n_experts; e++) linear_arrays(&L->expert_gate_up[e], fn, ctx);
     for (int e = 0; L->expert_down && e < c->n_experts; e++) linear_arrays(&L->expert_down[e], fn, ctx);
     const float *hv[] = {L->attn_norm, L->mlp_norm, L->post_attn_norm, L->post_mlp_norm, L->ple_norm,

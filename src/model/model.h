@@ -180,6 +180,16 @@ struct rlm_session {
   int64_t stamp;
 };
 
+/* A layer's dense projections: attention's, the MLP's and Gemma 4's
+ * per-layer input pair (absent ones have out == 0); not the MoE router and
+ * experts. The one list every walk over a layer's products uses. */
+enum { RLM_LAYER_LINEARS = 9 };
+static inline void rlm__layer_linears(const rlm_layer *L, const rlm_linear *out[RLM_LAYER_LINEARS]) {
+  const rlm_linear *ls[RLM_LAYER_LINEARS] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down,
+                                             &L->ple_gate, &L->ple_proj};
+  memcpy(out, ls, sizeof ls);
+}
+
 /* ---- model.c: the arrays a device backend uploads ---------------------- */
 /* Calls fn for every weight array and norm vector the forward pass reads
  * (a tied head's arrays come twice: the callee dedupes by pointer). */
