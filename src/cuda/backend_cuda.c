@@ -445,6 +445,10 @@ static rlm_status cuda_end(rlm_session *s, rlm_error *err) {
   return rc;
 }
 
+static int cuda_rewind_blocker(const rlm_session *s, int row, int64_t to);
+static size_t cuda_row_kv_bytes(const rlm_session *s, int row);
+static void cuda_fini(rlm_session *s);
+
 static const rlm_backend backend_cuda = {
     .name = "cuda",
     .logit_rows = LOGIT_ROWS,
@@ -466,6 +470,9 @@ static const rlm_backend backend_cuda = {
     .attend = cuda_attend,
     .copy_logits = cuda_copy_logits,
     .end_pass = cuda_end,
+    .rewind_blocker = cuda_rewind_blocker,
+    .row_kv_bytes = cuda_row_kv_bytes,
+    .fini = cuda_fini,
 };
 
 /* ---- create / free --------------------------------------------------------- */
@@ -611,7 +618,7 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   return rc ? rc : make_scratch(s, err);
 }
 
-void rlm__cuda_session_fini(rlm_session *s) {
+static void cuda_fini(rlm_session *s) {
   cuda_sess *cs = s->dev;
   if (!cs) return;
   if (cs->st) cudaStreamSynchronize(cs->st);
@@ -626,7 +633,7 @@ void rlm__cuda_session_fini(rlm_session *s) {
   s->dev = NULL;
 }
 
-int rlm__cuda_rewind_blocker(const rlm_session *s, int row, int64_t to) {
+static int cuda_rewind_blocker(const rlm_session *s, int row, int64_t to) {
   const cuda_sess *cs = s->dev;
   const int64_t end = s->rows[row].pos;
   for (int i = 0; i < s->m->cfg.n_layers; i++) {
@@ -638,7 +645,8 @@ int rlm__cuda_rewind_blocker(const rlm_session *s, int row, int64_t to) {
   return -1;
 }
 
-size_t rlm__cuda_row_kv_bytes(const rlm_session *s) {
+static size_t cuda_row_kv_bytes(const rlm_session *s, int row) {
+  (void)row; /* every row has the same slots */
   const cuda_sess *cs = s->dev;
   return cs ? cs->kv_bytes / (size_t)s->p.n_rows : 0;
 }

@@ -67,6 +67,12 @@ struct rlm_backend {
    * computed in the backend's buffer (count rows) copied to host. */
   rlm_status (*copy_logits)(rlm_session *s, float *host, const float *dev, size_t n, rlm_error *err);
   rlm_status (*end_pass)(rlm_session *s, rlm_error *err);
+  /* The rows' caches: the first layer that cannot take `row` back to
+   * position `to` (a ring past its slack), or -1; the KV bytes a row holds;
+   * the backend's state freed (after the session's buffers). */
+  int (*rewind_blocker)(const rlm_session *s, int row, int64_t to);
+  size_t (*row_kv_bytes)(const rlm_session *s, int row);
+  void (*fini)(rlm_session *s);
 };
 
 /* The CPU backend: host memory, the kernel tables of ops.c, dense.c,
@@ -79,10 +85,5 @@ extern const rlm_backend rlm__backend_cpu;
  * s->be and s->dev and allocates the caches whole (n_ctx chosen when 0);
  * rows then have no rlm_kv caches of their own. */
 rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err);
-void rlm__cuda_session_fini(rlm_session *s);
-/* The first layer that cannot take `row` back to position `to` (a ring
- * past its slack), or -1. */
-int rlm__cuda_rewind_blocker(const rlm_session *s, int row, int64_t to);
-size_t rlm__cuda_row_kv_bytes(const rlm_session *s);
 
 #endif /* RLM_BACKEND_H */

@@ -130,6 +130,18 @@ static rlm_status cpu_copy_logits(rlm_session *s, float *host, const float *dev,
   return cpu_ok(s, err);
 }
 
+static int cpu_rewind_blocker(const rlm_session *s, int row, int64_t to) {
+  for (int i = 0; i < s->m->cfg.n_layers; i++)
+    if (s->rows[row].kv[i] && !rlm__kv_can_rewind(s->rows[row].kv[i], 0, to)) return i;
+  return -1;
+}
+
+static size_t cpu_row_kv_bytes(const rlm_session *s, int row) {
+  return rlm_kv_nbytes_total(s->rows[row].kv, s->m->cfg.n_layers);
+}
+
+static void cpu_fini(rlm_session *s) { (void)s; /* the rows' caches are session.c's */ }
+
 const rlm_backend rlm__backend_cpu = {
     .name = "cpu",
     .logit_rows = 0,
@@ -151,4 +163,7 @@ const rlm_backend rlm__backend_cpu = {
     .attend = cpu_attend,
     .copy_logits = cpu_copy_logits,
     .end_pass = cpu_ok,
+    .rewind_blocker = cpu_rewind_blocker,
+    .row_kv_bytes = cpu_row_kv_bytes,
+    .fini = cpu_fini,
 };

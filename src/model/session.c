@@ -205,9 +205,7 @@ void rlm_session_free(rlm_session *s) {
   float *bufs[] = {s->x, s->h, s->q, s->k, s->v, s->att, s->g, s->u, s->ple, s->ple_tmp, s->rope, s->logits};
   for (size_t i = 0; s->be && i < sizeof bufs / sizeof *bufs; i++)
     if (bufs[i]) s->be->release(s, bufs[i]);
-#ifdef RLM_HAVE_CUDA
-  rlm__cuda_session_fini(s);
-#endif
+  if (s->be) s->be->fini(s);
   rlm__free(s->xsum), rlm__free(s->moe), rlm__free(s->q8);
   rlm__free(s->runs), rlm__free(s->tok_pos), rlm__free(s->want);
   rlm__free(s->row_mark), rlm__free(s->row_need);
@@ -253,21 +251,7 @@ rlm_status rlm_session_row_release(rlm_session *s, int row, rlm_error *err) {
 
 size_t rlm_session_row_kv_bytes(const rlm_session *s, int row) {
   if (!s || row < 0 || row >= s->p.n_rows) return 0;
-#ifdef RLM_HAVE_CUDA
-  if (s->dev) return rlm__cuda_row_kv_bytes(s);
-#endif
-  return rlm_kv_nbytes_total(s->rows[row].kv, s->m->cfg.n_layers);
-}
-
-/* The first layer whose cache cannot take `row` back to position `to`,
- * or -1 when every one can. */
-static int rewind_blocker(const rlm_session *s, int row, int64_t to) {
-#ifdef RLM_HAVE_CUDA
-  if (s->dev) return rlm__cuda_rewind_blocker(s, row, to);
-#endif
-  for (int i = 0; i < s->m->cfg.n_layers; i++)
-    if (s->rows[row].kv[i] && !rlm__kv_can_rewind(s->rows[row].kv[i], 0, to)) return i;
-  return -1;
+  return s->be->row_kv_bytes(s, row);
 }
 
 rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *err) {
@@ -277,7 +261,7 @@ rlm_status rlm_session_rollback(rlm_session *s, int row, int64_t n, rlm_error *e
   if (n < 0 || n > R->pos)
     return rlm__err(err, RLM_ERR_INVALID, "%s: row %d holds %lld tokens, cannot forget %lld", fn, row,
                     (long long)R->pos, (long long)n);
-  const int L = s->m->cfg.n_layers, blocker = rewind_blocker(s, row, R->pos - n);
+  const int L = s->m->cfg.n_layers, blocker = s->be->rewind_blocker(s, row, R->pos - n);
   if (blocker >= 0) /* every layer can, or nothing changes */
     return rlm__err(err, RLM_ERR_INVALID,
                     "%s: row %d cannot forget %lld tokens: layer %d's ring has overwritten keys "
