@@ -36,12 +36,20 @@
  * only its first ceil(N / 64) parts (parts_used, from tok_pos, so still
  * the same launch every step): the others return at once and the merge
  * reads only the used ones, so a short context pays for one part.
+ *
+ * QUANTIZED CACHES (k_bits, v_bits): the write quantizes each head's row
+ * in the block (kv_write_q_kernel, bit for bit the CPU's quantizer), and
+ * attend_kernel reads rows through a policy (DenseRows, QuantRows) that
+ * loads a lane's vector of 8 codes with its group's scale and bias and
+ * widens it to floats in registers: the kernel is otherwise the same, and
+ * a 4-bit row is under a third of a bf16 row's bytes.
  */
 #include "cuda_ops.h"
 
 #include "common.cuh"
 
 #include <cuda_runtime.h>
+#include <float.h>
 
 namespace {
 
@@ -78,34 +86,237 @@ int n_splits(int n, int n_heads) {
 
 /* *p = v in the cache's dtype, rounded to nearest even (rlm__convert). */
 __device__ __forceinline__ void put(float *p, float v) { *p = v; }
-__device__ __forceinline__ void put(__half *p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) { *p = __float2bfloat16_rn(v); }
+/* A NaN keeps the CPU's bits (rlm__f32_to_f16, rlm__f32_to_bf16: quiet,
+ * the payload's top bits), so a cache fed an overflow is the CPU's too. */
+__device__ __forceinline__ void put(__half *p, float v) {
+  const uint32_t u = __float_as_uint(v);
+  *p = isnan(v) ? __ushort_as_half((unsigned short)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu)))
+                : __float2half_rn(v);
+}
+__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
+  const uint32_t u = __float_as_uint(v);
+  *p = isnan(v) ? __ushort_as_bfloat16((unsigned short)((u >> 16) | 0x40u)) : __float2bfloat16_rn(v);
+}
 
 __device__ __forceinline__ int64_t slot_of(int64_t p, int64_t ring, int keep) {
   return ring == 0 || p < keep ? p : keep + (p - keep) % ring;
 }
 
+/* ---- a cache's rows as the attention kernel reads them --------------------- */
+
+/* K or V of one (row, kv head): load(slot, vec) fetches vector `vec` (kVe
+ * consecutive elements) of a slot's row, widen() turns it into floats.
+ * DenseRows reads 16 bytes of the dtype; Q4Rows and QuantRows a vector
+ * of codes with the scale and bias of their group (16 and 8 divide every
+ * group size), widened to code * scale + bias (attn.h). */
+struct Tensor {
+  const void *data, *scales, *biases;
+  int bits;
+};
+
+template <typename T>
+struct DenseRows {
+  static constexpr int kVe = 16 / (int)sizeof(T);
+  using Raw = uint4;
+  const T *p;
+  int dim;
+  __device__ __forceinline__ DenseRows(const rlm_cuda_kv &c, const Tensor &t, int64_t head)
+      : p(static_cast<const T *>(t.data) + head * c.cap * c.dim), dim(c.dim) {}
+  __device__ __forceinline__ Raw load(int64_t slot, int vec) const {
+    return __ldg(reinterpret_cast<const uint4 *>(p + slot * dim) + vec);
+  }
+  __device__ __forceinline__ static Raw zero() { return make_uint4(0, 0, 0, 0); }
+  __device__ __forceinline__ void widen(const Raw &r, float *f) const { widen16<T>(r, f); }
+};
+
+/* 4-bit rows: 16 codes (two words, one 8-byte load) a vector, so a key of
+ * 128 elements takes 8 lanes, not 16: half the shuffles and half the
+ * lanes repeating each key's softmax step, for twice the registers. */
+template <typename T>
+struct Q4Rows {
+  static constexpr int kVe = 16;
+  struct Raw {
+    uint32_t lo, hi;
+    float s, b;
+  };
+  const uint32_t *w;
+  const T *sc, *bi;
+  int wpr, spr, gshift;
+  __device__ __forceinline__ Q4Rows(const rlm_cuda_kv &c, const Tensor &t, int64_t head) {
+    wpr = c.dim / 8, spr = c.dim / c.group, gshift = __ffs(c.group / kVe) - 1;
+    w = static_cast<const uint32_t *>(t.data) + head * c.cap * wpr;
+    sc = static_cast<const T *>(t.scales) + head * c.cap * spr;
+    bi = static_cast<const T *>(t.biases) + head * c.cap * spr;
+  }
+  __device__ __forceinline__ Raw load(int64_t slot, int vec) const {
+    const uint2 x = __ldg(reinterpret_cast<const uint2 *>(w + slot * wpr) + vec); /* rows are 16-byte multiples */
+    const int64_t g = slot * spr + (vec >> gshift);
+    return Raw{x.x, x.y, to_f32(sc[g]), to_f32(bi[g])};
+  }
+  __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
+  __device__ __forceinline__ void widen(const Raw &r, float *f) const {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      f[i] = fmaf((float)((r.lo >> (4 * i)) & 15u), r.s, r.b);
+      f[8 + i] = fmaf((float)((r.hi >> (4 * i)) & 15u), r.s, r.b);
+    }
+  }
+};
+
+/* Any bits 2..8 (the cache's, at run time): 8 codes a vector, cut out of
+ * up to three words (they start at bit 8 vec bits, a multiple of 8). */
+template <typename T>
+struct QuantRows {
+  static constexpr int kVe = 8;
+  struct Raw {
+    uint32_t lo, hi; /* the 8 codes from bit 0 */
+    float s, b;
+  };
+  const uint32_t *w;
+  const T *sc, *bi;
+  int bits, wpr, spr, gshift; /* words, groups a row; log2(vectors a group) */
+  __device__ __forceinline__ QuantRows(const rlm_cuda_kv &c, const Tensor &t, int64_t head) : bits(t.bits) {
+    wpr = c.dim * bits / 32, spr = c.dim / c.group, gshift = __ffs(c.group / kVe) - 1;
+    w = static_cast<const uint32_t *>(t.data) + head * c.cap * wpr;
+    sc = static_cast<const T *>(t.scales) + head * c.cap * spr;
+    bi = static_cast<const T *>(t.biases) + head * c.cap * spr;
+  }
+  __device__ __forceinline__ Raw load(int64_t slot, int vec) const {
+    const uint32_t *row = w + slot * wpr;
+    const int bit = vec * kVe * bits, w0 = bit >> 5, off = bit & 31;
+    const uint32_t a = __ldg(row + w0), b = w0 + 1 < wpr ? __ldg(row + w0 + 1) : 0u;
+    const uint32_t c = w0 + 2 < wpr ? __ldg(row + w0 + 2) : 0u;
+    uint64_t v = ((uint64_t)b << 32 | a) >> off;
+    if (off) v |= (uint64_t)c << (64 - off);
+    const int64_t g = slot * spr + (vec >> gshift);
+    return Raw{(uint32_t)v, (uint32_t)(v >> 32), to_f32(sc[g]), to_f32(bi[g])};
+  }
+  __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
+  __device__ __forceinline__ void widen(const Raw &r, float *f) const {
+    const uint64_t v = (uint64_t)r.hi << 32 | r.lo, mask = (1u << bits) - 1u;
+#pragma unroll
+    for (int i = 0; i < kVe; i++) f[i] = fmaf((float)((v >> (i * bits)) & mask), r.s, r.b);
+  }
+};
+
 /* ---- the write ------------------------------------------------------------ */
 
-/* Block (token j, kv head h), threads over dim. A negative row or
- * position, or a plain cache's position at or past cap, has no slot: the
- * token is not written (a padded token of a fixed-size pass). */
+/* The slot token j writes in its row (*row), or -1: a negative row or
+ * position, or a plain cache's position at or past cap, has no slot, and
+ * the token is not written (a padded token of a fixed-size pass). */
+__device__ __forceinline__ int64_t token_slot(const rlm_cuda_kv &c, const int32_t *tok_row, const int64_t *tok_pos,
+                                              int64_t j, int *row) {
+  const int64_t p = tok_pos[j];
+  *row = tok_row[j];
+  if (p < 0 || *row < 0) return -1;
+  const int64_t slot = slot_of(p, c.ring, c.keep);
+  return slot < c.cap ? slot : -1;
+}
+
+/* Block (token j, kv head h), threads over dim. */
 template <typename T>
 __global__ void kv_write_kernel(rlm_cuda_kv c, const float *__restrict__ k, const float *__restrict__ v,
                                 const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos) {
   const int64_t j = blockIdx.x;
   const int h = blockIdx.y;
-  const int64_t p = tok_pos[j];
-  const int row = tok_row[j];
-  if (p < 0 || row < 0) return;
-  const int64_t slot = slot_of(p, c.ring, c.keep);
-  if (slot >= c.cap) return;
+  int row;
+  const int64_t slot = token_slot(c, tok_row, tok_pos, j, &row);
+  if (slot < 0) return;
   const int64_t dst = (((int64_t)row * c.n_kv + h) * c.cap + slot) * c.dim, src = (j * c.n_kv + h) * c.dim;
   T *kd = static_cast<T *>(c.k) + dst, *vd = static_cast<T *>(c.v) + dst;
   for (int d = threadIdx.x; d < c.dim; d += blockDim.x) {
     put(kd + d, k[src + d]);
     put(vd + d, v[src + d]);
   }
+}
+
+/* The quantized write: MLX's affine quantization of one head's row, as
+ * rlm__quantize_rows_ref computes it (quant_ref.c), every step rounded as
+ * there (the divisions correctly rounded, no contraction): the row rounded
+ * to the dtype first, each group's min (from FLT_MAX) and max (from 0),
+ * the scale and bias of rlm__quant_group_params, codes by rlm__quant_code
+ * from the unrounded f32 scale and bias, which are then stored rounded to
+ * the dtype. A block of dim threads (rounded up to a warp) does K, then V. */
+constexpr int kMaxWarpsRow = kMaxDim / kWarp;
+
+template <typename T>
+__device__ __forceinline__ float rounded(float x) {
+  T t;
+  put(&t, x);
+  return to_f32(t);
+}
+
+__device__ __forceinline__ void group_params(float wmin, float wmax, int bits, float *scale, float *bias) {
+  const float n_bins = (float)((1 << bits) - 1);
+  float s = fmaxf(__fdiv_rn(__fsub_rn(wmax, wmin), n_bins), 1e-7f);
+  const bool side = fabsf(wmin) > fabsf(wmax);
+  s = side ? s : -s;
+  const float edge = side ? wmin : wmax;
+  const float q0 = roundf(__fdiv_rn(edge, s));
+  *scale = q0 == 0.0f ? s : __fdiv_rn(edge, q0);
+  *bias = q0 == 0.0f ? 0.0f : edge;
+}
+
+__device__ __forceinline__ uint32_t quant_code(float x, float scale, float bias, float n_bins) {
+  float v = roundf(__fdiv_rn(__fsub_rn(x, bias), scale));
+  v = v < n_bins ? v : n_bins; /* NaN: the top code, as the CPU */
+  return v > 0.f ? (uint32_t)v : 0u;
+}
+
+/* Row x (this thread's element xd, d = threadIdx.x < dim) quantized into
+ * codes (dim * bits / 32 words) and sc, bi (dim / group each). */
+template <typename T>
+__device__ void quantize_row(float xd, int dim, int bits, int group, uint32_t *__restrict__ codes, T *__restrict__ sc,
+                             T *__restrict__ bi) {
+  __shared__ float w_min[kMaxWarpsRow], w_max[kMaxWarpsRow];
+  __shared__ uint8_t code[kMaxDim];
+  const int d = threadIdx.x, lane = d % kWarp, warp = d / kWarp;
+  const bool in = d < dim;
+  /* fminf and fmaxf drop a NaN, as the CPU's compares do */
+  float mn = in ? xd : FLT_MAX, mx = in ? fmaxf(xd, 0.f) : 0.f;
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, o));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  }
+  if (lane == 0) w_min[warp] = mn, w_max[warp] = mx;
+  __syncthreads();
+  if (in) {
+    const int g = d / group, w0 = g * group / kWarp;
+    float gmin = FLT_MAX, gmax = 0.f, s, b;
+    for (int w = w0; w < w0 + group / kWarp; w++) gmin = fminf(gmin, w_min[w]), gmax = fmaxf(gmax, w_max[w]);
+    group_params(gmin, gmax, bits, &s, &b);
+    code[d] = (uint8_t)quant_code(xd, s, b, (float)((1 << bits) - 1));
+    if (d % group == 0) put(sc + g, s), put(bi + g, b);
+  }
+  __syncthreads();
+  for (int w = d; w < dim * bits / 32; w += blockDim.x) { /* the codes overlapping bits [32 w, 32 w + 32) */
+    uint32_t word = 0;
+    const int e1 = min(dim - 1, (32 * w + 31) / bits);
+    for (int e = 32 * w / bits; e <= e1; e++) {
+      const int sh = e * bits - 32 * w;
+      word |= sh >= 0 ? (uint32_t)code[e] << sh : (uint32_t)code[e] >> -sh;
+    }
+    codes[w] = word;
+  }
+  __syncthreads(); /* the shared arrays are the next row's */
+}
+
+template <typename T>
+__global__ void kv_write_q_kernel(rlm_cuda_kv c, const float *__restrict__ k, const float *__restrict__ v,
+                                  const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos) {
+  const int64_t j = blockIdx.x;
+  const int h = blockIdx.y;
+  int row;
+  const int64_t slot = token_slot(c, tok_row, tok_pos, j, &row);
+  if (slot < 0) return; /* the whole block: no barrier is left waiting */
+  const int64_t at = ((int64_t)row * c.n_kv + h) * c.cap + slot, src = (j * c.n_kv + h) * c.dim;
+  const int d = threadIdx.x, spr = c.dim / c.group;
+  const float kd = d < c.dim ? rounded<T>(k[src + d]) : 0.f, vd = d < c.dim ? rounded<T>(v[src + d]) : 0.f;
+  quantize_row<T>(kd, c.dim, c.k_bits, c.group, static_cast<uint32_t *>(c.k) + at * (c.dim * c.k_bits / 32),
+                  static_cast<T *>(c.ks) + at * spr, static_cast<T *>(c.kb) + at * spr);
+  quantize_row<T>(vd, c.dim, c.v_bits, c.group, static_cast<uint32_t *>(c.v) + at * (c.dim * c.v_bits / 32),
+                  static_cast<T *>(c.vs) + at * spr, static_cast<T *>(c.vb) + at * spr);
 }
 
 /* ---- attention: the parts ------------------------------------------------- */
@@ -146,32 +357,30 @@ __device__ __forceinline__ int64_t slot_at(const Runs &r, const rlm_cuda_kv &c, 
   return c.ring > 0 && s >= c.cap ? s - c.ring : s;
 }
 
-/* K and V of keys t = tb + u * kGroups (u < kUnroll) of this lane's
- * group, as 16-byte vectors sub + k * kLanes of each row; zeros past t1
- * (no load) and past the row's nv vectors. */
-template <typename T, int kPer, int kLanes, int kGroups>
-__device__ __forceinline__ void load_keys(uint4 (&kr)[kUnroll][kPer], uint4 (&vr)[kUnroll][kPer], const T *kb,
-                                          const T *vb, const Runs &r, const rlm_cuda_kv &c, int64_t tb, int64_t t1,
-                                          int sub, int nv) {
+/* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
+ * (K's or V's, by P), as vectors sub + k * kLanes of each row; zeros past
+ * t1 (no load) and past the row's nv vectors. */
+template <typename P, int kPer, int kLanes, int kGroups>
+__device__ __forceinline__ void load_rows(typename P::Raw (&x)[kUnroll][kPer], const P &rows, const Runs &r,
+                                          const rlm_cuda_kv &c, int64_t tb, int64_t t1, int sub, int nv) {
 #pragma unroll
   for (int u = 0; u < kUnroll; u++) {
     const int64_t t = tb + (int64_t)u * kGroups;
-    const int64_t at = t < t1 ? slot_at(r, c, t) * c.dim : 0;
+    const int64_t slot = t < t1 ? slot_at(r, c, t) : 0;
 #pragma unroll
     for (int k = 0; k < kPer; k++) {
       const int vec = sub + k * kLanes;
-      const bool in = t < t1 && vec < nv;
-      kr[u][k] = in ? __ldg(reinterpret_cast<const uint4 *>(kb + at) + vec) : make_uint4(0, 0, 0, 0);
-      vr[u][k] = in ? __ldg(reinterpret_cast<const uint4 *>(vb + at) + vec) : make_uint4(0, 0, 0, 0);
+      x[u][k] = t < t1 && vec < nv ? rows.load(slot, vec) : P::zero();
     }
   }
 }
 
 /* The per-shape constants of attend_kernel: a key row of DIM (the bucket;
- * the cache's dim <= DIM, the vectors past it masked) in 16-byte vectors. */
-template <typename T, int DIM>
+ * the cache's dim <= DIM, the vectors past it masked) in vectors of VE
+ * elements (16 bytes dense, 8 codes quantized). */
+template <int VE, int DIM>
 struct Shape {
-  static constexpr int kVe = 16 / (int)sizeof(T);              /* elements per vector   */
+  static constexpr int kVe = VE;                               /* elements per vector   */
   static constexpr int kVecs = DIM / kVe;                      /* vectors per key row   */
   static constexpr int kLanes = kVecs < kWarp ? kVecs : kWarp; /* lanes per key         */
   static constexpr int kPer = kVecs / kLanes;                  /* vectors per lane      */
@@ -184,12 +393,13 @@ struct Shape {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-template <typename T, int DIM, int GQ>
+template <typename KP, typename VP, int DIM, int GQ>
 __global__ void __launch_bounds__(kWarp *kAttnWarps)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
                   float *__restrict__ part_o, float *__restrict__ part_ml) {
-  using S = Shape<T, DIM>;
+  static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
+  using S = Shape<KP::kVe, DIM>;
   constexpr int kVe = S::kVe, kLanes = S::kLanes, kPer = S::kPer, kEl = S::kEl, kGroups = S::kGroups;
   __shared__ float sm_o[kGroups][GQ][DIM];
   __shared__ float sm_m[kGroups][GQ], sm_l[kGroups][GQ], sm_w[kGroups][GQ];
@@ -203,8 +413,9 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
   const int used = parts_used(r.n, n_parts);
   if (part >= used) return; /* the whole block: the merge does not read it */
   const int64_t t0 = r.n * part / used, t1 = r.n * (part + 1) / used;
-  const int64_t head_off = ((int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh) * c.cap * dim;
-  const T *kb = static_cast<const T *>(c.k) + head_off, *vb = static_cast<const T *>(c.v) + head_off;
+  const int64_t head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
+  const KP kp(c, Tensor{c.k, c.ks, c.kb, c.k_bits}, head);
+  const VP vp(c, Tensor{c.v, c.vs, c.vb, c.v_bits}, head);
 
   /* This lane's elements: vectors sub + k * kLanes of the row. */
   float qf[GQ][kEl], o[GQ][kEl], m[GQ], l[GQ];
@@ -226,12 +437,16 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
    * loads are issued before the previous step's arithmetic (two steps of
    * K and V in registers), so the lanes always have bytes in flight. */
   constexpr int64_t kStep = (int64_t)kGroups * kUnroll;
-  uint4 kr[kUnroll][kPer], vr[kUnroll][kPer];
-  load_keys<T, kPer, kLanes, kGroups>(kr, vr, kb, vb, r, c, t0 + grp, t1, sub, nv);
+  typename KP::Raw kr[kUnroll][kPer];
+  typename VP::Raw vr[kUnroll][kPer];
+  load_rows<KP, kPer, kLanes, kGroups>(kr, kp, r, c, t0 + grp, t1, sub, nv);
+  load_rows<VP, kPer, kLanes, kGroups>(vr, vp, r, c, t0 + grp, t1, sub, nv);
   for (int64_t base = t0; base < t1; base += kStep) {
     const int64_t tb = base + grp;
-    uint4 kn[kUnroll][kPer], vn[kUnroll][kPer];
-    load_keys<T, kPer, kLanes, kGroups>(kn, vn, kb, vb, r, c, tb + kStep, t1, sub, nv);
+    typename KP::Raw kn[kUnroll][kPer];
+    typename VP::Raw vn[kUnroll][kPer];
+    load_rows<KP, kPer, kLanes, kGroups>(kn, kp, r, c, tb + kStep, t1, sub, nv);
+    load_rows<VP, kPer, kLanes, kGroups>(vn, vp, r, c, tb + kStep, t1, sub, nv);
     /* Scores: this lane's part of each dot, summed over the key's lanes
      * (xor offsets below kLanes stay inside the lane group). */
     float sc[kUnroll][GQ];
@@ -239,7 +454,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
     for (int u = 0; u < kUnroll; u++) {
       float kf[kEl];
 #pragma unroll
-      for (int k = 0; k < kPer; k++) widen16<T>(kr[u][k], kf + k * kVe);
+      for (int k = 0; k < kPer; k++) kp.widen(kr[u][k], kf + k * kVe);
 #pragma unroll
       for (int g = 0; g < GQ; g++) {
         float d = 0.f;
@@ -261,7 +476,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
 #pragma unroll
       for (int g = 0; g < GQ; g++) sc[u][g] = live ? sc[u][g] * scale2 : -INFINITY;
 #pragma unroll
-      for (int k = 0; k < kPer; k++) widen16<T>(vr[u][k], vf[u] + k * kVe);
+      for (int k = 0; k < kPer; k++) vp.widen(vr[u][k], vf[u] + k * kVe);
     }
 #pragma unroll
     for (int g = 0; g < GQ; g++) {
@@ -377,51 +592,71 @@ struct AttendArgs {
   float *part_o, *part_ml;
 };
 
-template <typename T, int DIM, int GQ>
+template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-  attend_kernel<T, DIM, GQ><<<grid, kWarp * kAttnWarps, 0, st>>>(a.c, a.q, a.n_heads, a.q_per_kv, chunks, a.scale2,
+  attend_kernel<KP, VP, DIM, GQ><<<grid, kWarp * kAttnWarps, 0, st>>>(a.c, a.q, a.n_heads, a.q_per_kv, chunks, a.scale2,
                                                                  a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
 }
 
 /* Query heads per block: the kv head's q_per_kv rounded up to a power of
- * two, at most 8, or 4 for rows wider than 256 (Shape::kMaxGq); wider
+ * two, at most the shape's kMaxGq (8, or 4 for 16 elements a lane); wider
  * groups take several blocks. */
-int gq_for(int dim, int q_per_kv) {
-  const int max_gq = dim > 256 ? 4 : 8;
+int gq_for(int max_gq, int q_per_kv) {
   int gq = 1;
   while (gq < q_per_kv && gq < max_gq) gq *= 2;
   return gq;
 }
 
-template <typename T, int DIM>
+template <typename KP, typename VP, int DIM>
 void launch_gq(const AttendArgs &a, cudaStream_t st) {
-  static_assert(Shape<T, DIM>::kMaxGq == (DIM > 256 ? 4 : 8), "gq_for must agree with Shape");
-  switch (gq_for(a.c.dim, a.q_per_kv)) {
-  case 1: launch_attend<T, DIM, 1>(a, st); break;
-  case 2: launch_attend<T, DIM, 2>(a, st); break;
-  case 4: launch_attend<T, DIM, 4>(a, st); break;
+  constexpr int kMax = Shape<KP::kVe, DIM>::kMaxGq;
+  switch (gq_for(kMax, a.q_per_kv)) {
+  case 1: launch_attend<KP, VP, DIM, 1>(a, st); break;
+  case 2: launch_attend<KP, VP, DIM, 2>(a, st); break;
+  case 4: launch_attend<KP, VP, DIM, 4>(a, st); break;
   default:
-    if constexpr (Shape<T, DIM>::kMaxGq >= 8) launch_attend<T, DIM, 8>(a, st);
+    if constexpr (kMax >= 8) launch_attend<KP, VP, DIM, 8>(a, st);
     break;
   }
 }
 
-template <typename T>
+template <typename KP, typename VP>
 void launch_dim(const AttendArgs &a, cudaStream_t st) {
   const int d = a.c.dim;
-  if (d <= 32) launch_gq<T, 32>(a, st);
-  else if (d <= 64) launch_gq<T, 64>(a, st);
-  else if (d <= 128) launch_gq<T, 128>(a, st);
-  else if (d <= 256) launch_gq<T, 256>(a, st);
-  else launch_gq<T, 512>(a, st);
+  if (d <= 32) launch_gq<KP, VP, 32>(a, st);
+  else if (d <= 64) launch_gq<KP, VP, 64>(a, st);
+  else if (d <= 128) launch_gq<KP, VP, 128>(a, st);
+  else if (d <= 256) launch_gq<KP, VP, 256>(a, st);
+  else launch_gq<KP, VP, 512>(a, st);
 }
 
-bool cache_ok(const rlm_cuda_kv *c) {
-  return c->k && c->v && c->n_kv >= 1 && c->dim >= 1 && c->cap >= 1 && c->keep >= 0 && c->window >= 0 &&
-         (c->ring == 0 || (c->ring == c->cap - c->keep && c->ring > 0));
+/* Dense caches read 16-byte vectors of their dtype; 4-bit K and V of f16
+ * or bf16 scales (decode's quantized KV) a word of codes a vector; every
+ * other quantized cache the generic cut at the cache's bits. */
+template <typename T>
+void launch_cache(const AttendArgs &a, cudaStream_t st) {
+  if (!a.c.k_bits) return launch_dim<DenseRows<T>, DenseRows<T>>(a, st);
+  if constexpr (sizeof(T) == 2)
+    if (a.c.k_bits == 4 && a.c.v_bits == 4) return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
+  launch_dim<QuantRows<T>, QuantRows<T>>(a, st);
 }
+
+bool bits_ok(int b) { return b >= 2 && b <= 8 && b != 7; }
+
+/* The geometry, and for a quantized cache its format: K and V both
+ * quantized (the sessions' caches are), bits the CPU's, a group that
+ * divides dim, the scale and bias arrays. */
+bool cache_ok(const rlm_cuda_kv *c) {
+  const bool quant = c->k_bits || c->v_bits;
+  return c->k && c->v && c->n_kv >= 1 && c->dim >= 1 && c->cap >= 1 && c->keep >= 0 && c->window >= 0 &&
+         (c->ring == 0 || (c->ring == c->cap - c->keep && c->ring > 0)) &&
+         (!quant || (bits_ok(c->k_bits) && bits_ok(c->v_bits) && (c->group == 32 || c->group == 64 || c->group == 128) &&
+                     c->dim % c->group == 0 && c->dim <= kMaxDim && c->ks && c->kb && c->vs && c->vb));
+}
+
+size_t el_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
 
 bool dtype_ok(rlm_dtype t) { return t == RLM_DTYPE_F32 || t == RLM_DTYPE_F16 || t == RLM_DTYPE_BF16; }
 
@@ -436,7 +671,7 @@ extern "C" rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, c
                                          const int64_t *tok_pos, int n, rlm_cuda_stream st, rlm_error *err) {
   const char *fn = "rlm__cuda_kv_write";
   if (!c || !k || !v || !tok_row || !tok_pos || n < 0 || !cache_ok(c))
-    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window)");
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
   if (!dtype_ok(c->dtype))
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a cache of dtype %d is not supported (f32, f16, bf16 are)",
                 (int)c->dtype);
@@ -445,12 +680,29 @@ extern "C" rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, c
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
   const dim3 grid((unsigned)n, (unsigned)c->n_kv);
   const int threads = c->dim >= 128 ? 128 : (c->dim + kWarp - 1) / kWarp * kWarp;
+  if (c->k_bits) {
+    const unsigned qt = (unsigned)((c->dim + kWarp - 1) / kWarp * kWarp);
+    switch (c->dtype) {
+    case RLM_DTYPE_F16: kv_write_q_kernel<__half><<<grid, qt, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
+    case RLM_DTYPE_BF16: kv_write_q_kernel<__nv_bfloat16><<<grid, qt, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
+    default: kv_write_q_kernel<float><<<grid, qt, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
+    }
+    return launched(fn, err);
+  }
   switch (c->dtype) {
   case RLM_DTYPE_F16: kv_write_kernel<__half><<<grid, threads, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
   case RLM_DTYPE_BF16: kv_write_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
   default: kv_write_kernel<float><<<grid, threads, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
   }
   return launched(fn, err);
+}
+
+extern "C" size_t rlm__cuda_kv_row_bytes(const rlm_cuda_kv *c, int bits) {
+  return bits ? (size_t)c->dim * (size_t)bits / 8 : (size_t)c->dim * el_size(c->dtype);
+}
+
+extern "C" size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits) {
+  return bits && c->group > 0 ? (size_t)(c->dim / c->group) * el_size(c->dtype) : 0;
 }
 
 extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
@@ -463,7 +715,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
                                        rlm_cuda_stream st, rlm_error *err) {
   const char *fn = "rlm__cuda_attend";
   if (!c || !q || !tok_row || !tok_pos || !out || !scratch || n < 0 || !cache_ok(c))
-    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window)");
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
   if (!dtype_ok(c->dtype))
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a cache of dtype %d is not supported (f32, f16, bf16 are)",
                 (int)c->dtype);
@@ -472,8 +724,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   if (n_heads < c->n_kv || n_heads % c->n_kv)
     return fail(err, RLM_ERR_INVALID, fn, "%d query heads over %d kv heads", n_heads, c->n_kv);
   const int q_per_kv = n_heads / c->n_kv;
-  const int gq = gq_for(c->dim, q_per_kv);
-  if ((int64_t)c->n_kv * ((q_per_kv + gq - 1) / gq) > 65535)
+  if ((int64_t)c->n_kv * q_per_kv > 65535) /* a block per kv head and 1 or more of its query heads */
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d query heads: too many for one launch", n_heads);
   if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
     return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");
@@ -484,9 +735,9 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, part_o, part_ml};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
   switch (c->dtype) {
-  case RLM_DTYPE_F16: launch_dim<__half>(a, s); break;
-  case RLM_DTYPE_BF16: launch_dim<__nv_bfloat16>(a, s); break;
-  default: launch_dim<float>(a, s); break;
+  case RLM_DTYPE_F16: launch_cache<__half>(a, s); break;
+  case RLM_DTYPE_BF16: launch_cache<__nv_bfloat16>(a, s); break;
+  default: launch_cache<float>(a, s); break;
   }
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
   if (rc) return rc;

@@ -5,7 +5,8 @@
  * decode step captured once as a CUDA graph and replayed.
  *
  * THE CACHES. Each layer with its own cache holds [n_rows][n_kv][cap][dim]
- * K and V in the model's dtype, allocated whole at create (n_ctx slots, or
+ * K and V in the model's dtype, or MLX-affine codes with their scales and
+ * biases (k_bits, v_bits: cuda_ops.h), allocated whole at create (n_ctx slots, or
  * a ring of window + prefill_chunk - 1 for sliding and max_kv layers). The
  * slot of a position is a formula (cuda_ops.h), and a row holds exactly
  * the positions below its length, so the host keeps no table: rollback
@@ -26,8 +27,13 @@
  * activations (--act-bits 8) are quantized once for the products that
  * share an input (q, k, v; gate, up). Past GEMM_MIN: cuBLAS (gemm.cu).
  *
- * Not yet here (RLM_ERR_UNSUPPORTED at create, naming what): quantized KV,
- * weights at bits other than 4 and 8, Gemma 4's MoE, session snapshots.
+ * SNAPSHOTS go through the host: row_out copies each cache's live slots
+ * (cuda_sess.top says which a ring still holds) into host caches of the
+ * CPU's configuration, which snapshot.c writes as any CPU row; row_in
+ * copies such caches, checked and filled from a snapshot, into the slots.
+ *
+ * Not yet here (RLM_ERR_UNSUPPORTED at create, naming what): weights at
+ * bits other than 4 and 8, Gemma 4's MoE.
  */
 #include "model/backend.h"
 
@@ -164,6 +170,10 @@ typedef struct cuda_sess {
   const float *q8_x;
   int64_t q8_cols;
   int q8_bits, q8_group;
+  /* each row's highest position written since it last started at 0: a
+   * ring holds exactly the positions its later writes have not reached
+   * (rollback and snapshots read it; a row's length alone cannot say) */
+  int64_t *top;
   rlm_status first;           /* the first error an op met this pass      */
   rlm_error first_err;
   pass_mode mode;
@@ -383,6 +393,12 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL;
+  for (int r = 0; r < ps->n_runs; r++) {
+    const rlm_run *u = &ps->runs[r];
+    const int64_t p0 = ps->tok_pos[u->j0];
+    if (p0 == 0) cs->top[u->row] = 0; /* a fresh (or cleared) row */
+    cs->top[u->row] = RLM_MAX(cs->top[u->row], p0 + u->n);
+  }
   rlm_status rc = upload_plan(s, ps, err);
   if (rc || !graph_shape(s, ps)) return rc;
   cs->cur = find_graph(cs, ps);
@@ -448,6 +464,8 @@ static rlm_status cuda_end(rlm_session *s, rlm_error *err) {
 static int cuda_rewind_blocker(const rlm_session *s, int row, int64_t to);
 static size_t cuda_row_kv_bytes(const rlm_session *s, int row);
 static void cuda_fini(rlm_session *s);
+static rlm_status cuda_row_out(const rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
+static rlm_status cuda_row_in(rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
 
 static const rlm_backend backend_cuda = {
     .name = "cuda",
@@ -473,6 +491,8 @@ static const rlm_backend backend_cuda = {
     .rewind_blocker = cuda_rewind_blocker,
     .row_kv_bytes = cuda_row_kv_bytes,
     .fini = cuda_fini,
+    .row_out = cuda_row_out,
+    .row_in = cuda_row_in,
 };
 
 /* ---- create / free --------------------------------------------------------- */
@@ -486,7 +506,6 @@ static bool bits_ok(const rlm_linear *l) { return !l->out || !l->quant || l->q.b
 /* What this backend cannot run yet, named, before anything is allocated. */
 static rlm_status check_support(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
-  if (p->k_bits || p->v_bits) return unsupported(err, "quantized KV (k_bits/v_bits)");
   if (c->n_experts) return unsupported(err, "a mixture-of-experts model");
   if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj)) return unsupported(err, "an output head not at 4 or 8 bits");
   if (m->embed.quant && m->embed.q.bits != 2 && m->embed.q.bits != 4 && m->embed.q.bits != 8)
@@ -511,8 +530,11 @@ static rlm_cuda_kv layer_kv(const rlm_session *s, int i) {
   const rlm_model_config *c = &s->m->cfg;
   const int64_t window = c->sliding[i] ? c->sliding_window : s->p.max_kv;
   const int keep = c->sliding[i] ? 0 : s->p.kv_sinks;
-  rlm_cuda_kv k = {.dtype = c->dtype, .n_kv = c->layer_kv_heads[i], .dim = c->layer_head_dim[i],
-                   .cap = s->p.n_ctx, .window = window, .keep = window ? keep : 0};
+  /* one of k_bits, v_bits set quantizes both (rlm__layer_kv_config's rule) */
+  const int kb = s->p.k_bits ? s->p.k_bits : s->p.v_bits, vb = s->p.v_bits ? s->p.v_bits : s->p.k_bits;
+  rlm_cuda_kv k = {.dtype = c->dtype, .k_bits = kb, .v_bits = vb, .group = kb ? s->p.kv_group_size : 0,
+                   .n_kv = c->layer_kv_heads[i], .dim = c->layer_head_dim[i], .cap = s->p.n_ctx, .window = window,
+                   .keep = window ? keep : 0};
   if (window && window + s->p.prefill_chunk - 1 < s->p.n_ctx) {
     k.cap = window + s->p.prefill_chunk - 1;
     k.ring = k.cap - k.keep;
@@ -520,25 +542,48 @@ static rlm_cuda_kv layer_kv(const rlm_session *s, int i) {
   return k;
 }
 
+/* The next `bytes` of the cache block at *at (256-byte aligned pieces). */
+static void *carve(char **at, size_t bytes) {
+  void *p = *at;
+  *at += (bytes + 255) & ~(size_t)255;
+  return p;
+}
+
+/* Layer i's K (or V) arrays: codes or elements, then scales and biases
+ * when quantized, each [n_rows][n_kv][cap][...]; at NULL: only counted. */
+static size_t carve_tensor(const rlm_session *s, const rlm_cuda_kv *k, int bits, char **at, void **data,
+                           void **scales, void **biases) {
+  const size_t slots = (size_t)s->p.n_rows * (size_t)k->n_kv * (size_t)k->cap;
+  const size_t d = slots * rlm__cuda_kv_row_bytes(k, bits), sb = slots * rlm__cuda_kv_sb_bytes(k, bits);
+  size_t total = (d + 255) & ~(size_t)255;
+  if (sb) total += 2 * ((sb + 255) & ~(size_t)255);
+  if (!*at) return total;
+  *data = carve(at, d);
+  if (sb) *scales = carve(at, sb), *biases = carve(at, sb);
+  return total;
+}
+
 static rlm_status make_caches(rlm_session *s, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   const rlm_model_config *c = &s->m->cfg;
   if (!(cs->kv = rlm__calloc((size_t)c->n_layers, sizeof *cs->kv))) return rlm__err_nomem(err, "cuda caches", 0);
-  size_t total = 0, el = rlm_dtype_size(c->dtype);
+  size_t total = 0;
+  char *none = NULL;
   for (int i = 0; i < c->n_layers; i++) {
     if (c->kv_donor[i] >= 0) continue;
-    cs->kv[i] = layer_kv(s, i);
-    total += 2 * (size_t)s->p.n_rows * (size_t)cs->kv[i].n_kv * (size_t)cs->kv[i].cap * (size_t)cs->kv[i].dim * el;
+    rlm_cuda_kv *k = &cs->kv[i];
+    *k = layer_kv(s, i);
+    total += carve_tensor(s, k, k->k_bits, &none, NULL, NULL, NULL) + carve_tensor(s, k, k->v_bits, &none, NULL, NULL, NULL);
   }
   cudaError_t e = cudaMalloc(&cs->kv_block, RLM_MAX(total, (size_t)1));
   if (e != cudaSuccess) return cuda_fail(err, e, "allocating the KV caches");
   cs->kv_bytes = total;
-  char *p = cs->kv_block;
+  char *at = cs->kv_block;
   for (int i = 0; i < c->n_layers; i++) {
     if (c->kv_donor[i] >= 0) continue;
-    const size_t half = (size_t)s->p.n_rows * (size_t)cs->kv[i].n_kv * (size_t)cs->kv[i].cap * (size_t)cs->kv[i].dim * el;
-    cs->kv[i].k = p, cs->kv[i].v = p + half;
-    p += 2 * half;
+    rlm_cuda_kv *k = &cs->kv[i];
+    carve_tensor(s, k, k->k_bits, &at, &k->k, &k->ks, &k->kb);
+    carve_tensor(s, k, k->v_bits, &at, &k->v, &k->vs, &k->vb);
   }
   return RLM_OK;
 }
@@ -612,6 +657,8 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   if (!cs) return rlm__err_nomem(err, "cuda session", sizeof *cs);
   s->dev = cs, s->be = &backend_cuda;
   cs->w = s->m->dev_weights;
+  if (!(cs->top = rlm__calloc((size_t)s->p.n_rows, sizeof *cs->top)))
+    return rlm__err_nomem(err, "cuda rows", (size_t)s->p.n_rows * sizeof *cs->top);
   cudaError_t e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return cuda_fail(err, e, "creating a stream");
   rc = make_caches(s, err);
@@ -628,19 +675,19 @@ static void cuda_fini(rlm_session *s) {
   if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
   cudaFreeHost(cs->h_plan);
   if (cs->st) cudaStreamDestroy(cs->st);
-  rlm__free(cs->kv);
+  rlm__free(cs->kv), rlm__free(cs->top);
   rlm__free(cs);
   s->dev = NULL;
 }
 
 static int cuda_rewind_blocker(const rlm_session *s, int row, int64_t to) {
   const cuda_sess *cs = s->dev;
-  const int64_t end = s->rows[row].pos;
+  const int64_t top = RLM_MAX(cs->top[row], s->rows[row].pos);
   for (int i = 0; i < s->m->cfg.n_layers; i++) {
     const rlm_cuda_kv *k = &cs->kv[i];
-    /* a ring keeps what a query at `to` sees while fewer than its slack's
-     * positions past it were written, or while it never wrapped */
-    if (s->m->cfg.kv_donor[i] < 0 && k->ring && end > k->cap && end - to > k->cap - k->window) return i;
+    /* a ring keeps what a query at `to` sees while its highest write is
+     * less than its slack past `to`, or while it never wrapped */
+    if (s->m->cfg.kv_donor[i] < 0 && k->ring && top > k->cap && top - to > k->cap - k->window) return i;
   }
   return -1;
 }
@@ -649,4 +696,124 @@ static size_t cuda_row_kv_bytes(const rlm_session *s, int row) {
   (void)row; /* every row has the same slots */
   const cuda_sess *cs = s->dev;
   return cs ? cs->kv_bytes / (size_t)s->p.n_rows : 0;
+}
+
+/* ---- rows through the host (snapshots) ------------------------------------- */
+
+/* What row `row` of cache k holds that a query can still see, as the
+ * CPU's rlm_kv_live: the sinks, then [first, pos): all of it in a plain
+ * cache; in a ring, the positions the row's highest write has not reached
+ * around the ring (>= top - ring). */
+static rlm_kv_live row_live(const rlm_cuda_kv *k, int64_t pos, int64_t top) {
+  const int64_t sinks = RLM_MIN((int64_t)k->keep, pos);
+  int64_t first = sinks;
+  if (k->ring) first = RLM_MAX(first, RLM_MAX(top, pos) - k->ring);
+  return (rlm_kv_live){.offset = pos, .n_sinks = sinks, .first = first, .n = sinks + pos - first,
+                       .wrapped = k->ring && top > k->cap};
+}
+
+/* Array a (0..2 K's codes or elements, scales, biases; 3..5 V's) of cache
+ * k, and its bytes per slot and head (0: the cache has no such array). */
+static void *kv_array(const rlm_cuda_kv *k, int a, size_t *slot_bytes) {
+  void *const arr[6] = {k->k, k->ks, k->kb, k->v, k->vs, k->vb};
+  const int bits = a < 3 ? k->k_bits : k->v_bits;
+  *slot_bytes = a % 3 ? rlm__cuda_kv_sb_bytes(k, bits) : rlm__cuda_kv_row_bytes(k, bits);
+  return arr[a];
+}
+
+/* Array a of row `row`'s positions lv between the device and h, laid out
+ * [n_kv][lv->n][slot bytes] in position order (rlm__kv_export's layout):
+ * the sinks, then the rest in at most two runs of slots (a ring wraps once
+ * from cap to keep), each one 2-D copy over the heads. */
+static cudaError_t copy_row(cudaStream_t st, const rlm_cuda_kv *k, int a, int row, const rlm_kv_live *lv, void *h,
+                            bool down) {
+  size_t sb;
+  char *dev = kv_array(k, a, &sb);
+  int64_t t = 0, p = 0, end = lv->n_sinks;
+  cudaError_t e = cudaSuccess;
+  for (int pass = 0; pass < 2 && e == cudaSuccess; pass++, p = lv->first, end = lv->offset)
+    while (p < end && e == cudaSuccess) {
+      const int64_t slot = !k->ring || p < k->keep ? p : k->keep + (p - k->keep) % k->ring;
+      const int64_t len = RLM_MIN(end - p, k->cap - slot);
+      char *d = dev + ((size_t)row * (size_t)k->n_kv * (size_t)k->cap + (size_t)slot) * sb;
+      char *hp = (char *)h + (size_t)t * sb;
+      const size_t dp = (size_t)k->cap * sb, hpitch = (size_t)lv->n * sb, w = (size_t)len * sb;
+      e = down ? cudaMemcpy2DAsync(hp, hpitch, d, dp, w, (size_t)k->n_kv, cudaMemcpyDeviceToHost, st)
+               : cudaMemcpy2DAsync(d, dp, hp, hpitch, w, (size_t)k->n_kv, cudaMemcpyHostToDevice, st);
+      t += len, p += len;
+    }
+  return e;
+}
+
+/* Layer i's arrays between the device row and host buffers h[6] (malloc'd
+ * here for the positions lv; the caller frees them). */
+static rlm_status layer_copy(const rlm_session *s, int i, int row, const rlm_kv *twin, const rlm_kv_live *lv,
+                             void *h[6], bool down, rlm_error *err) {
+  const cuda_sess *cs = s->dev;
+  const rlm_cuda_kv *k = &cs->kv[i];
+  for (int a = 0; a < 6; a++) {
+    size_t sb;
+    kv_array(k, a, &sb);
+    if (sb != rlm__kv_array_slot_bytes(twin, a))
+      return rlm__err(err, RLM_ERR_INTERNAL, "cuda: layer %d array %d: %zu bytes a slot on the device, %zu on the host",
+                      i, a, sb, rlm__kv_array_slot_bytes(twin, a));
+    if (!sb) continue;
+    const size_t n = (size_t)k->n_kv * (size_t)lv->n * sb;
+    if (!(h[a] = rlm__malloc(n ? n : 1))) return rlm__err_nomem(err, "a snapshot's layer", n);
+    if (!down) rlm__kv_export(twin, 0, lv, a, h[a]);
+    cudaError_t e = copy_row(cs->st, k, a, row, lv, h[a], down);
+    if (e != cudaSuccess) return cuda_fail(err, e, down ? "copying a row to the host" : "copying a row to the device");
+  }
+  cudaError_t e = cudaStreamSynchronize(cs->st);
+  return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "copying a row");
+}
+
+static void free_bufs(void *h[6]) {
+  for (int a = 0; a < 6; a++) rlm__free(h[a]), h[a] = NULL;
+}
+
+static rlm_status cuda_row_out(const rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err) {
+  const cuda_sess *cs = s->dev;
+  rlm_status rc = RLM_OK;
+  for (int i = 0; !rc && i < s->m->cfg.n_layers; i++) {
+    if (!twin[i]) continue;
+    const rlm_kv_live lv = row_live(&cs->kv[i], s->rows[row].pos, cs->top[row]);
+    void *h[6] = {0};
+    rc = layer_copy(s, i, row, twin[i], &lv, h, true, err);
+    if (!rc) rc = rlm__kv_import(twin[i], 0, &lv, (const void *const *)h, err);
+    free_bufs(h);
+  }
+  return rc;
+}
+
+/* Whether the device cache k can hold positions lv in place. */
+static bool fits(const rlm_cuda_kv *k, const rlm_kv_live *lv) {
+  return k->ring ? lv->n - lv->n_sinks <= k->ring && lv->n_sinks <= k->keep : lv->offset <= k->cap;
+}
+
+static rlm_status cuda_row_in(rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err) {
+  cuda_sess *cs = s->dev;
+  int64_t top = 0;
+  for (int i = 0; i < s->m->cfg.n_layers; i++) { /* every check before the first copy */
+    rlm_kv_live lv;
+    if (!twin[i]) continue;
+    rlm_status rc = rlm__kv_live(twin[i], 0, &lv, err);
+    if (rc) return rc;
+    if (!fits(&cs->kv[i], &lv))
+      return rlm__err(err, RLM_ERR_FORMAT, "snapshot: layer %d holds %lld positions, more than its GPU cache's %lld",
+                      i, (long long)lv.n, (long long)cs->kv[i].cap);
+    /* the highest write that explains what the ring lacks (row_live's rule) */
+    top = RLM_MAX(top, cs->kv[i].ring && lv.first > lv.n_sinks ? lv.first + cs->kv[i].ring : lv.offset);
+  }
+  rlm_status rc = RLM_OK;
+  for (int i = 0; !rc && i < s->m->cfg.n_layers; i++) {
+    rlm_kv_live lv;
+    if (!twin[i]) continue;
+    void *h[6] = {0};
+    rc = rlm__kv_live(twin[i], 0, &lv, err);
+    if (!rc) rc = layer_copy(s, i, row, twin[i], &lv, h, false, err);
+    free_bufs(h);
+  }
+  if (!rc) cs->top[row] = top;
+  return rc;
 }

@@ -99,7 +99,11 @@ rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *w, const fl
 /* ---- KV cache and attention (attn.cu) ------------------------------------- */
 
 /* One layer's cache on the device, every row's slots laid out
- * [n_rows][n_kv][cap][dim] in dtype (f32, f16 or bf16) for K and for V.
+ * [n_rows][n_kv][cap][row] for K and for V, a row being dim elements of
+ * dtype (f32, f16 or bf16), or, quantized (k_bits, v_bits 2..8, MLX's
+ * affine format as the CPU's caches hold it: quant.h), dim * bits / 32
+ * u32 words of codes with [n_rows][n_kv][cap][dim / group] scales and
+ * biases of dtype beside them (ks, kb for K; vs, vb for V).
  * Position p of a row lives in slot
  *     p                                  ring == 0 (plain), or p < keep
  *     keep + (p - keep) % ring           otherwise (ring = cap - keep)
@@ -110,17 +114,26 @@ rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *w, const fl
  * one pass feeds a row) keeps every position a query can see in its slot,
  * so rolling back a row only lowers its length, on the host. */
 typedef struct rlm_cuda_kv {
-  void *k, *v;
+  void *k, *v;                /* elements, or codes (quantized)           */
+  void *ks, *kb, *vs, *vb;    /* scales and biases (quantized only)       */
   rlm_dtype dtype;
+  int k_bits, v_bits, group;  /* bits 0: dense; group 32, 64 or 128      */
   int n_kv, dim;
   int64_t cap, ring;
   int keep;
   int64_t window;
 } rlm_cuda_kv;
 
+/* Bytes one slot of one head takes in K's (or V's) codes or elements, and
+ * in its scales (as many again in its biases; 0 when dense). */
+size_t rlm__cuda_kv_row_bytes(const rlm_cuda_kv *c, int bits);
+size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits);
+
 /* Writes tokens j < n: k[j], v[j] ([n][n_kv][dim] f32) rounded to the
  * cache's dtype (round to nearest even, as rlm__convert) into row
- * tok_row[j]'s slot for position tok_pos[j]. */
+ * tok_row[j]'s slot for position tok_pos[j]; a quantized cache then
+ * quantizes each head's row as rlm__quantize_rows_ref does (the same
+ * codes, scales and biases, bit for bit). */
 rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, const float *v, const int32_t *tok_row,
                               const int64_t *tok_pos, int n, rlm_cuda_stream st, rlm_error *err);
 
@@ -134,7 +147,8 @@ size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);
  * zeros. Flash-decoding: each (token, head) splits its visible positions
  * into a fixed number of contiguous parts computed on the device from
  * tok_pos (so the launch does not depend on the step), merged by their
- * log-sum-exp. dim <= 512. */
+ * log-sum-exp. dim <= 512. Quantized K and V are read as stored and
+ * widened per element to code * scale + bias in f32 (attn.h's rule). */
 rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
                             void *scratch, rlm_cuda_stream st, rlm_error *err);

@@ -73,6 +73,14 @@ struct rlm_backend {
   int (*rewind_blocker)(const rlm_session *s, int row, int64_t to);
   size_t (*row_kv_bytes)(const rlm_session *s, int row);
   void (*fini)(rlm_session *s);
+  /* A row's caches through the host, for snapshots (snapshot.c): `twin`
+   * [n_layers] holds host caches of the CPU's configuration, one row each
+   * (NULL for KV-shared layers). row_out makes them hold what the device
+   * row holds (every position a query can still see, in the CPU's format);
+   * row_in makes the device row hold what they hold (checked by then).
+   * NULL on the CPU, whose rows are host caches already. */
+  rlm_status (*row_out)(const rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
+  rlm_status (*row_in)(rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
 };
 
 /* The CPU backend: host memory, the kernel tables of ops.c, dense.c,

@@ -17,6 +17,7 @@
  * per layer, and a CRC-32C of the whole file computed with its own eight
  * hex digits as "00000000".
  */
+#include "model/backend.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -191,27 +192,76 @@ static uint32_t image_crc(const uint8_t *img, size_t len, size_t at) {
   return rlm__crc32c(crc, img + at + 8, len - at - 8);
 }
 
+/* ---- a device row's host twin ------------------------------------------ */
+
+/* A device session's rows have no host caches: snapshots go through twins,
+ * host caches of the configuration a CPU row of the session would have
+ * (one row each), which the backend fills from the device row or copies
+ * into it (backend.h: row_out, row_in). So a device row's snapshot is the
+ * CPU's format, and either device loads what the other saved. */
+static void twin_free(const rlm_session *s, rlm_kv **twin) {
+  for (int i = 0; twin && i < s->m->cfg.n_layers; i++) rlm_kv_free(twin[i]);
+  rlm__free(twin);
+}
+
+static rlm_status twin_make(const rlm_session *s, rlm_kv ***out, rlm_error *err) {
+  const int L = s->m->cfg.n_layers;
+  rlm_kv **twin = rlm__calloc((size_t)L, sizeof *twin);
+  if (!twin) return rlm__err_nomem(err, "snapshot host caches", (size_t)L * sizeof *twin);
+  rlm_status rc = RLM_OK;
+  for (int i = 0; !rc && i < L; i++) {
+    if (s->m->cfg.kv_donor[i] >= 0) continue;
+    rlm_kv_config k;
+    rlm__layer_kv_config(&s->m->cfg, &s->p, i, &k);
+    k.n_rows = 1;
+    rc = rlm_kv_create(&twin[i], &k, err);
+  }
+  if (rc) twin_free(s, twin), twin = NULL;
+  *out = twin;
+  return rc;
+}
+
+/* The caches of row `row` as snapshots read them: the row's own (CPU), or
+ * twins holding what the device row holds (*twin set: the caller frees it). */
+static rlm_status row_view(const rlm_session *s, int row, bool fill, rlm_row *view, rlm_kv ***twin,
+                           rlm_error *err) {
+  *view = s->rows[row], *twin = NULL;
+  if (!s->be->row_out) return RLM_OK;
+  rlm_status rc = twin_make(s, twin, err);
+  if (!rc && fill) rc = s->be->row_out(s, row, *twin, err);
+  if (rc) twin_free(s, *twin), *twin = NULL;
+  view->kv = *twin;
+  return rc;
+}
+
 rlm_status rlm_session_row_save(const rlm_session *s, int row, const int32_t *tokens,
                                 int64_t n_tokens, void **buf, size_t *len, rlm_error *err) {
   const char *fn = "rlm_session_row_save";
   if (!s || !buf || !len) return rlm__err(err, RLM_ERR_INVALID, "%s: NULL argument", fn);
   if (row < 0 || row >= s->p.n_rows)
     return rlm__err(err, RLM_ERR_INVALID, "%s: row %d is outside [0, %d)", fn, row, s->p.n_rows);
-  if (s->dev)
-    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: saving a row of a device session is not supported yet", fn);
-  const rlm_row *R = &s->rows[row];
-  if (n_tokens != 0 && (n_tokens != R->pos || !tokens))
+  const rlm_row *R0 = &s->rows[row];
+  if (n_tokens != 0 && (n_tokens != R0->pos || !tokens))
     return rlm__err(err, RLM_ERR_INVALID, "%s: %lld token ids for a row holding %lld", fn,
-                    (long long)n_tokens, (long long)R->pos);
-  rlm_st_writer *w;
-  rlm_status rc = rlm__st_writer_create(&w, err);
+                    (long long)n_tokens, (long long)R0->pos);
+  rlm_row view;
+  rlm_kv **twin;
+  rlm_status rc = row_view(s, row, true, &view, &twin, err);
   if (rc) return rc;
+  const rlm_row *R = &view;
+  rlm_st_writer *w;
+  rc = rlm__st_writer_create(&w, err);
+  if (rc) {
+    twin_free(s, twin);
+    return rc;
+  }
   rc = put_header(w, s, R, tokens, n_tokens, err);
   for (int i = 0, c = 0; !rc && i < s->m->cfg.n_layers; i++) rc = put_layer(w, s, R, i, &c, err);
   uint8_t *img = NULL;
   size_t n = 0;
   if (!rc) rc = rlm__st_writer_image(w, (void **)&img, &n, err);
   rlm__st_writer_free(w);
+  twin_free(s, twin);
   if (rc) return rc;
   const size_t at = crc_field(img, n);
   if (!at) {
@@ -503,12 +553,12 @@ static rlm_status find_array(const rlm_snapshot *sn, const snap_layer *L, const 
   return RLM_OK;
 }
 
-/* Every check of snapshot against row 0's caches (rows share configs). */
-static rlm_status check_layers(const rlm_snapshot *sn, const rlm_session *s, rlm_error *err) {
+/* Every check of snapshot against a row's caches (rows share configs). */
+static rlm_status check_layers(const rlm_snapshot *sn, rlm_kv *const *row_kv, rlm_error *err) {
   size_t arrays = 0;
   for (int i = 0; i < sn->n_layers; i++) {
     const snap_layer *L = &sn->layers[i];
-    const rlm_kv *kv = s->rows[0].kv[i];
+    const rlm_kv *kv = row_kv[i];
     if ((L->cache < 0) != !kv)
       return bad(err, sn, "layer %d %s, in this session it %s", i, L->cache < 0 ? "is KV-shared" : "has a cache",
                  kv ? "has a cache" : "is KV-shared");
@@ -530,8 +580,8 @@ static rlm_status check_layers(const rlm_snapshot *sn, const rlm_session *s, rlm
   return RLM_OK;
 }
 
-rlm_status rlm_snapshot_check(const rlm_snapshot *sn, const rlm_session *s, rlm_error *err) {
-  if (!sn || !s) return rlm__err(err, RLM_ERR_INVALID, "rlm_snapshot_check: NULL argument");
+/* The checks that need no caches: the model, the layers, the context. */
+static rlm_status check_model(const rlm_snapshot *sn, const rlm_session *s, rlm_error *err) {
   if (strcmp(sn->model, s->m->signature))
     return bad(err, sn, "made with another model (signature %s; this model is %s)", sn->model,
                s->m->signature);
@@ -540,7 +590,34 @@ rlm_status rlm_snapshot_check(const rlm_snapshot *sn, const rlm_session *s, rlm_
   if (s->p.n_ctx && sn->position > s->p.n_ctx)
     return bad(err, sn, "%lld tokens exceed this session's n_ctx %lld", (long long)sn->position,
                (long long)s->p.n_ctx);
-  return check_layers(sn, s, err);
+  return RLM_OK;
+}
+
+rlm_status rlm_snapshot_check(const rlm_snapshot *sn, const rlm_session *s, rlm_error *err) {
+  if (!sn || !s) return rlm__err(err, RLM_ERR_INVALID, "rlm_snapshot_check: NULL argument");
+  rlm_status rc = check_model(sn, s, err);
+  if (rc) return rc;
+  rlm_row view;
+  rlm_kv **twin;
+  if ((rc = row_view(s, 0, false, &view, &twin, err))) return rc;
+  rc = check_layers(sn, view.kv, err);
+  twin_free(s, twin);
+  return rc;
+}
+
+/* Row R's caches made to hold the snapshot (checked already): room
+ * first, while the row is still as it was, then the copies. */
+static rlm_status import_row(const rlm_snapshot *sn, rlm_kv *const *kv, rlm_error *err) {
+  rlm_status rc = RLM_OK;
+  for (int i = 0; !rc && i < sn->n_layers; i++)
+    if (kv[i]) rc = rlm__kv_reserve_live(kv[i], &sn->layers[i].lv, err);
+  for (int i = 0; !rc && i < sn->n_layers; i++) {
+    const void *src[6];
+    if (!kv[i]) continue;
+    for (int a = 0; a < 6; a++) find_array(sn, &sn->layers[i], kv[i], a, &src[a], NULL);
+    if (rlm__kv_import(kv[i], 0, &sn->layers[i].lv, src, err)) rc = RLM_ERR_INTERNAL; /* checked */
+  }
+  return rc;
 }
 
 rlm_status rlm_session_row_load(rlm_session *s, int row, const rlm_snapshot *sn, rlm_error *err) {
@@ -548,19 +625,16 @@ rlm_status rlm_session_row_load(rlm_session *s, int row, const rlm_snapshot *sn,
   if (!s || !sn) return rlm__err(err, RLM_ERR_INVALID, "%s: NULL argument", fn);
   if (row < 0 || row >= s->p.n_rows)
     return rlm__err(err, RLM_ERR_INVALID, "%s: row %d is outside [0, %d)", fn, row, s->p.n_rows);
-  if (s->dev)
-    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: loading a row into a device session is not supported yet", fn);
-  rlm_status rc = rlm_snapshot_check(sn, s, err);
-  rlm_row *R = &s->rows[row];
-  for (int i = 0; !rc && i < sn->n_layers; i++) /* room first: the row is still as it was */
-    if (R->kv[i]) rc = rlm__kv_reserve_live(R->kv[i], &sn->layers[i].lv, err);
-  for (int i = 0; !rc && i < sn->n_layers; i++) {
-    const void *src[6];
-    if (!R->kv[i]) continue;
-    for (int a = 0; a < 6; a++) find_array(sn, &sn->layers[i], R->kv[i], a, &src[a], NULL);
-    if (rlm__kv_import(R->kv[i], 0, &sn->layers[i].lv, src, err)) rc = RLM_ERR_INTERNAL; /* checked */
-  }
-  if (!rc) R->pos = sn->position;
+  rlm_status rc = check_model(sn, s, err);
+  rlm_row view;
+  rlm_kv **twin = NULL;
+  if (!rc) rc = row_view(s, row, false, &view, &twin, err);
+  if (!rc) rc = check_layers(sn, view.kv, err);
+  if (!rc) rc = import_row(sn, view.kv, err);
+  /* a device row changes only here, after every check and the host copy */
+  if (!rc && twin) rc = s->be->row_in(s, row, twin, err);
+  twin_free(s, twin);
+  if (!rc) s->rows[row].pos = sn->position;
   return rc;
 }
 

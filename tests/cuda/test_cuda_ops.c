@@ -417,14 +417,44 @@ static int64_t slot_of(const rlm_cuda_kv *c, int64_t p) {
 }
 
 /* A device cache of n_rows rows, every byte 0xff (NaN: a slot read
- * before it was written fails the comparison). */
-static rlm_cuda_kv kv_make(rlm_dtype dt, int n_rows, int n_kv, int dim, int64_t cap, int64_t ring, int keep,
-                           int64_t window) {
-  const size_t b = (size_t)n_rows * n_kv * (size_t)cap * dim * dt_size(dt);
-  return (rlm_cuda_kv){dev_poisoned(b), dev_poisoned(b), dt, n_kv, dim, cap, ring, keep, window};
+ * before it was written fails the comparison); k_bits 0 dense, else
+ * quantized at k_bits and v_bits with groups of `group`. */
+static rlm_cuda_kv kv_make_q(rlm_dtype dt, int n_rows, int n_kv, int dim, int64_t cap, int64_t ring, int keep,
+                             int64_t window, int k_bits, int v_bits, int group) {
+  rlm_cuda_kv c = {.dtype = dt, .k_bits = k_bits, .v_bits = v_bits, .group = k_bits ? group : 0, .n_kv = n_kv,
+                   .dim = dim, .cap = cap, .ring = ring, .keep = keep, .window = window};
+  const size_t slots = (size_t)n_rows * n_kv * (size_t)cap;
+  c.k = dev_poisoned(slots * rlm__cuda_kv_row_bytes(&c, k_bits));
+  c.v = dev_poisoned(slots * rlm__cuda_kv_row_bytes(&c, v_bits));
+  if (k_bits) {
+    const size_t sb = slots * rlm__cuda_kv_sb_bytes(&c, k_bits);
+    c.ks = dev_poisoned(sb), c.kb = dev_poisoned(sb), c.vs = dev_poisoned(sb), c.vb = dev_poisoned(sb);
+  }
+  return c;
 }
 
-static void kv_free(rlm_cuda_kv *c) { cudaFree(c->k), cudaFree(c->v); }
+static rlm_cuda_kv kv_make(rlm_dtype dt, int n_rows, int n_kv, int dim, int64_t cap, int64_t ring, int keep,
+                           int64_t window) {
+  return kv_make_q(dt, n_rows, n_kv, dim, cap, ring, keep, window, 0, 0, 0);
+}
+
+static void kv_free(rlm_cuda_kv *c) {
+  cudaFree(c->k), cudaFree(c->v);
+  cudaFree(c->ks), cudaFree(c->kb), cudaFree(c->vs), cudaFree(c->vb);
+}
+
+/* One head's row x [dim] as a quantized cache stores it (rounded to dt,
+ * then rlm__quantize_rows_ref: the CPU's format): codes [dim * bits / 32],
+ * scales and biases [dim / group] of dt; and, if deq, its values (code *
+ * scale + bias in f32, attn.h's rule). */
+static void quantize_host(rlm_dtype dt, const float *x, int dim, int bits, int group, uint32_t *codes, void *sc,
+                          void *bi, float *deq) {
+  uint8_t conv[512 * 4];
+  rlm__convert(x, RLM_DTYPE_F32, conv, dt, dim);
+  rlm__quantize_rows_ref(conv, dt, 1, dim, bits, group, codes, sc, bi);
+  for (int i = 0; deq && i < dim; i++)
+    deq[i] = (float)rlm__quant_get(codes, i, bits) * rlm__load_f(sc, dt, i / group) + rlm__load_f(bi, dt, i / group);
+}
 
 /* The host image of the same writes. */
 static void kv_write_host(const rlm_cuda_kv *c, uint8_t *hk, uint8_t *hv, const float *k, const float *v,
@@ -488,6 +518,73 @@ static void check_kv_write(rlm_dtype dt, int64_t cap, int64_t ring, int keep) {
   free(hk), free(hv), free(gk), free(gv), free(k), free(v);
 }
 
+/* The quantized write: chunks of 5 tokens over two rows of a ring that
+ * wraps (wide magnitudes: f16 subnormals, exact ties of the divisions),
+ * against the CPU's quantizer, byte for byte. */
+static void check_kv_write_q(rlm_dtype dt, int dim, int k_bits, int v_bits, int group) {
+  const int n_rows = 2, n_kv = 2, chunk = 5;
+  const int64_t cap = 13, ring = 11, keep = 2;
+  rlm_cuda_kv c = kv_make_q(dt, n_rows, n_kv, dim, cap, ring, keep, 9, k_bits, v_bits, group);
+  const size_t slots = (size_t)n_rows * n_kv * cap, es = dt_size(dt), ng = (size_t)(dim / group);
+  const size_t kw = (size_t)dim * k_bits / 32, vw = (size_t)dim * v_bits / 32;
+  uint32_t *hk = xmalloc(slots * kw * 4), *hv = xmalloc(slots * vw * 4);
+  uint8_t *hs[4], *gs[4];
+  for (int i = 0; i < 4; i++) hs[i] = xmalloc(slots * ng * es), gs[i] = xmalloc(slots * ng * es);
+  memset(hk, 0xff, slots * kw * 4), memset(hv, 0xff, slots * vw * 4);
+  for (int i = 0; i < 4; i++) memset(hs[i], 0xff, slots * ng * es);
+  const size_t tok = (size_t)n_kv * dim;
+  float *k = xmalloc(chunk * tok * 4), *v = xmalloc(chunk * tok * 4);
+  float *dk = dev_poisoned(chunk * tok * 4), *dv = dev_poisoned(chunk * tok * 4);
+  int32_t *drow = dev_poisoned(chunk * 4);
+  int64_t *dpos = dev_poisoned(chunk * 8);
+  rlm_error err = {0};
+  for (int64_t p0 = 0; p0 < 3 * cap; p0 += 2) {
+    int32_t row[5];
+    int64_t pos[5];
+    for (int j = 0; j < chunk; j++) row[j] = j % 2, pos[j] = p0 + j / 2;
+    if (p0 % 3 == 0) pos[4] = -1; /* a padded token: not written */
+    for (size_t i = 0; i < chunk * tok; i++) k[i] = wide_value(), v[i] = wide_value();
+    for (int i = 0; i < dim && p0 == 4; i++) k[i] = (float)(i % 7) - 3.0f; /* small integers: exact ties */
+    for (int j = 0; j < chunk; j++) {
+      const int64_t sl = slot_of(&c, pos[j]);
+      for (int h = 0; h < n_kv && sl >= 0; h++) {
+        const size_t at = ((size_t)row[j] * n_kv + h) * cap + sl, from = (size_t)j * tok + (size_t)h * dim;
+        quantize_host(dt, k + from, dim, k_bits, group, hk + at * kw, hs[0] + at * ng * es, hs[1] + at * ng * es, NULL);
+        quantize_host(dt, v + from, dim, v_bits, group, hv + at * vw, hs[2] + at * ng * es, hs[3] + at * ng * es, NULL);
+      }
+    }
+    CU(cudaMemcpy(dk, k, chunk * tok * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dv, v, chunk * tok * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(drow, row, sizeof row, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dpos, pos, sizeof pos, cudaMemcpyHostToDevice));
+    CHECK_EQ(rlm__cuda_kv_write(&c, dk, dv, drow, dpos, chunk, NULL, &err), RLM_OK);
+  }
+  uint32_t *gk = xmalloc(slots * kw * 4), *gv = xmalloc(slots * vw * 4);
+  download(gk, c.k, slots * kw * 4), download(gv, c.v, slots * vw * 4);
+  void *const arr[4] = {c.ks, c.kb, c.vs, c.vb};
+  for (int i = 0; i < 4; i++) download(gs[i], arr[i], slots * ng * es);
+  test_note("quantized kv_write %s dim %d k%d v%d group %d", rlm_dtype_name(dt), dim, k_bits, v_bits, group);
+  CHECK(memcmp(gk, hk, slots * kw * 4) == 0);
+  CHECK(memcmp(gv, hv, slots * vw * 4) == 0);
+  for (int i = 0; i < 4; i++) CHECK(memcmp(gs[i], hs[i], slots * ng * es) == 0);
+  kv_free(&c);
+  cudaFree(dk), cudaFree(dv), cudaFree(drow), cudaFree(dpos);
+  free(hk), free(hv), free(gk), free(gv), free(k), free(v);
+  for (int i = 0; i < 4; i++) free(hs[i]), free(gs[i]);
+}
+
+TEST(kv_write_quantized_matches_cpu) {
+  static const rlm_dtype dts[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
+  static const int bits[][2] = {{4, 4}, {8, 8}, {2, 3}, {5, 6}, {4, 8}, {3, 2}};
+  for (int d = 0; d < 3; d++)
+    for (int b = 0; b < N_OF(bits); b++) {
+      check_kv_write_q(dts[d], 128, bits[b][0], bits[b][1], 64);
+      check_kv_write_q(dts[d], 96, bits[b][0], bits[b][1], 32);
+    }
+  check_kv_write_q(RLM_DTYPE_BF16, 512, 4, 4, 128);
+  check_kv_write_q(RLM_DTYPE_F16, 256, 5, 8, 128);
+}
+
 TEST(kv_write_matches_convert) {
   static const rlm_dtype dts[] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
   for (int d = 0; d < 3; d++) {
@@ -511,7 +608,24 @@ typedef struct attn_case {
   int n;           /* the pass's tokens: */
   int32_t row[40]; /*   their rows, */
   int64_t pos[40]; /*   positions (-1: a padded token) */
+  int k_bits, v_bits, group; /* quantized (k_bits > 0) */
 } attn_case;
+
+/* hist [len][n_kv][dim] as the cache holds it: rounded to the dtype, or
+ * quantized and widened back. */
+static float *stored(const attn_case *a, const float *hist, int64_t len, int bits) {
+  const size_t rows = (size_t)len * a->n_kv;
+  float *out = xmalloc(rows * a->dim * 4 + 4);
+  uint32_t codes[512];
+  uint8_t sc[64], bi[64];
+  for (size_t r = 0; r < rows; r++) {
+    const float *x = hist + r * a->dim;
+    if (bits) quantize_host(a->dt, x, a->dim, bits, a->group, codes, sc, bi, out + r * a->dim);
+    else
+      for (int i = 0; i < a->dim; i++) out[r * a->dim + i] = rlm__round_to(a->dt, x[i]);
+  }
+  return out;
+}
 
 /* The pass's positions: each row's next ones, in the order of row[]
  * (pos[] filled from len unless `given`). */
@@ -553,15 +667,18 @@ static void check_attend(attn_case *a) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
   const size_t tok = (size_t)a->n_kv * dim;
-  rlm_cuda_kv c = kv_make(a->dt, a->n_rows, a->n_kv, dim, a->cap, a->ring, a->keep, a->window);
-  /* Every row's K and V by position, f32, through the end of the pass. */
-  float *hk[3] = {0}, *hv[3] = {0};
+  rlm_cuda_kv c =
+      kv_make_q(a->dt, a->n_rows, a->n_kv, dim, a->cap, a->ring, a->keep, a->window, a->k_bits, a->v_bits, a->group);
+  /* Every row's K and V by position, f32, through the end of the pass;
+   * sk, sv as stored. */
+  float *hk[3] = {0}, *hv[3] = {0}, *sk[3] = {0}, *sv[3] = {0};
   int64_t end[3] = {0};
   for (int r = 0; r < a->n_rows; r++) {
     end[r] = a->len[r];
     for (int j = 0; j < n; j++)
       if (a->row[j] == r && a->pos[j] + 1 > end[r]) end[r] = a->pos[j] + 1;
     hk[r] = frand(end[r] * (int64_t)tok, 1.0f), hv[r] = frand(end[r] * (int64_t)tok, 1.0f);
+    sk[r] = stored(a, hk[r], end[r], a->k_bits), sv[r] = stored(a, hv[r], end[r], a->v_bits);
     write_span(&c, r, 0, a->len[r], hk[r], hv[r]);
   }
   /* The pass: its K and V written in one call (rows mixed), then attention. */
@@ -598,9 +715,9 @@ static void check_attend(attn_case *a) {
       double mx = -INFINITY, sum = 0;
       for (int64_t kp = 0; kp <= qp; kp++) {
         if (!visible(a, qp, kp)) continue;
-        const float *kv = hk[r] + kp * tok + (size_t)kvh * dim;
+        const float *kv = sk[r] + kp * tok + (size_t)kvh * dim;
         double d = 0;
-        for (int i = 0; i < dim; i++) d += (double)qv[i] * rlm__round_to(a->dt, kv[i]);
+        for (int i = 0; i < dim; i++) d += (double)qv[i] * kv[i];
         s[kp] = (double)scale * d;
         mx = fmax(mx, s[kp]);
       }
@@ -608,21 +725,21 @@ static void check_attend(attn_case *a) {
       for (int64_t kp = 0; kp <= qp; kp++) {
         if (!visible(a, qp, kp)) continue;
         const double p = exp(s[kp] - mx);
-        const float *vv = hv[r] + kp * tok + (size_t)kvh * dim;
+        const float *vv = sv[r] + kp * tok + (size_t)kvh * dim;
         sum += p;
-        for (int i = 0; i < dim; i++) o[i] += p * rlm__round_to(a->dt, vv[i]);
+        for (int i = 0; i < dim; i++) o[i] += p * vv[i];
       }
       for (int i = 0; i < dim; i++) out[i] = sum > 0 ? (float)(o[i] / sum) : 0.0f;
     }
   char what[160];
-  snprintf(what, sizeof what, "attend %s (%s, dim %d, %d/%d heads, %d tokens)", a->name, rlm_dtype_name(a->dt), dim, H,
-           a->n_kv, n);
+  snprintf(what, sizeof what, "attend %s (%s, dim %d, %d/%d heads, %d tokens, k%d v%d g%d)", a->name,
+           rlm_dtype_name(a->dt), dim, H, a->n_kv, n, a->k_bits, a->v_bits, a->group);
   expect_close(what, got, ref, (int64_t)n * H * dim, 1e-4);
   for (int j = 0; j < n; j++) /* a padded token: exactly zeros */
     for (int i = 0; a->pos[j] < 0 && i < H * dim; i++) CHECK(got[(size_t)j * H * dim + i] == 0.0f);
   kv_free(&c);
   cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(drow), cudaFree(dpos), cudaFree(dout), cudaFree(scratch);
-  for (int r = 0; r < a->n_rows; r++) free(hk[r]), free(hv[r]);
+  for (int r = 0; r < a->n_rows; r++) free(hk[r]), free(hv[r]), free(sk[r]), free(sv[r]);
   free(pk), free(pv), free(q), free(got), free(ref), free(s), free(o);
 }
 
@@ -631,22 +748,46 @@ TEST(attend_matches_reference) {
   /* clang-format off */
   attn_case cases[] = {
       /* name, dtype, dim, heads, kv heads, cap, ring, keep, window, rows, their lengths, tokens, rows, positions */
-      {"plain decode, 3000 positions", RLM_DTYPE_BF16, 128, 32, 8, 4096, 0, 0, 0, 1, {3000}, 1, {0}, {0}},
-      {"plain decode f16", RLM_DTYPE_F16, 128, 8, 8, 600, 0, 0, 0, 1, {517}, 1, {0}, {0}},
-      {"plain decode f32", RLM_DTYPE_F32, 128, 16, 4, 600, 0, 0, 0, 1, {333}, 1, {0}, {0}},
-      {"plain prefill of one row", RLM_DTYPE_F16, 64, 8, 4, 256, 0, 0, 0, 1, {0}, 37, {0}, {0}},
-      {"window 64, ring wrapped, no sinks", RLM_DTYPE_BF16, 256, 4, 1, 71, 71, 0, 64, 1, {300}, 4, {0}, {0}},
-      {"window 40, ring wrapped, 2 sinks", RLM_DTYPE_F32, 32, 2, 2, 45, 43, 2, 40, 1, {200}, 3, {0}, {0}},
+      {"plain decode, 3000 positions", RLM_DTYPE_BF16, 128, 32, 8, 4096, 0, 0, 0, 1, {3000}, 1, {0}, {0}, 0, 0, 0},
+      {"plain decode f16", RLM_DTYPE_F16, 128, 8, 8, 600, 0, 0, 0, 1, {517}, 1, {0}, {0}, 0, 0, 0},
+      {"plain decode f32", RLM_DTYPE_F32, 128, 16, 4, 600, 0, 0, 0, 1, {333}, 1, {0}, {0}, 0, 0, 0},
+      {"plain prefill of one row", RLM_DTYPE_F16, 64, 8, 4, 256, 0, 0, 0, 1, {0}, 37, {0}, {0}, 0, 0, 0},
+      {"window 64, ring wrapped, no sinks", RLM_DTYPE_BF16, 256, 4, 1, 71, 71, 0, 64, 1, {300}, 4, {0}, {0}, 0, 0, 0},
+      {"window 40, ring wrapped, 2 sinks", RLM_DTYPE_F32, 32, 2, 2, 45, 43, 2, 40, 1, {200}, 3, {0}, {0}, 0, 0, 0},
       {"three rows, ring with sinks, a padded token", RLM_DTYPE_BF16, 128, 16, 4, 60, 58, 2, 50,
-       3, {5, 130, 77}, 7, {1, 0, 2, 0, 2, 0, 2}, {0, 0, 0, 0, 0, -1, 0}},
-      {"dim 512, 8 heads on one kv head", RLM_DTYPE_BF16, 512, 8, 1, 300, 0, 0, 0, 2, {100, 250}, 3, {0, 1, 1}, {0}},
+       3, {5, 130, 77}, 7, {1, 0, 2, 0, 2, 0, 2}, {0, 0, 0, 0, 0, -1, 0}, 0, 0, 0},
+      {"dim 512, 8 heads on one kv head", RLM_DTYPE_BF16, 512, 8, 1, 300, 0, 0, 0, 2, {100, 250}, 3, {0, 1, 1}, {0}, 0, 0, 0},
       {"plain cache with a window, 6 heads a kv head", RLM_DTYPE_F16, 256, 12, 2, 400, 0, 0, 100,
-       1, {350}, 1, {0}, {0}},
-      {"12 heads a kv head, prefill", RLM_DTYPE_F32, 64, 24, 2, 128, 0, 0, 0, 1, {60}, 5, {0}, {0}},
-      {"dim 96, ring with 1 sink", RLM_DTYPE_F16, 96, 4, 4, 30, 29, 1, 20, 1, {100}, 2, {0}, {0}},
-      {"dim 32, 8 heads a kv head, prefill", RLM_DTYPE_BF16, 32, 8, 1, 64, 0, 0, 0, 1, {10}, 20, {0}, {0}},
-      {"f32 dim 512, 2 heads a kv head", RLM_DTYPE_F32, 512, 4, 2, 64, 0, 0, 0, 1, {33}, 2, {0}, {0}},
-      {"f16 dim 512, ring, 3 rows", RLM_DTYPE_F16, 512, 2, 1, 40, 40, 0, 36, 3, {90, 3, 41}, 3, {2, 1, 0}, {0}},
+       1, {350}, 1, {0}, {0}, 0, 0, 0},
+      {"12 heads a kv head, prefill", RLM_DTYPE_F32, 64, 24, 2, 128, 0, 0, 0, 1, {60}, 5, {0}, {0}, 0, 0, 0},
+      {"dim 96, ring with 1 sink", RLM_DTYPE_F16, 96, 4, 4, 30, 29, 1, 20, 1, {100}, 2, {0}, {0}, 0, 0, 0},
+      {"dim 32, 8 heads a kv head, prefill", RLM_DTYPE_BF16, 32, 8, 1, 64, 0, 0, 0, 1, {10}, 20, {0}, {0}, 0, 0, 0},
+      {"f32 dim 512, 2 heads a kv head", RLM_DTYPE_F32, 512, 4, 2, 64, 0, 0, 0, 1, {33}, 2, {0}, {0}, 0, 0, 0},
+      {"f16 dim 512, ring, 3 rows", RLM_DTYPE_F16, 512, 2, 1, 40, 40, 0, 36, 3, {90, 3, 41}, 3, {2, 1, 0}, {0}, 0, 0, 0},
+  };
+  /* clang-format on */
+  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i]);
+}
+
+/* Quantized caches (the same cases at the bits and groups of the CPU's
+ * caches: 4/4 the fast path of 16-bit scales, the rest the generic cut,
+ * K and V apart), against the values the CPU's quantizer stores. */
+TEST(attend_quantized_matches_reference) {
+  /* clang-format off */
+  attn_case cases[] = {
+      {"q plain decode, 3000 positions", RLM_DTYPE_BF16, 128, 32, 8, 4096, 0, 0, 0, 1, {3000}, 1, {0}, {0}, 4, 4, 64},
+      {"q plain decode f16, k4 v8", RLM_DTYPE_F16, 128, 8, 8, 600, 0, 0, 0, 1, {517}, 1, {0}, {0}, 4, 8, 32},
+      {"q plain decode f32", RLM_DTYPE_F32, 128, 16, 4, 600, 0, 0, 0, 1, {333}, 1, {0}, {0}, 4, 4, 128},
+      {"q prefill, k3 v5", RLM_DTYPE_F16, 64, 8, 4, 256, 0, 0, 0, 1, {0}, 37, {0}, {0}, 3, 5, 32},
+      {"q window 64, ring wrapped, k8 v8", RLM_DTYPE_BF16, 256, 4, 1, 71, 71, 0, 64, 1, {300}, 4, {0}, {0}, 8, 8, 64},
+      {"q three rows, ring with sinks, k2 v6", RLM_DTYPE_BF16, 128, 16, 4, 60, 58, 2, 50,
+       3, {5, 130, 77}, 7, {1, 0, 2, 0, 2, 0, 2}, {0, 0, 0, 0, 0, -1, 0}, 2, 6, 64},
+      {"q three rows, ring with sinks", RLM_DTYPE_F16, 128, 16, 4, 60, 58, 2, 50,
+       3, {5, 130, 77}, 7, {1, 0, 2, 0, 2, 0, 2}, {0, 0, 0, 0, 0, -1, 0}, 4, 4, 32},
+      {"q dim 512, 8 heads on one kv head", RLM_DTYPE_BF16, 512, 8, 1, 300, 0, 0, 0, 2, {100, 250}, 3, {0, 1, 1}, {0},
+       4, 4, 128},
+      {"q dim 96, ring with 1 sink, k6 v3", RLM_DTYPE_F16, 96, 4, 4, 30, 29, 1, 20, 1, {100}, 2, {0}, {0}, 6, 3, 32},
+      {"q dim 32, prefill", RLM_DTYPE_BF16, 32, 8, 1, 64, 0, 0, 0, 1, {10}, 20, {0}, {0}, 4, 4, 32},
   };
   /* clang-format on */
   for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i]);
@@ -657,7 +798,7 @@ TEST(attend_matches_reference) {
 TEST(refuses_what_it_lacks) {
   rlm_error err = {0};
   void *p = (void *)(uintptr_t)256; /* never dereferenced: refused first */
-  rlm_cuda_kv c = {p, p, RLM_DTYPE_BF16, 8, 520, 1024, 0, 0, 0};
+  rlm_cuda_kv c = {.k = p, .v = p, .dtype = RLM_DTYPE_BF16, .n_kv = 8, .dim = 520, .cap = 1024};
   CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
   CHECK_STR_CONTAINS(err.msg, "rlm__cuda_attend");
   c.dim = 100; /* not a multiple of 8 */
@@ -669,6 +810,12 @@ TEST(refuses_what_it_lacks) {
   CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_UNSUPPORTED);
   c.dtype = RLM_DTYPE_BF16, c.ring = 1000, c.keep = 2; /* ring must be cap - keep */
   CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_INVALID);
+  c.ring = 0, c.keep = 0, c.k_bits = c.v_bits = 4, c.group = 64; /* quantized without scales */
+  CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_INVALID);
+  c.ks = c.kb = c.vs = c.vb = p, c.v_bits = 7; /* no 7-bit format */
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "bits, group");
+  c.k_bits = c.v_bits = 0;
   rlm_cuda_weight w = {.w = p, .dtype = RLM_DTYPE_BF16, .rows = 8, .cols = 64};
   CHECK_EQ(rlm__cuda_dense_gemv(&w, p, 9, p, NULL, &err), RLM_ERR_INVALID);
   w.dtype = RLM_DTYPE_I8;
@@ -761,17 +908,22 @@ static void attn_launch(void *ctx, int i) {
 }
 
 /* n rows of one token each at position ctx - 1 (ctx positions seen),
- * Llama-8B's layer shape; the cache holds random bf16 (its bytes, not
- * written through kv_write: the speed does not depend on the values). */
-static void bench_attend(int n, int64_t ctx, double bw) {
+ * Llama-8B's layer shape; the cache holds bf16 (bits 0) or 4-bit codes
+ * with bf16 scales and biases, group 64 (bits 4), set by memset (its
+ * bytes, not written through kv_write: the speed does not depend on the
+ * values); GB/s over every byte of K and V read. */
+static void bench_attend(int n, int64_t ctx, int bits, double bw) {
   attn_bench b = {.n = n, .n_heads = 32};
   const int n_kv = 8, dim = 128;
-  const size_t bytes = (size_t)n * n_kv * (size_t)ctx * dim * 2;
-  b.c = (rlm_cuda_kv){NULL, NULL, RLM_DTYPE_BF16, n_kv, dim, ctx, 0, 0, 0};
-  CU(cudaMalloc(&b.c.k, bytes));
-  CU(cudaMalloc(&b.c.v, bytes));
-  CU(cudaMemset(b.c.k, 0x3c, bytes)); /* bf16 0x3c3c: about 0.0115 */
-  CU(cudaMemset(b.c.v, 0x3c, bytes));
+  b.c = (rlm_cuda_kv){.dtype = RLM_DTYPE_BF16, .k_bits = bits, .v_bits = bits, .group = bits ? 64 : 0, .n_kv = n_kv,
+                      .dim = dim, .cap = ctx};
+  const size_t slots = (size_t)n * n_kv * (size_t)ctx;
+  const size_t bytes = slots * rlm__cuda_kv_row_bytes(&b.c, bits), sb = slots * rlm__cuda_kv_sb_bytes(&b.c, bits);
+  void **arr[6] = {&b.c.k, &b.c.v, &b.c.ks, &b.c.kb, &b.c.vs, &b.c.vb};
+  for (int i = 0; i < (bits ? 6 : 2); i++) {
+    CU(cudaMalloc(arr[i], i < 2 ? bytes : sb));
+    CU(cudaMemset(*arr[i], 0x3c, i < 2 ? bytes : sb)); /* bf16 0x3c3c: about 0.0115 */
+  }
   int32_t row[8];
   int64_t pos[8];
   for (int j = 0; j < n; j++) row[j] = j, pos[j] = ctx - 1;
@@ -779,10 +931,11 @@ static void bench_attend(int n, int64_t ctx, double bw) {
   b.q = dev_copy(hq, (size_t)n * 32 * dim * 4), b.out = dev_poisoned((size_t)n * 32 * dim * 4);
   b.row = dev_copy(row, (size_t)n * 4), b.pos = dev_copy(pos, (size_t)n * 8);
   b.scratch = dev_poisoned(rlm__cuda_attend_scratch_bytes(n, 32, dim));
-  const double us = median_us(attn_launch, &b, 30), gbps = 2.0 * (double)bytes / (us * 1e-6) / 1e9;
-  printf("attend bf16 32/8 heads x 128, %d row%s x %6lld positions: %8.1f us %6.0f GB/s %4.0f%% of copy\n", n,
-         n > 1 ? "s" : " ", (long long)ctx, us, gbps, 100 * gbps / bw);
-  cudaFree(b.c.k), cudaFree(b.c.v), cudaFree(b.q), cudaFree(b.out), cudaFree(b.row), cudaFree(b.pos);
+  const double us = median_us(attn_launch, &b, 30), gbps = 2.0 * (double)(bytes + 2 * sb) / (us * 1e-6) / 1e9;
+  printf("attend %s 32/8 heads x 128, %d row%s x %6lld positions: %8.1f us %6.0f GB/s %4.0f%% of copy\n",
+         bits ? "4-bit" : "bf16 ", n, n > 1 ? "s" : " ", (long long)ctx, us, gbps, 100 * gbps / bw);
+  for (int i = 0; i < (bits ? 6 : 2); i++) cudaFree(*arr[i]);
+  cudaFree(b.q), cudaFree(b.out), cudaFree(b.row), cudaFree(b.pos);
   cudaFree(b.scratch);
   free(hq);
 }
@@ -801,9 +954,11 @@ static void bench(void) {
             {"llama8b head 128256x4096", 128256, 4096}};
   for (int i = 0; i < N_OF(sh); i++)
     for (int m = 1; m <= 8; m *= 8) bench_dense(sh[i].name, sh[i].rows, sh[i].cols, m, bw);
-  bench_attend(1, 16384, bw);
-  bench_attend(1, 4096, bw);
-  bench_attend(8, 16384, bw);
+  for (int bits = 0; bits <= 4; bits += 4) {
+    bench_attend(1, 16384, bits, bw);
+    bench_attend(1, 4096, bits, bw);
+    bench_attend(8, 16384, bits, bw);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -818,7 +973,9 @@ int main(int argc, char **argv) {
   RUN(embed_matches_reference);
   RUN(dense_gemv_matches_reference);
   RUN(kv_write_matches_convert);
+  RUN(kv_write_quantized_matches_cpu);
   RUN(attend_matches_reference);
+  RUN(attend_quantized_matches_reference);
   RUN(refuses_what_it_lacks);
   return test_summary();
 }
