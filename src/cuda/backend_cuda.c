@@ -25,7 +25,9 @@
  * THE PRODUCTS. Up to GEMM_MIN tokens (decode steps, small batches): our
  * matrix-vector kernels, which read each weight once per MAX_M rows; int8
  * activations (--act-bits 8) are quantized once for the products that
- * share an input (q, k, v; gate, up). Past GEMM_MIN: cuBLAS (gemm.cu).
+ * share an input (q, k, v; gate, up). Past GEMM_MIN: MLX weights up to
+ * QGEMM_MAX tokens the tensor-core GEMM that reads their codes once
+ * (qgemm.cu), the rest cuBLAS (gemm.cu).
  *
  * SNAPSHOTS go through the host: row_out copies each cache's live slots
  * (cuda_sess.top says which a ring still holds) into host caches of the
@@ -46,8 +48,12 @@
 
 /* LOGIT_ROWS: wanted logits per lm_head product; MAX_M: rows of x a
  * matrix-vector kernel reads W once for; GEMM_MIN: passes of more tokens
- * than this take cuBLAS's GEMM instead (compute-bound by then). */
-enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16 };
+ * than this take a GEMM instead: up to QGEMM_MAX tokens, MLX weights our
+ * tensor-core one that reads the codes (qgemm.cu: 2-4x gemm.cu's path at
+ * 32-64 tokens on the H200, slower at 512), else cuBLAS's. Passes past
+ * GEMM_MIN are never captured in a graph (graph_shape), so a replayed
+ * step runs the kernels the same step without a graph runs. */
+enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128 };
 
 /* ---- the model's weights on the device ------------------------------------ */
 
@@ -246,13 +252,18 @@ static rlm_status q8_of(rlm_session *s, const rlm_linear *l, const float *x, int
 
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
  * int8-activation product where the CPU would use it, else f32; more than
- * GEMM_MIN rows (prefill, large batches): cuBLAS. */
+ * GEMM_MIN rows (prefill, large batches): qgemm or cuBLAS (see the top). */
 static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
   if (cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first) return;
   cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
   rlm_status rc = RLM_OK;
+  if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && l->quant && l->in % 64 == 0) {
+    cs->q8_x = NULL;
+    note(s, rlm__cuda_qgemm(&w.q, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
+    return;
+  }
   if (n > GEMM_MIN && cs->gemm_scratch) {
     cs->q8_x = NULL;
     note(s, rlm__cuda_gemm(cs->blas, &w, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
@@ -363,7 +374,7 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
 /* ---- the pass: plan upload, capture and replay ---------------------------- */
 
 static bool graph_shape(const rlm_session *s, const rlm_pass *ps) {
-  if (s->p.no_graph || ps->n_want > LOGIT_ROWS) return false;
+  if (s->p.no_graph || ps->n_want > LOGIT_ROWS || ps->n > GEMM_MIN) return false;
   for (int r = 0; r < ps->n_runs; r++)
     if (ps->runs[r].n != 1) return false;
   return true;
@@ -590,7 +601,7 @@ static rlm_status make_caches(rlm_session *s, rlm_error *err) {
 
 /* The largest product a pass past GEMM_MIN tokens runs (every linear of
  * the layers and Gemma 4's per-layer projection; the head takes at most
- * LOGIT_ROWS rows). */
+ * LOGIT_ROWS rows); qgemm needs less (room for x alone). */
 static size_t gemm_bytes(const rlm_model *m, int64_t n) {
   size_t most = rlm__cuda_gemm_scratch_bytes(n, m->ple_model_proj.out, m->ple_model_proj.in);
   for (int i = 0; i < m->cfg.n_layers; i++) {

@@ -62,6 +62,30 @@ __device__ __forceinline__ void widen16<__half>(const uint4 &v, float *f) {
   }
 }
 
+/* The block's row xr of cols floats scaled into f16's range, for the
+ * f16 GEMMs (gemm.cu, qgemm.cu): 2^-e with max |x| in [2^(e-1), 2^e), so
+ * the scaled row's largest element is in [0.5, 1), x * 2^-e rounded to
+ * f16 into xs, and *back = 2^e (exact: powers of two). THREADS: the
+ * block's size, a multiple of the warp. */
+template <int THREADS>
+__device__ __forceinline__ void scale_row_f16(const float *__restrict__ xr, int64_t cols, __half *__restrict__ xs,
+                                              float *__restrict__ back) {
+  __shared__ float part[THREADS / kWarp];
+  float amax = 0.f;
+  for (int64_t i = threadIdx.x; i < cols; i += THREADS) amax = fmaxf(amax, fabsf(xr[i]));
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = amax;
+  __syncthreads();
+  amax = 0.f;
+  for (int i = 0; i < THREADS / kWarp; i++) amax = fmaxf(amax, part[i]);
+  int e = 0;
+  if (amax > 0.f && isfinite(amax)) frexpf(amax, &e);
+  const float down = ldexpf(1.0f, -e);
+  for (int64_t i = threadIdx.x; i < cols; i += THREADS) xs[i] = __float2half_rn(xr[i] * down);
+  if (threadIdx.x == 0) *back = ldexpf(1.0f, e);
+}
+
 /* err = {st, "<fn>: <printf text>"}; returns st. */
 inline rlm_status fail(rlm_error *err, rlm_status st, const char *fn, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));

@@ -3,9 +3,10 @@
  * device pointers, shapes, and a stream; every function returns a status
  * and writes a one-line message naming the kernel and the CUDA error.
  *
- * Kernels so far: the MLX-affine quantized matrix-vector products used by
- * decode, with f32 activations (qgemv.cu) and int8 ones (qgemv_q8.cu). The forward pass does not call them yet: the backend
- * layer of issue 17 will. */
+ * The MLX-affine quantized products: the matrix-vector ones of decode,
+ * with f32 activations (qgemv.cu) and int8 ones (qgemv_q8.cu), and the
+ * tensor-core GEMM of batches and prefill (qgemm.cu); the other kernels
+ * are cuda_ops.h's. backend_cuda.c calls them for the forward pass. */
 #ifndef RLM_CUDA_BACKEND_H
 #define RLM_CUDA_BACKEND_H
 
@@ -47,6 +48,21 @@ rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t cols, int bit
                                     void *scratch, rlm_cuda_stream stream, rlm_error *err);
 rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
                               rlm_cuda_stream stream, rlm_error *err);
+
+/* The many-token product (qgemm.cu), for batched decode and prefill:
+ * y [m][rows] = x [m][cols] . W^T (f32, device memory) on the tensor
+ * cores, W's codes read once per 8-64 tokens and dequantized on chip.
+ * Numerics of rlm__cuda_gemm's f16 path: each row of x scaled by a power
+ * of two into f16's range and rounded to f16, W's elements f16(code * s +
+ * b) computed in f32, f32 accumulation, the rows scaled back. Bits 4 and
+ * 8, groups 32/64/128, f16/bf16/f32 scales, any m >= 1 and rows >= 1,
+ * cols a multiple of 64 (else RLM_ERR_UNSUPPORTED). scratch: device
+ * memory of rlm__cuda_qgemm_scratch_bytes(m, cols), 16-byte aligned (the
+ * scaled x). Only launches on `stream`; the launch configuration depends
+ * only on the shapes, so it can be captured in a CUDA graph. */
+size_t rlm__cuda_qgemm_scratch_bytes(int64_t m, int64_t cols);
+rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, int64_t m, float *y,
+                           void *scratch, rlm_cuda_stream stream, rlm_error *err);
 
 #ifdef __cplusplus
 }

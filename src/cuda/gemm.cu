@@ -59,25 +59,10 @@ __global__ void dequant_kernel(const uint32_t *__restrict__ wq, const S *__restr
   }
 }
 
-/* A block a row of x: 2^-e with max |x| in [2^(e-1), 2^e), so the scaled
- * row's largest element is in [0.5, 1): x * 2^-e to f16, 2^e kept. */
+/* A block a row of x, scaled into f16's range (common.cuh). */
 __global__ void __launch_bounds__(kThreads)
     scale_rows_kernel(const float *__restrict__ x, int64_t cols, __half *__restrict__ xs, float *__restrict__ back) {
-  __shared__ float part[kThreads / kWarp];
-  const float *xr = x + (int64_t)blockIdx.x * cols;
-  float amax = 0.f;
-  for (int64_t i = threadIdx.x; i < cols; i += kThreads) amax = fmaxf(amax, fabsf(xr[i]));
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = amax;
-  __syncthreads();
-  amax = 0.f;
-  for (int i = 0; i < kThreads / kWarp; i++) amax = fmaxf(amax, part[i]);
-  int e = 0;
-  if (amax > 0.f && isfinite(amax)) frexpf(amax, &e);
-  const float down = ldexpf(1.0f, -e);
-  for (int64_t i = threadIdx.x; i < cols; i += kThreads) xs[(int64_t)blockIdx.x * cols + i] = __float2half_rn(xr[i] * down);
-  if (threadIdx.x == 0) back[blockIdx.x] = ldexpf(1.0f, e);
+  scale_row_f16<kThreads>(x + (int64_t)blockIdx.x * cols, cols, xs + (int64_t)blockIdx.x * cols, back + blockIdx.x);
 }
 
 /* y[r][o] *= back[r]: a power of two, exact. */

@@ -14,7 +14,10 @@
  * Also: a captured decode step replays to the same bits as its kernels run
  * one by one; prefill chunks 1, 7 and 512; rings rolled back after they
  * wrapped equal rings that never saw the rejected tokens; ragged batches of
- * rows; half-precision (bf16, f16) checkpoints of the fixtures; and what
+ * rows; half-precision (bf16, f16) checkpoints of the fixtures; quantized
+ * KV (K and V at their own bits) against the CPU's bounds; snapshots of a
+ * GPU row restored on the GPU (bit for bit) and on the CPU, and the CPU's
+ * on the GPU; a second rollback refused as the CPU refuses it; and what
  * the backend refuses, named.
  *
  * Without a GPU it prints "skipped: no GPU" and exits 77 (ctest's skip);
@@ -348,9 +351,11 @@ TEST(half_precision_matches_cpu) {
     }
 }
 
-/* A prompt in one pass of 40 tokens takes cuBLAS's GEMM (past 16 tokens):
- * MLX 4- and 8-bit weights dequantized to f16 and x's rows scaled into
- * f16 (10-bit mantissas), within 5e-3 x max |logit| of the CPU. */
+/* A prompt in one pass of 40 tokens takes the tensor-core GEMM of MLX
+ * weights (qgemm, 17..128 tokens), and a pass of two rows' 70 tokens
+ * cuBLAS's (past 128): both with the weights' elements f16(code * s + b)
+ * and x's rows scaled into f16 (10-bit mantissas), within 5e-3 x max
+ * |logit| of the CPU. */
 TEST(gemm_prefill_quantized) {
   for (int a = 0; a < N_ARCHS; a++)
     for (int bits = 4; bits <= 8; bits += 4) {
@@ -358,9 +363,27 @@ TEST(gemm_prefill_quantized) {
       if (!m) continue;
       int bad = 0;
       double d = prompt_and_greedy(m, (opts){.device = RLM_DEVICE_CUDA, .chunk = 512}, 512, &bad);
-      printf("  %-12s q%d, prompt through the GEMM: %.2e of max |logit|, greedy tokens differing %d/%d\n",
-             archs[a], bits, d, bad, N_GEN + 1);
+      const int V = rlm_model_vocab_size(m);
+      rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .chunk = 512, .rows = 2});
+      rlm_session *c = open_s(m, (opts){.chunk = 512, .rows = 2});
+      float *lg = xmalloc((size_t)2 * V * 4), *lc = xmalloc((size_t)2 * V * 4);
+      double d2 = 1;
+      if (g && c) {
+        int32_t ids[140], rows[140];
+        for (int i = 0; i < 140; i++) ids[i] = g_prompt[i % 70], rows[i] = i / 70;
+        rlm_batch b = {140, ids, rows, NULL};
+        rlm_error err;
+        CHECK_EQ(rlm_session_decode(g, &b, lg, &err), RLM_OK);
+        CHECK_EQ(rlm_session_decode(c, &b, lc, &err), RLM_OK);
+        d2 = rel_diff(lc, lg, (size_t)2 * V);
+      }
+      printf("  %-12s q%d, prompt through the GEMM: %.2e of max |logit|, greedy tokens differing %d/%d; "
+             "140 tokens through cuBLAS %.2e\n",
+             archs[a], bits, d, bad, N_GEN + 1, d2);
       CHECK(d <= 5e-3);
+      CHECK(d2 <= 5e-3);
+      rlm_session_free(g), rlm_session_free(c);
+      free(lg), free(lc);
       rlm_model_free(m);
     }
 }

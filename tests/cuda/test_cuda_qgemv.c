@@ -16,12 +16,22 @@
  * (codes, scales, biases, x) and written, and the fraction of the
  * device-to-device copy bandwidth measured in the same run.
  *
+ * The many-token product (src/cuda/qgemm.cu, tensor cores) against a
+ * double-precision product of what it is defined to multiply: x's rows
+ * scaled by a power of two and rounded to f16, W dequantized in f32 and
+ * rounded to f16; |y - ref| <= 1e-4 max|ref row| + 1e-5. One-hot rows of
+ * x check its dequantization bit for bit (y is then a column of W). Its
+ * speed: Llama-3.1-8B's products at m = 32, 64, 512 tokens against
+ * gemm.cu's dequantize-then-cuBLAS path.
+ *
  * Without a GPU it prints "skipped: no GPU" and exits 77 (ctest's skip). */
 #include "cuda/cuda_backend.h"
+#include "cuda/cuda_ops.h"
 #include "quant/quant.h"
 #include "test.h"
 #include "cuda_test.h"
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <time.h>
 
@@ -232,6 +242,175 @@ TEST(refuses_what_it_lacks) {
   CHECK_EQ(rlm__cuda_q8act_quantize((const float *)16, 1, 192, 4, 64, (void *)16, NULL, &err), RLM_ERR_INVALID);
 }
 
+/* ---- the many-token product (qgemm.cu) ------------------------------------ */
+
+/* What qgemm multiplies, on the host: row r of x times 2^-e_r (max |x_r| in
+ * [2^(e_r-1), 2^e_r)) rounded to f16, in xs [m][cols], and 2^e_r in back[r]. */
+static void qgemm_scale_x(const float *x, int64_t m, int64_t cols, float *xs, float *back) {
+  for (int64_t r = 0; r < m; r++) {
+    float amax = 0.f;
+    for (int64_t j = 0; j < cols; j++) amax = fmaxf(amax, fabsf(x[r * cols + j]));
+    int e = 0;
+    if (amax > 0.f && isfinite(amax)) frexpf(amax, &e);
+    const float down = ldexpf(1.0f, -e);
+    for (int64_t j = 0; j < cols; j++) xs[r * cols + j] = rlm__f16_to_f32(rlm__f32_to_f16(x[r * cols + j] * down));
+    back[r] = ldexpf(1.0f, e);
+  }
+}
+
+/* W [rows][cols]: f16(f32(f32(code * s) + b)), gemm.cu's dequantization. */
+static float *qgemm_dequant(const rlm_qmat *w) {
+  float *out = malloc((size_t)w->rows * (size_t)w->cols * 4);
+  const int64_t ng = w->cols / w->group_size;
+  for (int64_t o = 0; o < w->rows; o++)
+    for (int64_t j = 0; j < w->cols; j++) {
+      const float s = rlm__load_f(w->scales, w->sdtype, o * ng + j / w->group_size);
+      const float b = rlm__load_f(w->biases, w->sdtype, o * ng + j / w->group_size);
+      const uint32_t q = rlm__quant_get(w->wq + o * rlm__quant_row_words(w->cols, w->bits), j, w->bits);
+      volatile float prod = (float)q * s; /* rounded before the add: no contraction */
+      out[o * w->cols + j] = rlm__f16_to_f32(rlm__f32_to_f16(prod + b));
+    }
+  return out;
+}
+
+/* sum_j a[j] b[j] in double, four chains (the host's share of the test time). */
+static double dot_d(const float *a, const float *b, int64_t n) {
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (int64_t j = 0; j < n; j += 4) {
+    s0 += (double)a[j] * b[j], s1 += (double)a[j + 1] * b[j + 1];
+    s2 += (double)a[j + 2] * b[j + 2], s3 += (double)a[j + 3] * b[j + 3];
+  }
+  return (s0 + s1) + (s2 + s3);
+}
+
+/* y from rlm__cuda_qgemm for x [m][cols] (host), in a malloc'd [m][rows]. */
+static float *qgemm_run(const rlm_cuda_qmat *w, const float *x, int64_t m) {
+  float *dx = dev_copy(x, (size_t)m * (size_t)w->cols * 4, cudaMemcpyHostToDevice);
+  float *dy = dev_poisoned((size_t)m * (size_t)w->rows * 4);
+  void *scratch = dev_poisoned(rlm__cuda_qgemm_scratch_bytes(m, w->cols));
+  rlm_error err = {0};
+  const rlm_status rc = rlm__cuda_qgemm(w, dx, m, dy, scratch, NULL, &err);
+  if (rc != RLM_OK) test_note("%s", err.msg);
+  CHECK_EQ(rc, RLM_OK);
+  CU(cudaDeviceSynchronize());
+  float *y = malloc((size_t)m * (size_t)w->rows * 4);
+  CU(cudaMemcpy(y, dy, (size_t)m * (size_t)w->rows * 4, cudaMemcpyDeviceToHost));
+  cudaFree(dx), cudaFree(dy), cudaFree(scratch);
+  return y;
+}
+
+/* One case: random codes, scales, biases; rows of x of very different
+ * sizes (3e5: past f16's range unscaled; 1e-3; all zero). */
+static void check_qgemm_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int64_t m) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)m * (size_t)cols * 4);
+  float *back = malloc((size_t)m * 4);
+  for (int64_t r = 0; r < m; r++) {
+    const float mag = r % 4 == 1 ? 3e5f : r % 4 == 2 ? 1e-3f : r % 4 == 3 && m > 4 ? 0.0f : 1.0f;
+    for (int64_t j = 0; j < cols; j++) x[r * cols + j] = mag * rndf();
+  }
+  qgemm_scale_x(x, m, cols, xs, back);
+  float *wd = qgemm_dequant(&q.h);
+  float *got = qgemm_run(&q.d, x, m);
+  int64_t bad = 0;
+  double worst = 0; /* relative to the row's max |ref| */
+  double *ref = malloc((size_t)rows * sizeof *ref);
+  for (int64_t r = 0; r < m; r++) {
+    double mx = 0;
+    for (int64_t o = 0; o < rows; o++) {
+      ref[o] = back[r] * dot_d(xs + r * cols, wd + o * cols, cols);
+      mx = fmax(mx, fabs(ref[o]));
+    }
+    for (int64_t o = 0; o < rows; o++) {
+      const double d = fabs((double)got[r * rows + o] - ref[o]);
+      if (!(d <= 1e-4 * mx + 1e-5)) bad++;
+      const double rel = mx > 0 ? d / mx : d;
+      if (!(rel <= worst)) worst = isnan(rel) ? INFINITY : rel;
+    }
+  }
+  test_note("qgemm %lld x %lld, %d-bit g%d, %s scales, m %lld: %lld of %lld off, worst %.3g of the row's max",
+            (long long)rows, (long long)cols, bits, g, rlm_dtype_name(sd), (long long)m, (long long)bad,
+            (long long)(m * rows), worst);
+  CHECK_EQ(bad, 0);
+  free(x), free(xs), free(back), free(wd), free(got), free(ref);
+  qm_free(&q);
+}
+
+TEST(qgemm_matches_reference) {
+  static const rlm_dtype sds[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
+  static const int64_t ms[] = {1, 5, 16, 17, 33, 64, 100};
+  int n = 0;
+  for (int bits = 4; bits <= 8; bits += 4) /* every format, m through every token-tile width */
+    for (int g = 32; g <= 128; g *= 2)
+      for (int s = 0; s < 3; s++, n++) check_qgemm_case(192, 1152, bits, g, sds[s], ms[n % 7]);
+  for (int i = 0; i < 7; i++) /* a partial last row tile, split-K over 8 blocks */
+    check_qgemm_case(1000, ms[i] <= 64 ? 4096 : 1152, 4, 64, RLM_DTYPE_BF16, ms[i]);
+  check_qgemm_case(1000, 1152, 4, 64, RLM_DTYPE_BF16, 512); /* 8 token tiles, split-K over 2 */
+  check_qgemm_case(4096, 1152, 8, 128, RLM_DTYPE_F16, 64);
+  check_qgemm_case(4096, 4096, 4, 32, RLM_DTYPE_F32, 17);
+  check_qgemm_case(64, 4096, 4, 128, RLM_DTYPE_F16, 64);   /* one row tile, 3/4 masked */
+  check_qgemm_case(64, 64, 4, 32, RLM_DTYPE_BF16, 5);      /* one slice */
+  check_qgemm_case(192, 64, 8, 64, RLM_DTYPE_F32, 33);
+  check_qgemm_case(333, 1152, 4, 128, RLM_DTYPE_F16, 16);  /* odd scale count: the last word's fallback */
+}
+
+/* x's row t one-hot at column t + 64 (t % (cols / 64)): y[t] is column
+ * t + ... of W exactly (x scales to 0.5, an exact f16; one nonzero term),
+ * so every position of a 64-column slice is checked against the host's
+ * dequantization for equality. scale_shift: the scales and biases placed 2
+ * bytes past an aligned address (f16/bf16), so their first element's word
+ * starts before the array. */
+static void check_qgemm_exact(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, bool scale_shift) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  rlm_cuda_qmat d = q.d;
+  void *shifted[2] = {NULL, NULL};
+  if (scale_shift) {
+    for (int k = 0; k < 2; k++) {
+      CU(cudaMalloc(&shifted[k], q.sb_bytes + 2));
+      CU(cudaMemcpy((char *)shifted[k] + 2, k ? q.h.biases : q.h.scales, q.sb_bytes, cudaMemcpyHostToDevice));
+    }
+    d.scales = (char *)shifted[0] + 2, d.biases = (char *)shifted[1] + 2;
+  }
+  const int64_t m = 64, per = cols / 64;
+  float *x = calloc((size_t)m * (size_t)cols, 4);
+  for (int64_t t = 0; t < m; t++) x[t * cols + t + 64 * (t % per)] = 1.0f;
+  float *wd = qgemm_dequant(&q.h);
+  float *got = qgemm_run(&d, x, m);
+  int64_t bad = 0;
+  for (int64_t t = 0; t < m; t++)
+    for (int64_t o = 0; o < rows; o++) bad += !(got[t * rows + o] == wd[o * cols + t + 64 * (t % per)]);
+  test_note("qgemm exact: %lld x %lld, %d-bit g%d, %s scales%s: %lld of %lld differ", (long long)rows,
+            (long long)cols, bits, g, rlm_dtype_name(sd), scale_shift ? " (shifted)" : "", (long long)bad,
+            (long long)(m * rows));
+  CHECK_EQ(bad, 0);
+  cudaFree(shifted[0]), cudaFree(shifted[1]);
+  free(x), free(wd), free(got);
+  qm_free(&q);
+}
+
+TEST(qgemm_dequantizes_exactly) {
+  static const rlm_dtype sds[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int g = 32; g <= 128; g *= 2)
+      for (int s = 0; s < 3; s++) check_qgemm_exact(333, 1152, bits, g, sds[s], false);
+  check_qgemm_exact(333, 1152, 4, 128, RLM_DTYPE_BF16, true);
+  check_qgemm_exact(192, 1152, 8, 32, RLM_DTYPE_F16, true);
+}
+
+TEST(qgemm_refuses_what_it_lacks) {
+  rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 64, 100, 4, 32};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qgemm(&w, (const float *)16, 4, (float *)16, (void *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "rlm__cuda_qgemm");
+  CHECK_STR_CONTAINS(err.msg, "multiple of 64");
+  w.cols = 128, w.bits = 3;
+  CHECK_EQ(rlm__cuda_qgemm(&w, (const float *)16, 4, (float *)16, (void *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  w.bits = 4, w.group_size = 48;
+  CHECK_EQ(rlm__cuda_qgemm(&w, (const float *)16, 4, (float *)16, (void *)16, NULL, &err), RLM_ERR_INVALID);
+}
+
 /* ---- speed -------------------------------------------------------------- */
 
 typedef struct shape {
@@ -240,54 +419,143 @@ typedef struct shape {
   int bits, per_token; /* times one token reads it */
 } shape;
 
-/* Median microseconds of one launch, rotating among copies whose total
- * exceeds the L2 several times; q8: the int8-activation product (its
- * activations quantized once, outside the timing, as a decode step does
- * once for the products that share an input). */
-static double time_shape(const shape *sh, int m, bool q8, double *bytes) {
+/* A product's operands for timing: copies of W (bf16 scales, groups of
+ * 64) whose total exceeds the L2 several times, rotated among, and x (not
+ * zeros: they can time faster) and y for m rows. */
+typedef struct timed {
   qm q0;
-  qm_make(&q0, sh->rows, sh->cols, sh->bits, 64, RLM_DTYPE_BF16);
-  const size_t one = q0.wq_bytes + 2 * q0.sb_bytes;
-  int copies = (int)((size_t)400 << 20) / (int)(one > ((size_t)1 << 30) ? ((size_t)1 << 30) : one) + 1;
-  if (copies > 64) copies = 64;
-  rlm_cuda_qmat *ws = malloc((size_t)copies * sizeof *ws);
-  ws[0] = q0.d;
-  const rlm_qmat on_dev = {q0.d.wq, q0.d.scales, q0.d.biases, RLM_DTYPE_BF16, sh->rows, sh->cols, sh->bits, 64};
-  for (int c = 1; c < copies; c++) ws[c] = qm_device(&on_dev, q0.wq_bytes, q0.sb_bytes, cudaMemcpyDeviceToDevice);
-  float *hx = malloc((size_t)m * (size_t)sh->cols * 4); /* not zeros: they can time faster */
+  rlm_cuda_qmat *ws;
+  int copies;
+  float *dx, *dy;
+} timed;
+
+static void timed_make(timed *t, const shape *sh, int m) {
+  qm_make(&t->q0, sh->rows, sh->cols, sh->bits, 64, RLM_DTYPE_BF16);
+  const size_t one = t->q0.wq_bytes + 2 * t->q0.sb_bytes;
+  t->copies = (int)((size_t)400 << 20) / (int)(one > ((size_t)1 << 30) ? ((size_t)1 << 30) : one) + 1;
+  if (t->copies > 64) t->copies = 64;
+  t->ws = malloc((size_t)t->copies * sizeof *t->ws);
+  t->ws[0] = t->q0.d;
+  const rlm_qmat on_dev = {t->q0.d.wq, t->q0.d.scales, t->q0.d.biases, RLM_DTYPE_BF16, sh->rows, sh->cols, sh->bits, 64};
+  for (int c = 1; c < t->copies; c++)
+    t->ws[c] = qm_device(&on_dev, t->q0.wq_bytes, t->q0.sb_bytes, cudaMemcpyDeviceToDevice);
+  float *hx = malloc((size_t)m * (size_t)sh->cols * 4);
   for (int64_t i = 0; i < m * sh->cols; i++) hx[i] = rndf();
-  float *dx = dev_copy(hx, (size_t)m * (size_t)sh->cols * 4, cudaMemcpyHostToDevice);
-  float *dy = dev_poisoned((size_t)m * (size_t)sh->rows * 4);
+  t->dx = dev_copy(hx, (size_t)m * (size_t)sh->cols * 4, cudaMemcpyHostToDevice);
+  t->dy = dev_poisoned((size_t)m * (size_t)sh->rows * 4);
   free(hx);
+}
+
+static void timed_free(timed *t) {
+  for (int c = 1; c < t->copies; c++)
+    cudaFree((void *)t->ws[c].wq), cudaFree((void *)t->ws[c].scales), cudaFree((void *)t->ws[c].biases);
+  free(t->ws);
+  cudaFree(t->dx), cudaFree(t->dy);
+  qm_free(&t->q0);
+}
+
+/* Median microseconds of 50 calls fn(t, W copy i % copies, ctx) after 10
+ * warm-ups, each timed with events. */
+typedef rlm_status (*call_fn)(const timed *t, const rlm_cuda_qmat *w, void *ctx, rlm_error *err);
+static double median_us(const timed *t, call_fn fn, void *ctx) {
   cudaEvent_t ev[51];
   for (int i = 0; i < 51; i++) CU(cudaEventCreate(&ev[i]));
   rlm_error err;
-  void *dsc = NULL;
-  if (q8) {
-    CU(cudaMalloc(&dsc, rlm__cuda_q8act_bytes(sh->cols, 64, m)));
-    if (rlm__cuda_q8act_quantize(dx, m, sh->cols, sh->bits, 64, dsc, NULL, &err)) fprintf(stderr, "%s\n", err.msg), exit(1);
-  }
   for (int i = 0; i < 60; i++) {
     if (i >= 10) CU(cudaEventRecord(ev[i - 10], NULL)); /* the first 10: warm-up */
-    const rlm_status rc = q8 ? rlm__cuda_qgemv_q8(&ws[i % copies], dsc, m, dy, NULL, &err)
-                             : rlm__cuda_qgemv(&ws[i % copies], dx, m, dy, NULL, &err);
-    if (rc) fprintf(stderr, "%s\n", err.msg), exit(1);
+    if (fn(t, &t->ws[i % t->copies], ctx, &err)) fprintf(stderr, "%s\n", err.msg), exit(1);
   }
   CU(cudaEventRecord(ev[50], NULL));
   CU(cudaEventSynchronize(ev[50]));
-  float t[50];
-  for (int i = 0; i < 50; i++) CU(cudaEventElapsedTime(&t[i], ev[i], ev[i + 1]));
+  float ms[50];
+  for (int i = 0; i < 50; i++) CU(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
   for (int i = 1; i < 50; i++) /* insertion sort for the median */
-    for (int j = i; j > 0 && t[j] < t[j - 1]; j--) { float s = t[j]; t[j] = t[j - 1], t[j - 1] = s; }
-  *bytes = (double)one + 4.0 * (double)m * (double)(sh->cols + sh->rows);
+    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float x = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = x; }
   for (int i = 0; i < 51; i++) cudaEventDestroy(ev[i]);
-  for (int c = 1; c < copies; c++)
-    cudaFree((void *)ws[c].wq), cudaFree((void *)ws[c].scales), cudaFree((void *)ws[c].biases);
-  free(ws);
-  cudaFree(dsc);
-  cudaFree(dx), cudaFree(dy);
-  qm_free(&q0);
-  return 0.5 * (t[24] + t[25]) * 1e3;
+  return 0.5 * (ms[24] + ms[25]) * 1e3;
+}
+
+typedef struct gemv_call {
+  int m;
+  void *q8; /* the int8 activations, or NULL: f32 x */
+} gemv_call;
+
+static rlm_status call_gemv(const timed *t, const rlm_cuda_qmat *w, void *ctx, rlm_error *err) {
+  const gemv_call *c = ctx;
+  return c->q8 ? rlm__cuda_qgemv_q8(w, c->q8, c->m, t->dy, NULL, err) : rlm__cuda_qgemv(w, t->dx, c->m, t->dy, NULL, err);
+}
+
+/* Median microseconds of one launch; q8: the int8-activation product (its
+ * activations quantized once, outside the timing, as a decode step does
+ * once for the products that share an input). */
+static double time_shape(const shape *sh, int m, bool q8, double *bytes) {
+  timed t;
+  timed_make(&t, sh, m);
+  gemv_call c = {m, NULL};
+  rlm_error err;
+  if (q8) {
+    CU(cudaMalloc(&c.q8, rlm__cuda_q8act_bytes(sh->cols, 64, m)));
+    if (rlm__cuda_q8act_quantize(t.dx, m, sh->cols, sh->bits, 64, c.q8, NULL, &err))
+      fprintf(stderr, "%s\n", err.msg), exit(1);
+  }
+  const double us = median_us(&t, call_gemv, &c);
+  *bytes = (double)(t.q0.wq_bytes + 2 * t.q0.sb_bytes) + 4.0 * (double)m * (double)(sh->cols + sh->rows);
+  cudaFree(c.q8);
+  timed_free(&t);
+  return us;
+}
+
+typedef struct gemm_call {
+  int m;
+  cublasHandle_t blas; /* gemm.cu's path, or NULL: qgemm */
+  void *scratch;
+  int64_t rows, cols;
+} gemm_call;
+
+static rlm_status call_gemm(const timed *t, const rlm_cuda_qmat *w, void *ctx, rlm_error *err) {
+  const gemm_call *c = ctx;
+  if (!c->blas) return rlm__cuda_qgemm(w, t->dx, c->m, t->dy, c->scratch, NULL, err);
+  const rlm_cuda_weight wt = {NULL, RLM_DTYPE_BF16, *w, c->rows, c->cols};
+  return rlm__cuda_gemm((rlm_cuda_blas)c->blas, &wt, t->dx, c->m, t->dy, c->scratch, NULL, err);
+}
+
+/* Median microseconds of one rlm__cuda_qgemm call (x pass and product),
+ * or with blas of gemm.cu's path (W dequantized to f16, then cuBLAS). */
+static double time_qgemm(const shape *sh, int m, cublasHandle_t blas) {
+  timed t;
+  timed_make(&t, sh, m);
+  gemm_call c = {m, blas, NULL, sh->rows, sh->cols};
+  CU(cudaMalloc(&c.scratch, blas ? rlm__cuda_gemm_scratch_bytes(m, sh->rows, sh->cols)
+                                 : rlm__cuda_qgemm_scratch_bytes(m, sh->cols)));
+  const double us = median_us(&t, call_gemm, &c);
+  cudaFree(c.scratch);
+  timed_free(&t);
+  return us;
+}
+
+/* Llama-3.1-8B's products over many tokens: the tensor-core kernel, GB/s
+ * of codes + scales + biases and TFLOP/s, against the cuBLAS path. */
+static void bench_qgemm(void) {
+  static const shape llama[] = {
+      {"llama8b q|o", 4096, 4096, 4, 0},       {"llama8b gate|up", 14336, 4096, 4, 0},
+      {"llama8b down", 4096, 14336, 4, 0},     {"llama8b head (8-bit)", 128256, 4096, 8, 0},
+  };
+  static const int ms[] = {32, 64, 512};
+  cublasHandle_t blas;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) fprintf(stderr, "cublasCreate failed\n"), exit(1);
+  printf("\nmany tokens (rlm__cuda_qgemm; g64, bf16 scales)\n");
+  printf("%-22s %5s %4s %10s %9s %9s %12s %8s\n", "product", "bits", "m", "us", "GB/s", "TFLOP/s", "cuBLAS us",
+         "speedup");
+  for (size_t i = 0; i < sizeof llama / sizeof *llama; i++)
+    for (size_t k = 0; k < sizeof ms / sizeof *ms; k++) {
+      const shape *sh = &llama[i];
+      const int m = ms[k];
+      const double bytes = (double)sh->rows * (double)sh->cols * sh->bits / 8 + 4.0 * (double)sh->rows * (sh->cols / 64);
+      const double us = time_qgemm(sh, m, NULL), ref_us = time_qgemm(sh, m, blas);
+      printf("%-22s %5d %4d %10.1f %9.0f %9.1f %12.1f %7.2fx\n", sh->name, sh->bits, m, us, bytes / (us * 1e3),
+             2.0 * m * (double)sh->rows * (double)sh->cols / (us * 1e6), ref_us, ref_us / us);
+    }
+  cublasDestroy(blas);
 }
 
 static void bench(void) {
@@ -323,6 +591,7 @@ static void bench(void) {
              k ? "gemma-3-1b 4-bit" : "llama-3.1-8b 4-bit", q8 ? "int8" : "f32", tok_us[k][q8], tok_bytes[k] / 1e9,
              1e6 / tok_us[k][q8], floor_us, 100 * floor_us / tok_us[k][q8]);
     }
+  bench_qgemm();
 }
 
 int main(int argc, char **argv) {
@@ -331,5 +600,8 @@ int main(int argc, char **argv) {
   RUN(matches_reference);
   RUN(q8_matches_reference);
   RUN(refuses_what_it_lacks);
+  RUN(qgemm_matches_reference);
+  RUN(qgemm_dequantizes_exactly);
+  RUN(qgemm_refuses_what_it_lacks);
   return test_summary();
 }
