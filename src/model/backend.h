@@ -63,6 +63,10 @@ struct rlm_backend {
    * then s->q attends it into s->att (a KV-shared layer attends its
    * donor's cache, appended to earlier in this pass). */
   rlm_status (*attend)(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err);
+  /* Gemma 4's MoE block of layer li for the pass's n tokens: s->h (the
+   * MLP's output) becomes post1(h) + post2(sum_k w_k expert_k(pre2(x))),
+   * each token routed to its own experts (rlm__moe_route). */
+  void (*moe)(rlm_session *s, int li, int n);
   /* The pass is done: the first error an op met, else the wanted logits
    * computed in the backend's buffer (count rows) copied to host. */
   rlm_status (*copy_logits)(rlm_session *s, float *host, const float *dev, size_t n, rlm_error *err);
@@ -82,6 +86,12 @@ struct rlm_backend {
   rlm_status (*row_out)(const rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
   rlm_status (*row_in)(rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
 };
+
+/* The MoE router's rule, shared by the backends: logit [n_experts] (the
+ * router's output for one token) becomes its softmax; idx [top_k] the
+ * chosen experts in ascending order, w [top_k] their weights (the kept
+ * probabilities renormalized, times each expert's scale). */
+void rlm__moe_route(const rlm_model_config *c, const rlm_layer *L, float *logit, int *idx, float *w);
 
 /* The CPU backend: host memory, the kernel tables of ops.c, dense.c,
  * src/quant and the KV-state layer. */

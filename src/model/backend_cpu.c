@@ -125,6 +125,78 @@ static rlm_status cpu_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_err
   return RLM_OK;
 }
 
+/* ---- Gemma 4's MoE ---------------------------------------------------------- */
+
+/* The top k of p[0:n) by value, in ascending index order (the order in
+ * which transformers adds the experts' outputs). */
+static int top_k(const float *p, int n, int k, int *idx) {
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    for (int e = 0; e < n; e++) {
+      bool taken = false;
+      for (int t = 0; t < j; t++) taken = taken || idx[t] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    idx[j] = best;
+  }
+  for (int a = 1; a < k; a++) /* insertion sort by index */
+    for (int b = a; b > 0 && idx[b] < idx[b - 1]; b--) {
+      int t = idx[b];
+      idx[b] = idx[b - 1], idx[b - 1] = t;
+    }
+  return k;
+}
+
+void rlm__moe_route(const rlm_model_config *c, const rlm_layer *L, float *logit, int *idx, float *w) {
+  const int E = c->n_experts, K = c->top_k_experts;
+  double mx = logit[0], sum = 0, kept = 0;
+  for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
+  for (int e = 0; e < E; e++) sum += exp((double)logit[e] - mx);
+  for (int e = 0; e < E; e++) logit[e] = (float)(exp((double)logit[e] - mx) / sum);
+  top_k(logit, E, K, idx);
+  for (int k = 0; k < K; k++) kept += logit[idx[k]];
+  for (int k = 0; k < K; k++) w[k] = (float)(logit[idx[k]] / kept) * L->expert_scale[idx[k]];
+}
+
+/* The router's logits for one token: proj(norm(x) * scale / sqrt(H)). */
+static void route(rlm_session *s, const rlm_layer *L, const float *x, int *idx, float *w) {
+  const rlm_model_config *c = &s->m->cfg;
+  const int H = c->hidden;
+  float *in = s->moe, *logit = s->moe + H;
+  const float root = (float)(1.0 / sqrt((double)H));
+  rlm__rmsnorm(in, x, NULL, H, c->rms_eps);
+  for (int i = 0; i < H; i++) in[i] = in[i] * L->router_scale[i] * root;
+  cpu_linear(s, &L->router, in, 1, logit);
+  rlm__moe_route(c, L, logit, idx, w);
+}
+
+/* s->h (the MLP's output) becomes post1(h) + post2(sum_k w_k
+ * expert_k(pre2(x))), token by token. */
+static void cpu_moe(rlm_session *s, int li, int n) {
+  const rlm_model_config *c = &s->m->cfg;
+  const rlm_layer *L = &s->m->layers[li];
+  const int H = c->hidden, I = c->moe_inter, K = c->top_k_experts;
+  float *x2 = s->moe + H + c->n_experts, *gu = x2 + H, *act = gu + 2 * I, *eo = act + I, *acc = eo + H;
+  int idx[1024];
+  float w[1024];
+  for (int j = 0; j < n; j++) {
+    const float *x = s->x + (size_t)j * H;
+    float *h = s->h + (size_t)j * H;
+    route(s, L, x, idx, w);
+    rlm__rmsnorm(x2, x, L->moe_pre2, H, c->rms_eps);
+    for (int i = 0; i < H; i++) acc[i] = 0;
+    for (int k = 0; k < K; k++) {
+      cpu_linear(s, &L->expert_gate_up[idx[k]], x2, 1, gu);
+      rlm__gelu_tanh_mul(act, gu, gu + I, I);
+      cpu_linear(s, &L->expert_down[idx[k]], act, 1, eo);
+      for (int i = 0; i < H; i++) acc[i] += eo[i] * w[k];
+    }
+    rlm__rmsnorm(acc, acc, L->moe_post2, H, c->rms_eps);
+    rlm__rmsnorm(h, h, L->moe_post1, H, c->rms_eps);
+    for (int i = 0; i < H; i++) h[i] += acc[i];
+  }
+}
+
 static rlm_status cpu_copy_logits(rlm_session *s, float *host, const float *dev, size_t n, rlm_error *err) {
   if (host != dev) memcpy(host, dev, n * sizeof *host);
   return cpu_ok(s, err);
@@ -161,6 +233,7 @@ const rlm_backend rlm__backend_cpu = {
     .rope = cpu_rope,
     .gather_wanted = cpu_gather,
     .attend = cpu_attend,
+    .moe = cpu_moe,
     .copy_logits = cpu_copy_logits,
     .end_pass = cpu_ok,
     .rewind_blocker = cpu_rewind_blocker,

@@ -18,8 +18,8 @@
  *   logits = lm_head(rmsnorm(x))   [gemma4: tanh(logits / c) * c]
  *
  * Every step goes through the session's backend (backend.h), so this
- * file is the model on every device; only Gemma 4's MoE routing (top-k
- * on the host) is CPU-only, and device backends refuse MoE models.
+ * file is the model on every device; Gemma 4's MoE block is one backend
+ * op (its routing decides which experts' weights a token reads).
  */
 #include "model/backend.h"
 
@@ -83,73 +83,6 @@ static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, bo
   return RLM_OK;
 }
 
-/* The top k of p[0:n) by value, in ascending index order (the order in
- * which transformers adds the experts' outputs). */
-static int top_k(const float *p, int n, int k, int *idx) {
-  for (int j = 0; j < k; j++) {
-    int best = -1;
-    for (int e = 0; e < n; e++) {
-      bool taken = false;
-      for (int t = 0; t < j; t++) taken = taken || idx[t] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
-    }
-    idx[j] = best;
-  }
-  for (int a = 1; a < k; a++) /* insertion sort by index */
-    for (int b = a; b > 0 && idx[b] < idx[b - 1]; b--) {
-      int t = idx[b];
-      idx[b] = idx[b - 1], idx[b - 1] = t;
-    }
-  return k;
-}
-
-/* Router: softmax(proj(norm(x) * scale / sqrt(H))), top k renormalized,
- * times each expert's scale. Writes the chosen experts and weights. */
-static void route(rlm_session *s, const rlm_layer *L, const float *x, int *idx, float *w) {
-  const rlm_model_config *c = &s->m->cfg;
-  const int H = c->hidden, E = c->n_experts, K = c->top_k_experts;
-  float *in = s->moe, *logit = s->moe + H;
-  const float root = (float)(1.0 / sqrt((double)H));
-  rlm__rmsnorm(in, x, NULL, H, c->rms_eps);
-  for (int i = 0; i < H; i++) in[i] = in[i] * L->router_scale[i] * root;
-  lin(s, &L->router, in, 1, logit);
-  double mx = logit[0], sum = 0, kept = 0;
-  for (int e = 1; e < E; e++) mx = fmax(mx, logit[e]);
-  for (int e = 0; e < E; e++) sum += exp((double)logit[e] - mx);
-  for (int e = 0; e < E; e++) logit[e] = (float)(exp((double)logit[e] - mx) / sum);
-  top_k(logit, E, K, idx);
-  for (int k = 0; k < K; k++) kept += logit[idx[k]];
-  for (int k = 0; k < K; k++) w[k] = (float)(logit[idx[k]] / kept) * L->expert_scale[idx[k]];
-}
-
-/* Gemma 4's MoE beside the MLP: s->h (the MLP's output) becomes
- * post1(h) + post2(sum_k w_k expert_k(pre2(x))). Host loops: the CPU
- * backend only (device backends refuse MoE models at session create). */
-static void moe_block(rlm_session *s, int li, int n) {
-  const rlm_model_config *c = &s->m->cfg;
-  const rlm_layer *L = &s->m->layers[li];
-  const int H = c->hidden, I = c->moe_inter, K = c->top_k_experts;
-  float *x2 = s->moe + H + c->n_experts, *gu = x2 + H, *act = gu + 2 * I, *eo = act + I, *acc = eo + H;
-  int idx[1024];
-  float w[1024];
-  for (int j = 0; j < n; j++) {
-    const float *x = s->x + (size_t)j * H;
-    float *h = s->h + (size_t)j * H;
-    route(s, L, x, idx, w);
-    rlm__rmsnorm(x2, x, L->moe_pre2, H, c->rms_eps);
-    for (int i = 0; i < H; i++) acc[i] = 0;
-    for (int k = 0; k < K; k++) {
-      lin(s, &L->expert_gate_up[idx[k]], x2, 1, gu);
-      rlm__gelu_tanh_mul(act, gu, gu + I, I);
-      lin(s, &L->expert_down[idx[k]], act, 1, eo);
-      for (int i = 0; i < H; i++) acc[i] += eo[i] * w[k];
-    }
-    rlm__rmsnorm(acc, acc, L->moe_post2, H, c->rms_eps);
-    rlm__rmsnorm(h, h, L->moe_post1, H, c->rms_eps);
-    for (int i = 0; i < H; i++) h[i] += acc[i];
-  }
-}
-
 /* s->h holds the MLP's input norm (attention_block). Returns whether it
  * left the next layer's attention norm in s->h: its residual and that
  * norm fused, where nothing reads x in between (not Gemma 4, whose
@@ -162,7 +95,7 @@ static bool mlp_block(rlm_session *s, int li, int n) {
   lin(s, &L->up, s->h, n, s->u);
   s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
   lin(s, &L->down, s->g, n, s->h);
-  if (c->n_experts) moe_block(s, li, n);
+  if (c->n_experts) s->be->moe(s, li, n);
   if (c->arch != RLM_ARCH_GEMMA4 && li + 1 < c->n_layers) {
     s->be->add_norm(s, s->x, s->h, L->post_mlp_norm, s->m->layers[li + 1].attn_norm, s->h, n, H, c->rms_eps);
     return true;
