@@ -34,8 +34,11 @@
  * CPU's configuration, which snapshot.c writes as any CPU row; row_in
  * copies such caches, checked and filled from a snapshot, into the slots.
  *
+ * GEMMA 4's MoE runs its router on the device and its routing on the host
+ * (the CPU's rule), so its passes are not captured.
+ *
  * Not yet here (RLM_ERR_UNSUPPORTED at create, naming what): weights at
- * bits other than 4 and 8, Gemma 4's MoE.
+ * bits other than 4 and 8.
  */
 #include "model/backend.h"
 
@@ -43,6 +46,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -176,6 +180,11 @@ typedef struct cuda_sess {
   const float *q8_x;
   int64_t q8_cols;
   int q8_bits, q8_group;
+  /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
+   * copy of the router's logits (pinned), its chosen experts and weights */
+  float *moe_dev, *moe_logit;
+  int *moe_idx;
+  float *moe_w;
   /* each row's highest position written since it last started at 0: a
    * ring holds exactly the positions its later writes have not reached
    * (rollback and snapshots read it; a row's length alone cannot say) */
@@ -371,10 +380,67 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
   return RLM_OK; /* the pass's first error comes back from end_pass */
 }
 
+/* cuda_moe's device scratch at base (NULL: only sized; returns floats):
+ * the router's input and logits, x2 and the experts' sum for N tokens,
+ * then one token's gate|up, activation and expert output, each part on a
+ * 256-byte boundary (the products' vector loads). */
+static size_t moe_parts(const rlm_model_config *c, size_t N, float *base, float *at[7]) {
+  const size_t H = (size_t)c->hidden, I = (size_t)c->moe_inter;
+  const size_t n[7] = {N * H, N * (size_t)c->n_experts, N * H, N * H, 2 * I, I, H};
+  size_t off = 0;
+  for (int i = 0; i < 7; i++) {
+    if (at) at[i] = base + off;
+    off += (n[i] + 63) & ~(size_t)63;
+  }
+  return off;
+}
+
+/* Gemma 4's MoE block (backend.h): the router on the device, its logits
+ * to the host for the routing rule the CPU uses (rlm__moe_route), then
+ * each token's chosen experts, products of one row, accumulated on the
+ * device. A pass of a MoE model is never captured (graph_shape), so the
+ * host may wait here. */
+static void cuda_moe(rlm_session *s, int li, int n) {
+  cuda_sess *cs = cs_of(s);
+  if (skip(s)) return;
+  const rlm_model_config *c = &s->m->cfg;
+  const rlm_layer *L = &s->m->layers[li];
+  const int H = c->hidden, E = c->n_experts, K = c->top_k_experts, I = c->moe_inter;
+  float *at[7];
+  moe_parts(c, (size_t)s->p.prefill_chunk, cs->moe_dev, at);
+  float *rin = at[0], *logit = at[1], *x2 = at[2], *acc = at[3], *gu = at[4], *act = at[5], *eo = at[6];
+  cuda_rmsnorm(s, rin, s->x, L->router_scale, n, H, c->rms_eps);
+  cuda_scale(s, rin, (float)(1.0 / sqrt((double)H)), (size_t)n * H);
+  cuda_linear(s, &L->router, rin, n, logit);
+  rlm_error er;
+  cudaError_t e = cudaMemcpyAsync(cs->moe_logit, logit, (size_t)n * E * sizeof *logit, cudaMemcpyDeviceToHost, cs->st);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(cs->st);
+  if (e != cudaSuccess) note(s, cuda_fail(&er, e, "the MoE router's logits"), &er);
+  if (cs->first) return;
+  for (int j = 0; j < n; j++)
+    rlm__moe_route(c, L, cs->moe_logit + (size_t)j * E, cs->moe_idx + (size_t)j * K, cs->moe_w + (size_t)j * K);
+  cuda_rmsnorm(s, x2, s->x, L->moe_pre2, n, H, c->rms_eps);
+  e = cudaMemsetAsync(acc, 0, (size_t)n * H * sizeof *acc, cs->st);
+  if (e != cudaSuccess) note(s, cuda_fail(&er, e, "clearing the MoE sum"), &er);
+  for (int j = 0; j < n; j++)
+    for (int k = 0; k < K; k++) {
+      const int ex = cs->moe_idx[(size_t)j * K + k];
+      cuda_linear(s, &L->expert_gate_up[ex], x2 + (size_t)j * H, 1, gu);
+      cuda_act_mul(s, true, act, gu, gu + I, 1, I, I);
+      cuda_linear(s, &L->expert_down[ex], act, 1, eo);
+      if (!skip(s))
+        note(s, rlm__cuda_axpby(acc + (size_t)j * H, cs->moe_w[(size_t)j * K + k], eo, 1.0f, H, cs->st, &er), &er);
+    }
+  cuda_rmsnorm(s, acc, acc, L->moe_post2, n, H, c->rms_eps);
+  cuda_rmsnorm(s, s->h, s->h, L->moe_post1, n, H, c->rms_eps);
+  cuda_add(s, s->h, acc, (size_t)n * H);
+}
+
 /* ---- the pass: plan upload, capture and replay ---------------------------- */
 
+/* MoE models never: their routing reads the router's output on the host. */
 static bool graph_shape(const rlm_session *s, const rlm_pass *ps) {
-  if (s->p.no_graph || ps->n_want > LOGIT_ROWS || ps->n > GEMM_MIN) return false;
+  if (s->p.no_graph || ps->n_want > LOGIT_ROWS || ps->n > GEMM_MIN || s->m->cfg.n_experts) return false;
   for (int r = 0; r < ps->n_runs; r++)
     if (ps->runs[r].n != 1) return false;
   return true;
@@ -497,6 +563,7 @@ static const rlm_backend backend_cuda = {
     .rope = cuda_rope,
     .gather_wanted = cuda_gather,
     .attend = cuda_attend,
+    .moe = cuda_moe,
     .copy_logits = cuda_copy_logits,
     .end_pass = cuda_end,
     .rewind_blocker = cuda_rewind_blocker,
@@ -517,7 +584,6 @@ static bool bits_ok(const rlm_linear *l) { return !l->out || !l->quant || l->q.b
 /* What this backend cannot run yet, named, before anything is allocated. */
 static rlm_status check_support(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
-  if (c->n_experts) return unsupported(err, "a mixture-of-experts model");
   if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj)) return unsupported(err, "an output head not at 4 or 8 bits");
   if (m->embed.quant && m->embed.q.bits != 2 && m->embed.q.bits != 4 && m->embed.q.bits != 8)
     return unsupported(err, "an embedding not at 2, 4 or 8 bits");
@@ -527,6 +593,10 @@ static rlm_status check_support(const rlm_model *m, const rlm_session_params *p,
     rlm__layer_linears(L, ls);
     for (int j = 0; j < RLM_LAYER_LINEARS; j++)
       if (!bits_ok(ls[j])) return unsupported(err, "a linear layer not at 4 or 8 bits");
+    bool experts_ok = bits_ok(&L->router);
+    for (int e = 0; e < c->n_experts; e++)
+      experts_ok = experts_ok && bits_ok(&L->expert_gate_up[e]) && bits_ok(&L->expert_down[e]);
+    if (!experts_ok) return unsupported(err, "a MoE router or expert not at 4 or 8 bits");
     if (c->layer_head_dim[i] > 512) return unsupported(err, "a head dim above 512");
   }
   int n_dev = 0;
@@ -610,6 +680,7 @@ static size_t gemm_bytes(const rlm_model *m, int64_t n) {
     rlm__layer_linears(L, ls);
     for (int j = 0; j < RLM_LAYER_LINEARS; j++)
       most = RLM_MAX(most, rlm__cuda_gemm_scratch_bytes(n, ls[j]->out, ls[j]->in));
+    most = RLM_MAX(most, rlm__cuda_gemm_scratch_bytes(n, L->router.out, L->router.in)); /* MoE (experts: one row) */
   }
   return most;
 }
@@ -639,14 +710,22 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
   if (e != cudaSuccess) return cuda_fail(err, e, "allocating the pass plan");
   cs->d_pos = cs->d_plan;
   cs->d_ids = (int32_t *)(cs->d_pos + N), cs->d_rows = cs->d_ids + N, cs->d_want = cs->d_rows + N;
-  const int64_t in_max = RLM_MAX(RLM_MAX((int64_t)c->max_inter, (int64_t)c->hidden),
-                                 (int64_t)c->n_heads * c->max_head_dim);
+  const int64_t in_max = RLM_MAX(RLM_MAX(RLM_MAX((int64_t)c->max_inter, (int64_t)c->hidden),
+                                         (int64_t)c->n_heads * c->max_head_dim),
+                                 (int64_t)c->moe_inter);
   size_t q8 = 0;
   for (int g = 32; g <= 128; g *= 2) q8 = RLM_MAX(q8, rlm__cuda_q8act_bytes(in_max, g, MAX_M));
   size_t att = 0; /* the split count depends on the pass's tokens: the most any pass needs */
   for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
   e = cudaMalloc(&cs->q8, q8);
   if (e == cudaSuccess) e = cudaMalloc(&cs->att_scratch, att);
+  if (e == cudaSuccess && c->n_experts) {
+    e = cudaMalloc((void **)&cs->moe_dev, moe_parts(c, N, NULL, NULL) * sizeof(float));
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&cs->moe_logit, N * (size_t)c->n_experts * sizeof(float));
+    cs->moe_idx = rlm__malloc(N * (size_t)c->top_k_experts * sizeof *cs->moe_idx);
+    cs->moe_w = rlm__malloc(N * (size_t)c->top_k_experts * sizeof *cs->moe_w);
+    if (e == cudaSuccess && (!cs->moe_idx || !cs->moe_w)) return rlm__err_nomem(err, "cuda MoE routing", N);
+  }
   if (e != cudaSuccess) return cuda_fail(err, e, "allocating the session scratch");
   return make_gemm(s, err);
 }
@@ -684,7 +763,8 @@ static void cuda_fini(rlm_session *s) {
   cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch);
   cudaFree(cs->gemm_scratch);
   if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
-  cudaFreeHost(cs->h_plan);
+  cudaFreeHost(cs->h_plan), cudaFreeHost(cs->moe_logit), cudaFree(cs->moe_dev);
+  rlm__free(cs->moe_idx), rlm__free(cs->moe_w);
   if (cs->st) cudaStreamDestroy(cs->st);
   rlm__free(cs->kv), rlm__free(cs->top);
   rlm__free(cs);
