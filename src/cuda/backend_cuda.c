@@ -771,9 +771,16 @@ static void cuda_fini(rlm_session *s) {
   s->dev = NULL;
 }
 
+/* Row `row`'s highest write that still counts: none for an empty row (a
+ * cleared row keeps its old top until its next pass starts at 0). */
+static int64_t row_top(const rlm_session *s, int row) {
+  const int64_t pos = s->rows[row].pos;
+  return pos ? RLM_MAX(((const cuda_sess *)s->dev)->top[row], pos) : 0;
+}
+
 static int cuda_rewind_blocker(const rlm_session *s, int row, int64_t to) {
   const cuda_sess *cs = s->dev;
-  const int64_t top = RLM_MAX(cs->top[row], s->rows[row].pos);
+  const int64_t top = row_top(s, row);
   for (int i = 0; i < s->m->cfg.n_layers; i++) {
     const rlm_cuda_kv *k = &cs->kv[i];
     /* a ring keeps what a query at `to` sees while its highest write is
@@ -794,11 +801,11 @@ static size_t cuda_row_kv_bytes(const rlm_session *s, int row) {
 /* What row `row` of cache k holds that a query can still see, as the
  * CPU's rlm_kv_live: the sinks, then [first, pos): all of it in a plain
  * cache; in a ring, the positions the row's highest write has not reached
- * around the ring (>= top - ring). */
+ * around the ring (>= top - ring; top >= pos, row_top). */
 static rlm_kv_live row_live(const rlm_cuda_kv *k, int64_t pos, int64_t top) {
   const int64_t sinks = RLM_MIN((int64_t)k->keep, pos);
   int64_t first = sinks;
-  if (k->ring) first = RLM_MAX(first, RLM_MAX(top, pos) - k->ring);
+  if (k->ring) first = RLM_MIN(pos, RLM_MAX(first, top - k->ring)); /* pos <= keep: the sinks alone */
   return (rlm_kv_live){.offset = pos, .n_sinks = sinks, .first = first, .n = sinks + pos - first,
                        .wrapped = k->ring && top > k->cap};
 }
@@ -868,7 +875,7 @@ static rlm_status cuda_row_out(const rlm_session *s, int row, rlm_kv *const *twi
   rlm_status rc = RLM_OK;
   for (int i = 0; !rc && i < s->m->cfg.n_layers; i++) {
     if (!twin[i]) continue;
-    const rlm_kv_live lv = row_live(&cs->kv[i], s->rows[row].pos, cs->top[row]);
+    const rlm_kv_live lv = row_live(&cs->kv[i], s->rows[row].pos, row_top(s, row));
     void *h[6] = {0};
     rc = layer_copy(s, i, row, twin[i], &lv, h, true, err);
     if (!rc) rc = rlm__kv_import(twin[i], 0, &lv, (const void *const *)h, err);
