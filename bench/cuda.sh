@@ -14,7 +14,7 @@
 # product yet, so ours reads 8.5 bits there: more bytes than the anchor's.
 # RINGLM (default build-cuda/ringlm) and QGEMV (build-cuda/tests/
 # test_cuda_qgemv) name the programs; REPS (3) the repetitions; DEPTHS
-# (0,4096,16384) the context depths; BATCH (8,32,64) the batch sizes of
+# (0,4096,16384) the context depths, with bf16 KV and with 4-bit KV; BATCH (8,32,64) the batch sizes of
 # the aggregate decode test (llama-batched-bench's, 128 + 128 tokens a
 # sequence; the anchor's table).
 set -euo pipefail
@@ -40,6 +40,8 @@ for m in gemma3-1b-4bit llama3.1-8b-4bit gemma3-1b llama3.1-8b; do
   case $m in *4bit) acts=8 ;; esac
   echo "== $m: $((bytes / 1000000)) MB of weights; floor $(awk -v b="$bytes" -v w="${bw:-0}" 'BEGIN{printf "%.0f", w*1e9/b}') tok/s"
   "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 512 -n 128 -d "$depths" -r "$reps"
+  # 4-bit KV (MLX affine, groups of 64), llama.cpp's q4_0 K/V rows of the anchor
+  "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 512 -n 128 -d "$depths" -r "$reps" --kv-bits 4
   "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts -p 0 -n 128 -r "$reps" --no-graph
   "$bin" bench -m "$dir/$m" --device cuda --act-bits $acts --batch "$batch" -p 128 -n 128 -r "$reps"
 done
