@@ -26,6 +26,8 @@ reps=${REPS:-3}
 depths=${DEPTHS:-0,4096,16384}
 batch=${BATCH:-8,32,64}
 mkdir -p "$dir"
+# a GPU machine without our Debian packages: the libraries test-cuda.sh gathered
+[ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 for shape in gemma3-1b llama3.1-8b; do
   [ -f "$dir/$shape/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" "$shape" --no-gguf
   [ -f "$dir/$shape-4bit/model.safetensors" ] ||
