@@ -166,8 +166,8 @@ typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const flo
 /* The reference for both widths: scratch in the layout for w->bits. */
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y);
-/* The fastest for weights of `bits` (4: AVX-512 VNNI, else AVX2; 8: AVX2)
- * or the reference. */
+/* The fastest for weights of `bits` (4: AVX-512 VNNI, else AVX2; 8: AVX2;
+ * the m-row one for 8: AVX-512 VNNI, else AVX2) or the reference. */
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits);
 /* m rows: row i's quantized x at scratch + i * stride; y [m][rows]. */
 typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
