@@ -352,18 +352,19 @@ TEST(avx2_quantize_matches_ref) {
   free(seen), free(a), free(b), free(x);
 }
 
-/* 4-bit: VNNI first, then AVX2, then the reference; 8-bit: AVX2 (the
- * VNNI machines run it too). */
+/* 4-bit: VNNI first, then AVX2, then the reference; 8-bit: the mat-vec
+ * AVX2 (the VNNI machines run it too), the m-row product VNNI first. */
 TEST(dispatch_picks_avx2) {
   if (rlm__cpu_avx512_vnni()) {
     CHECK(rlm__qmv_q8_kernel(4) != rlm__qmv_q8_avx2);
     CHECK(rlm__qmm_q8_kernel(4) != rlm__qmm_q8_avx2);
+    CHECK(rlm__qmm_q8_kernel(8) != rlm__qmm_q8_avx2);
   } else {
     CHECK(rlm__qmv_q8_kernel(4) == rlm__qmv_q8_avx2);
     CHECK(rlm__qmm_q8_kernel(4) == rlm__qmm_q8_avx2);
+    CHECK(rlm__qmm_q8_kernel(8) == rlm__qmm_q8_avx2);
   }
   CHECK(rlm__qmv_q8_kernel(8) == rlm__qmv_q8_avx2);
-  CHECK(rlm__qmm_q8_kernel(8) == rlm__qmm_q8_avx2);
   /* the dispatched quantizers are the AVX2 ones here: same bytes as them */
   const int64_t cols = 256;
   const size_t n4 = (size_t)cols + (size_t)(cols / 128) * 16 * 4 + (size_t)(cols / 32) * 4;
