@@ -217,6 +217,7 @@ __device__ __forceinline__ int64_t token_slot(const rlm_cuda_kv &c, const int32_
 template <typename T>
 __global__ void kv_write_kernel(rlm_cuda_kv c, const float *__restrict__ k, const float *__restrict__ v,
                                 const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos) {
+  pdl_enter();
   const int64_t j = blockIdx.x;
   const int h = blockIdx.y;
   int row;
@@ -305,6 +306,7 @@ __device__ void quantize_row(float xd, int dim, int bits, int group, uint32_t *_
 template <typename T>
 __global__ void kv_write_q_kernel(rlm_cuda_kv c, const float *__restrict__ k, const float *__restrict__ v,
                                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos) {
+  pdl_enter();
   const int64_t j = blockIdx.x;
   const int h = blockIdx.y;
   int row;
@@ -398,6 +400,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
                   float *__restrict__ part_o, float *__restrict__ part_ml) {
+  pdl_enter();
   static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
   using S = Shape<KP::kVe, DIM>;
   constexpr int kVe = S::kVe, kLanes = S::kLanes, kPer = S::kPer, kEl = S::kEl, kGroups = S::kGroups;
@@ -544,6 +547,7 @@ __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, int dim,
                  float *__restrict__ out) {
+  pdl_enter();
   __shared__ float w[kMaxSplits];
   __shared__ float l_sh;
   const int64_t th = blockIdx.x, j = th / n_heads;
@@ -596,8 +600,8 @@ template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-  attend_kernel<KP, VP, DIM, GQ><<<grid, kWarp * kAttnWarps, 0, st>>>(a.c, a.q, a.n_heads, a.q_per_kv, chunks, a.scale2,
-                                                                 a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+  launch_k(attend_kernel<KP, VP, DIM, GQ>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv, chunks,
+           a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
 }
 
 /* Query heads per block: the kv head's q_per_kv rounded up to a power of
@@ -683,16 +687,16 @@ extern "C" rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, c
   if (c->k_bits) {
     const unsigned qt = (unsigned)((c->dim + kWarp - 1) / kWarp * kWarp);
     switch (c->dtype) {
-    case RLM_DTYPE_F16: kv_write_q_kernel<__half><<<grid, qt, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
-    case RLM_DTYPE_BF16: kv_write_q_kernel<__nv_bfloat16><<<grid, qt, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
-    default: kv_write_q_kernel<float><<<grid, qt, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
+    case RLM_DTYPE_F16: launch_k(kv_write_q_kernel<__half>, grid, qt, 0, s, *c, k, v, tok_row, tok_pos); break;
+    case RLM_DTYPE_BF16: launch_k(kv_write_q_kernel<__nv_bfloat16>, grid, qt, 0, s, *c, k, v, tok_row, tok_pos); break;
+    default: launch_k(kv_write_q_kernel<float>, grid, qt, 0, s, *c, k, v, tok_row, tok_pos); break;
     }
     return launched(fn, err);
   }
   switch (c->dtype) {
-  case RLM_DTYPE_F16: kv_write_kernel<__half><<<grid, threads, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
-  case RLM_DTYPE_BF16: kv_write_kernel<__nv_bfloat16><<<grid, threads, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
-  default: kv_write_kernel<float><<<grid, threads, 0, s>>>(*c, k, v, tok_row, tok_pos); break;
+  case RLM_DTYPE_F16: launch_k(kv_write_kernel<__half>, grid, threads, 0, s, *c, k, v, tok_row, tok_pos); break;
+  case RLM_DTYPE_BF16: launch_k(kv_write_kernel<__nv_bfloat16>, grid, threads, 0, s, *c, k, v, tok_row, tok_pos); break;
+  default: launch_k(kv_write_kernel<float>, grid, threads, 0, s, *c, k, v, tok_row, tok_pos); break;
   }
   return launched(fn, err);
 }
@@ -741,7 +745,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   }
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
   if (rc) return rc;
-  merge_kernel<<<(unsigned)((int64_t)n * n_heads), kMergeThreads, 0, s>>>(*c, tok_row, tok_pos, n_heads, part_o,
-                                                                          part_ml, parts, c->dim, out);
+  launch_k(merge_kernel, (unsigned)((int64_t)n * n_heads), kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o,
+           part_ml, parts, c->dim, out);
   return launched("rlm__cuda_attend (merge_kernel)", err);
 }

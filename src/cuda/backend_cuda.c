@@ -297,6 +297,37 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   note(s, rc, &er);
 }
 
+/* Whether k products of one x can be one launch: decode-sized passes of
+ * int8-activation products whose weights agree in what the kernel shares. */
+static bool one_launch(const rlm_session *s, const rlm_linear *const *ls, int k, int64_t n) {
+  if (n > MAX_M || s->p.act_bits != 8) return false;
+  for (int i = 0; i < k; i++) {
+    const rlm_linear *l = ls[i], *l0 = ls[0];
+    if (!l->quant || l->in % 128 || l->in != l0->in || l->q.bits != l0->q.bits ||
+        l->q.group_size != l0->q.group_size || l->q.sdtype != l0->q.sdtype)
+      return false;
+  }
+  return true;
+}
+
+static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x,
+                         int64_t n) {
+  if (skip(s)) return;
+  if (!one_launch(s, ls, k, n)) {
+    for (int i = 0; i < k; i++) cuda_linear(s, ls[i], x, n, ys[i]);
+    return;
+  }
+  cuda_sess *cs = cs_of(s);
+  rlm_error er;
+  rlm_cuda_qmat ws[3];
+  for (int i = 0; i < k; i++) ws[i] = weight_of(s, ls[i]).q;
+  rlm_status rc = q8_of(s, ls[0], x, (int)n, &er);
+  if (!rc) rc = rlm__cuda_qgemv_q8_multi(ws, ys, k, cs->q8, (int)n, cs->st, &er);
+  for (int i = 0; i < k; i++)
+    if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
+  note(s, rc, &er);
+}
+
 static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps) {
   if (skip(s)) return;
   rlm_error er;
@@ -552,6 +583,7 @@ static const rlm_backend backend_cuda = {
     .begin_pass = cuda_begin,
     .embed = cuda_embed,
     .linear = cuda_linear,
+    .linears = cuda_linears,
     .rmsnorm = cuda_rmsnorm,
     .add = cuda_add,
     .add_norm = cuda_add_norm,

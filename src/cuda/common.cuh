@@ -1,15 +1,18 @@
-/* common.cuh -- what the .cu files of src/cuda share: scale loads, the
- * warp's closing sum and store, 16-byte vectors widened to f32, picking a kernel instantiation for a
- * run-time row count and scale dtype, and the one-line error. */
+/* common.cuh -- what the .cu files of src/cuda share: the kernel launch
+ * (programmatic dependent launch), scale loads, the warp's closing sum and
+ * store, 16-byte vectors widened to f32, picking a kernel instantiation
+ * for a run-time row count and scale dtype, and the one-line error. */
 #ifndef RLM_CUDA_COMMON_CUH
 #define RLM_CUDA_COMMON_CUH
 
 #include "cuda_backend.h"
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 namespace rlm_cuda {
@@ -84,6 +87,46 @@ __device__ __forceinline__ void scale_row_f16(const float *__restrict__ xr, int6
   const float down = ldexpf(1.0f, -e);
   for (int64_t i = threadIdx.x; i < cols; i += THREADS) xs[i] = __float2half_rn(xr[i] * down);
   if (threadIdx.x == 0) *back = ldexpf(1.0f, e);
+}
+
+/* PROGRAMMATIC DEPENDENT LAUNCH. Every kernel is launched (launch_k) with
+ * programmatic stream serialization, so that the next kernel of a stream
+ * or graph is scheduled while this one drains: in a decode step of
+ * ~15 small kernels a layer the launch gaps were a large part of the
+ * non-product time. Correctness rests on two rules, kept by every
+ * kernel: it calls pdl_wait() before it reads anything an earlier kernel
+ * wrote, and on every path before it returns (so that its completion
+ * implies its predecessor's, and so on down the chain); only then does it
+ * call pdl_launch(), letting its successor in. Reads of what no kernel
+ * writes (weights) may come before the wait: that is the overlap a
+ * product gains. Launched without the attribute, both are no-ops.
+ * RINGLM_CUDA_PDL=0 launches without it, to compare. */
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch();
+}
+
+inline bool pdl_on() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_PDL");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+/* kernel<<<grid, block, smem, st>>>(args...), with the PDL attribute. The
+ * launch error, if any, is also the one cudaGetLastError() reports next. */
+template <typename... P, typename... A>
+inline cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+  cfg.attrs = at, cfg.numAttrs = pdl_on() ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
 }
 
 /* err = {st, "<fn>: <printf text>"}; returns st. */

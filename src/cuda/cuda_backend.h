@@ -48,6 +48,12 @@ rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t cols, int bit
                                     void *scratch, rlm_cuda_stream stream, rlm_error *err);
 rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
                               rlm_cuda_stream stream, rlm_error *err);
+/* k <= 3 products of the same x in one launch (q, k, v; gate, up): y_i =
+ * x . W_i^T for W_i = ws[i], each y_i [m][ws[i].rows]; the W_i share
+ * cols, bits, group size and scale dtype. Each y_i has the bits the
+ * single product gives. */
+rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch, int m,
+                                    rlm_cuda_stream stream, rlm_error *err);
 
 /* The many-token product (qgemm.cu), for batched decode and prefill:
  * y [m][rows] = x [m][cols] . W^T (f32, device memory) on the tensor

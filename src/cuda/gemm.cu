@@ -36,6 +36,7 @@ constexpr int kThreads = 256;
 
 /* x rounded to bf16 (the activations of a bf16 GEMM). */
 __global__ void round_kernel(const float *__restrict__ x, int64_t n, __nv_bfloat16 *__restrict__ y) {
+  pdl_enter();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
     y[i] = __float2bfloat16_rn(x[i]);
 }
@@ -51,6 +52,7 @@ __global__ void round_kernel(const float *__restrict__ x, int64_t n, __nv_bfloat
 template <int BITS, typename S>
 __global__ void dequant_kernel(const uint32_t *__restrict__ wq, const S *__restrict__ sc, const S *__restrict__ bi,
                                int64_t cols, int gs, __half *__restrict__ out) {
+  pdl_enter();
   constexpr int kPer = 128 / BITS; /* codes a 16-byte vector */
   constexpr uint32_t kMask = (1u << BITS) - 1u;
   const int64_t r = blockIdx.x, vecs = cols / kPer, ng = cols / gs;
@@ -73,11 +75,13 @@ __global__ void dequant_kernel(const uint32_t *__restrict__ wq, const S *__restr
 /* A block a row of x, scaled into f16's range (common.cuh). */
 __global__ void __launch_bounds__(kThreads)
     scale_rows_kernel(const float *__restrict__ x, int64_t cols, __half *__restrict__ xs, float *__restrict__ back) {
+  pdl_enter();
   scale_row_f16<kThreads>(x + (int64_t)blockIdx.x * cols, cols, xs + (int64_t)blockIdx.x * cols, back + blockIdx.x);
 }
 
 /* y[r][o] *= back[r]: a power of two, exact. */
 __global__ void unscale_rows_kernel(float *__restrict__ y, int64_t rows, int64_t m, const float *__restrict__ back) {
+  pdl_enter();
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < rows * m; i += (int64_t)gridDim.x * blockDim.x)
     y[i] *= back[i / rows];
 }
@@ -100,8 +104,8 @@ template <typename S>
 void launch_dequant(const rlm_cuda_qmat *q, __half *out, cudaStream_t st) {
   const S *sc = static_cast<const S *>(q->scales), *bi = static_cast<const S *>(q->biases);
   const unsigned rows = (unsigned)q->rows;
-  if (q->bits == 4) dequant_kernel<4, S><<<rows, kThreads, 0, st>>>(q->wq, sc, bi, q->cols, q->group_size, out);
-  else dequant_kernel<8, S><<<rows, kThreads, 0, st>>>(q->wq, sc, bi, q->cols, q->group_size, out);
+  if (q->bits == 4) launch_k(dequant_kernel<4, S>, rows, kThreads, 0, st, q->wq, sc, bi, q->cols, q->group_size, out);
+  else launch_k(dequant_kernel<8, S>, rows, kThreads, 0, st, q->wq, sc, bi, q->cols, q->group_size, out);
 }
 
 /* W (f16, or MLX-affine dequantized to f16) times x's rows scaled into
@@ -120,14 +124,14 @@ rlm_status gemm_f16(cublasHandle_t h, const rlm_cuda_weight *w, const float *x, 
   } else {
     wd = static_cast<__half *>(const_cast<void *>(w->w));
   }
-  scale_rows_kernel<<<(unsigned)m, kThreads, 0, st>>>(x, w->cols, xs, back);
+  launch_k(scale_rows_kernel, (unsigned)m, kThreads, 0, st, x, w->cols, xs, back);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
   cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)m, (int)w->cols, &one, wd,
                                    CUDA_R_16F, (int)w->cols, xs, CUDA_R_16F, (int)w->cols, &zero, y, CUDA_R_32F,
                                    (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (cs != CUBLAS_STATUS_SUCCESS) return cublas_fail(err, fn, cs);
-  unscale_rows_kernel<<<blocks_for(m * w->rows), kThreads, 0, st>>>(y, w->rows, m, back);
+  launch_k(unscale_rows_kernel, blocks_for(m * w->rows), kThreads, 0, st, y, w->rows, m, back);
   e = cudaGetLastError();
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }
@@ -138,7 +142,7 @@ rlm_status gemm_bf16(cublasHandle_t h, const rlm_cuda_weight *w, const float *x,
   const char *fn = "rlm__cuda_gemm";
   const float one = 1.0f, zero = 0.0f;
   __nv_bfloat16 *xs = static_cast<__nv_bfloat16 *>(scratch);
-  round_kernel<<<blocks_for(m * w->cols), kThreads, 0, st>>>(x, m * w->cols, xs);
+  launch_k(round_kernel, blocks_for(m * w->cols), kThreads, 0, st, x, m * w->cols, xs);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
   cublasStatus_t cs = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->rows, (int)m, (int)w->cols, &one, w->w,

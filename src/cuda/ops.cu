@@ -50,16 +50,24 @@ cudaStream_t stream_of(rlm_cuda_stream st) { return reinterpret_cast<cudaStream_
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
 /* No __restrict__ here: x may be h, y may be x. */
-__global__ void add_kernel(float *x, const float *h, int64_t n) { RLM_GRID_STRIDE(i, n) x[i] = __fadd_rn(x[i], h[i]); }
+__global__ void add_kernel(float *x, const float *h, int64_t n) {
+  pdl_enter();
+  RLM_GRID_STRIDE(i, n) x[i] = __fadd_rn(x[i], h[i]);
+}
 
-__global__ void scale_kernel(float *x, float a, int64_t n) { RLM_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], a); }
+__global__ void scale_kernel(float *x, float a, int64_t n) {
+  pdl_enter();
+  RLM_GRID_STRIDE(i, n) x[i] = __fmul_rn(x[i], a);
+}
 
 __global__ void axpby_kernel(float *y, float a, const float *x, float b, int64_t n) {
+  pdl_enter();
   RLM_GRID_STRIDE(i, n) y[i] = __fadd_rn(__fmul_rn(a, x[i]), __fmul_rn(b, y[i]));
 }
 
 /* forward.c's logits loop: tanhf(x / cap) * cap. */
 __global__ void softcap_kernel(float *x, float cap, int64_t n) {
+  pdl_enter();
   RLM_GRID_STRIDE(i, n) x[i] = __fmul_rn(tanhf(__fdiv_rn(x[i], cap)), cap);
 }
 
@@ -78,6 +86,7 @@ __device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1
 /* Rows in grid.y (strided past kMaxGrid), columns in grid.x. */
 template <bool GELU>
 __global__ void act_mul_kernel(float *y, const float *g, const float *u, int rows, int n, int64_t u_stride) {
+  pdl_enter();
   for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
       const float a = g[r * n + i];
@@ -87,6 +96,7 @@ __global__ void act_mul_kernel(float *y, const float *g, const float *u, int row
 
 /* A negative index gives a row of zeros rather than a read before src. */
 __global__ void gather_rows_kernel(float *dst, const float *src, const int32_t *idx, int n, int64_t width) {
+  pdl_enter();
   for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
     const int32_t r = idx[j];
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < width; i += (int64_t)gridDim.x * blockDim.x)
@@ -130,6 +140,7 @@ __device__ float row_rsqrt(double ss, int n, double eps) {
  * is then the CPU's too. */
 __global__ void __launch_bounds__(kNormThreads)
     rmsnorm_kernel(float *y, const float *x, const float *w, int n, double eps) {
+  pdl_enter();
   const float *xr = x + (int64_t)blockIdx.x * n;
   float *yr = y + (int64_t)blockIdx.x * n;
   double ss = 0;
@@ -151,6 +162,7 @@ __global__ void __launch_bounds__(kNormThreads)
  * once. j in grid.y, i in grid.x. */
 __global__ void rope_angles_kernel(float *cs, int64_t stride, const float *inv_freq, int half, const int64_t *pos,
                                    int n) {
+  pdl_enter();
   for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
     const float p = __ll2float_rn(pos[j]);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < half; i += gridDim.x * blockDim.x) {
@@ -164,6 +176,7 @@ __global__ void rope_angles_kernel(float *cs, int64_t stride, const float *inv_f
 /* rlm__rope: rotate-half, dims i and i + hd/2 a pair; one thread a pair
  * of one head of one token (t over n * heads * hd/2). */
 __global__ void rope_kernel(float *x, int64_t n_pairs, int heads, int hd, const float *cs, int64_t stride) {
+  pdl_enter();
   const int half = hd / 2;
   RLM_GRID_STRIDE(t, n_pairs) {
     const int64_t jh = t / half, j = jh / heads;
@@ -184,6 +197,7 @@ __global__ void rope_kernel(float *x, int64_t n_pairs, int heads, int hd, const 
 template <typename T>
 __global__ void embed_dense_kernel(const T *e, int64_t rows, int64_t cols, const int32_t *ids, int n, float scale,
                                    float *out) {
+  pdl_enter();
   for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
     const int64_t id = ids[j];
     const bool ok = id >= 0 && id < rows;
@@ -198,6 +212,7 @@ __global__ void embed_dense_kernel(const T *e, int64_t rows, int64_t cols, const
 template <int BITS, typename S>
 __global__ void embed_q_kernel(const uint32_t *wq, const S *sc, const S *bi, int64_t rows, int64_t cols, int gs,
                                const int32_t *ids, int n, float scale, float *out) {
+  pdl_enter();
   constexpr int kPer = 32 / BITS;
   constexpr uint32_t kMask = (1u << BITS) - 1u;
   const int64_t words = cols / kPer, ng = cols / gs;
@@ -229,13 +244,16 @@ void launch_embed_q(const rlm_cuda_weight *e, const int32_t *ids, int n, float s
   const S *sc = static_cast<const S *>(q->scales), *bi = static_cast<const S *>(q->biases);
   switch (q->bits) {
   case 2:
-    embed_q_kernel<2, S><<<grid, kThreads, 0, st>>>(q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, out);
+    launch_k(embed_q_kernel<2, S>, grid, kThreads, 0, st, q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale,
+             out);
     break;
   case 4:
-    embed_q_kernel<4, S><<<grid, kThreads, 0, st>>>(q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, out);
+    launch_k(embed_q_kernel<4, S>, grid, kThreads, 0, st, q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale,
+             out);
     break;
   default:
-    embed_q_kernel<8, S><<<grid, kThreads, 0, st>>>(q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, out);
+    launch_k(embed_q_kernel<8, S>, grid, kThreads, 0, st, q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale,
+             out);
     break;
   }
 }
@@ -269,6 +287,7 @@ template <typename T, int M>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
     dense_kernel(const uint4 *__restrict__ w, const float *__restrict__ x, int64_t rows, int64_t cols, int parts,
                  float *__restrict__ y) {
+  pdl_enter();
   constexpr int kVe = 16 / sizeof(T);
   __shared__ float red[kDenseWarps][kDenseRows][M];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
@@ -342,6 +361,7 @@ template <typename T, int M>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
     dense_scalar_kernel(const T *__restrict__ w, const float *__restrict__ x, int64_t rows, int64_t cols,
                         float *__restrict__ y) {
+  pdl_enter();
   const int lane = threadIdx.x % kWarp;
   const int64_t row = (int64_t)blockIdx.x * kDenseWarps + threadIdx.x / kWarp;
   if (row >= rows) return;
@@ -371,15 +391,15 @@ template <typename T, int M>
 void launch_dense_one(const rlm_cuda_weight *wt, const float *x, float *y, bool vec, cudaStream_t st) {
   if (!vec) {
     const unsigned grid = (unsigned)((wt->rows + kDenseWarps - 1) / kDenseWarps);
-    dense_scalar_kernel<T, M>
-        <<<grid, kWarp * kDenseWarps, 0, st>>>(static_cast<const T *>(wt->w), x, wt->rows, wt->cols, y);
+    launch_k(dense_scalar_kernel<T, M>, grid, kWarp * kDenseWarps, 0, st, static_cast<const T *>(wt->w), x, wt->rows,
+             wt->cols, y);
     return;
   }
   const int parts = dense_parts(wt->rows, wt->cols / (16 / (int64_t)sizeof(T)));
   const int64_t groups = (wt->rows + kDenseRows - 1) / kDenseRows, per_block = kDenseWarps / parts;
   const unsigned grid = (unsigned)((groups + per_block - 1) / per_block);
-  dense_kernel<T, M>
-      <<<grid, kWarp * kDenseWarps, 0, st>>>(static_cast<const uint4 *>(wt->w), x, wt->rows, wt->cols, parts, y);
+  launch_k(dense_kernel<T, M>, grid, kWarp * kDenseWarps, 0, st, static_cast<const uint4 *>(wt->w), x, wt->rows,
+           wt->cols, parts, y);
 }
 
 template <typename T>
@@ -399,6 +419,7 @@ bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
  * rereads only the elements it wrote. */
 __global__ void __launch_bounds__(kNormThreads)
     add_norm_kernel(float *x, const float *h, const float *post, const float *w, float *y, int n, double eps) {
+  pdl_enter();
   float *xr = x + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
   const float *hr = h + (int64_t)blockIdx.x * n;
   float rh = 1.0f;
@@ -430,7 +451,7 @@ extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *
   const char *fn = "rlm__cuda_add_norm";
   if (!x || !h || !y || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
   if (rows == 0) return RLM_OK;
-  add_norm_kernel<<<(unsigned)rows, kNormThreads, 0, stream_of(st)>>>(x, h, post, w, y, n, eps);
+  launch_k(add_norm_kernel, (unsigned)rows, kNormThreads, 0, stream_of(st), x, h, post, w, y, n, eps);
   return launched(fn, err);
 }
 
@@ -439,7 +460,7 @@ extern "C" rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w
   const char *fn = "rlm__cuda_rmsnorm";
   if (!y || !x || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
   if (rows == 0) return RLM_OK;
-  rmsnorm_kernel<<<(unsigned)rows, kNormThreads, 0, stream_of(st)>>>(y, x, w, n, eps);
+  launch_k(rmsnorm_kernel, (unsigned)rows, kNormThreads, 0, stream_of(st), y, x, w, n, eps);
   return launched(fn, err);
 }
 
@@ -447,7 +468,7 @@ extern "C" rlm_status rlm__cuda_add(float *x, const float *h, int64_t n, rlm_cud
   const char *fn = "rlm__cuda_add";
   if (!x || !h || n < 0) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n < 0");
   if (n == 0) return RLM_OK;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(x, h, n);
+  launch_k(add_kernel, blocks_for(n), kThreads, 0, stream_of(st), x, h, n);
   return launched(fn, err);
 }
 
@@ -455,7 +476,7 @@ extern "C" rlm_status rlm__cuda_scale(float *x, float a, int64_t n, rlm_cuda_str
   const char *fn = "rlm__cuda_scale";
   if (!x || n < 0) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n < 0");
   if (n == 0) return RLM_OK;
-  scale_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(x, a, n);
+  launch_k(scale_kernel, blocks_for(n), kThreads, 0, stream_of(st), x, a, n);
   return launched(fn, err);
 }
 
@@ -464,7 +485,7 @@ extern "C" rlm_status rlm__cuda_axpby(float *y, float a, const float *x, float b
   const char *fn = "rlm__cuda_axpby";
   if (!y || !x || n < 0) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n < 0");
   if (n == 0) return RLM_OK;
-  axpby_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(y, a, x, b, n);
+  launch_k(axpby_kernel, blocks_for(n), kThreads, 0, stream_of(st), y, a, x, b, n);
   return launched(fn, err);
 }
 
@@ -472,7 +493,7 @@ extern "C" rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda
   const char *fn = "rlm__cuda_softcap";
   if (!x || n < 0 || !(cap > 0)) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or cap <= 0");
   if (n == 0) return RLM_OK;
-  softcap_kernel<<<blocks_for(n), kThreads, 0, stream_of(st)>>>(x, cap, n);
+  launch_k(softcap_kernel, blocks_for(n), kThreads, 0, stream_of(st), x, cap, n);
   return launched(fn, err);
 }
 
@@ -483,8 +504,8 @@ extern "C" rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, con
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
   if (rows == 0 || n == 0) return RLM_OK;
   const dim3 grid = rows_grid(rows, n);
-  if (gelu) act_mul_kernel<true><<<grid, kThreads, 0, stream_of(st)>>>(y, g, u, rows, n, u_stride);
-  else act_mul_kernel<false><<<grid, kThreads, 0, stream_of(st)>>>(y, g, u, rows, n, u_stride);
+  if (gelu) launch_k(act_mul_kernel<true>, grid, kThreads, 0, stream_of(st), y, g, u, rows, n, u_stride);
+  else launch_k(act_mul_kernel<false>, grid, kThreads, 0, stream_of(st), y, g, u, rows, n, u_stride);
   return launched(fn, err);
 }
 
@@ -494,7 +515,7 @@ extern "C" rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const 
   if (!dst || !src || !idx || n < 0 || width < 0)
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
   if (n == 0 || width == 0) return RLM_OK;
-  gather_rows_kernel<<<rows_grid(n, width), kThreads, 0, stream_of(st)>>>(dst, src, idx, n, width);
+  launch_k(gather_rows_kernel, rows_grid(n, width), kThreads, 0, stream_of(st), dst, src, idx, n, width);
   return launched(fn, err);
 }
 
@@ -506,7 +527,7 @@ extern "C" rlm_status rlm__cuda_rope_angles(float *cs, int64_t stride, const flo
   if (!cs || !inv_freq || !pos || half < 0 || n < 0 || (n > 1 && stride < 2 * (int64_t)half))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape or stride < 2 * half");
   if (n == 0 || half == 0) return RLM_OK;
-  rope_angles_kernel<<<rows_grid(n, half), kThreads, 0, stream_of(st)>>>(cs, stride, inv_freq, half, pos, n);
+  launch_k(rope_angles_kernel, rows_grid(n, half), kThreads, 0, stream_of(st), cs, stride, inv_freq, half, pos, n);
   return launched(fn, err);
 }
 
@@ -517,7 +538,7 @@ extern "C" rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const f
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape, odd head dim %d or stride < it", hd);
   const int64_t pairs = (int64_t)n * heads * (hd / 2);
   if (pairs == 0) return RLM_OK;
-  rope_kernel<<<blocks_for(pairs), kThreads, 0, stream_of(st)>>>(x, pairs, heads, hd, cs, stride);
+  launch_k(rope_kernel, blocks_for(pairs), kThreads, 0, stream_of(st), x, pairs, heads, hd, cs, stride);
   return launched(fn, err);
 }
 
@@ -550,16 +571,16 @@ extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *i
   const dim3 grid = rows_grid(n, e->cols);
   switch (e->dtype) {
   case RLM_DTYPE_F16:
-    embed_dense_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __half *>(e->w), e->rows, e->cols, ids, n, scale,
-                                                 out);
+    launch_k(embed_dense_kernel<__half>, grid, kThreads, 0, s, static_cast<const __half *>(e->w), e->rows, e->cols, ids,
+             n, scale, out);
     break;
   case RLM_DTYPE_BF16:
-    embed_dense_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16 *>(e->w), e->rows, e->cols, ids, n,
-                                                 scale, out);
+    launch_k(embed_dense_kernel<__nv_bfloat16>, grid, kThreads, 0, s, static_cast<const __nv_bfloat16 *>(e->w), e->rows,
+             e->cols, ids, n, scale, out);
     break;
   default:
-    embed_dense_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float *>(e->w), e->rows, e->cols, ids, n, scale,
-                                                 out);
+    launch_k(embed_dense_kernel<float>, grid, kThreads, 0, s, static_cast<const float *>(e->w), e->rows, e->cols, ids,
+             n, scale, out);
     break;
   }
   return launched(fn, err);

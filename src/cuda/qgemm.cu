@@ -375,7 +375,8 @@ __device__ __forceinline__ void compute_slice(float (&acc)[kMTiles][NT][4], cons
 constexpr int kScaleThreads = 256;
 __global__ void __launch_bounds__(kScaleThreads)
     scale_rows_kernel(const float *__restrict__ x, int64_t cols, __half *__restrict__ xs, float *__restrict__ back) {
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  pdl_launch(); /* the product's blocks come in now and load codes (common.cuh) */
+  pdl_wait();
   scale_row_f16<kScaleThreads>(x + (int64_t)blockIdx.x * cols, cols, xs + (int64_t)blockIdx.x * cols,
                                back + blockIdx.x);
 }
@@ -555,7 +556,7 @@ extern "C" rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, in
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   __half *xs = static_cast<__half *>(scratch);
   float *back = reinterpret_cast<float *>(static_cast<char *>(scratch) + x_bytes(m, w->cols));
-  scale_rows_kernel<<<(unsigned)m, kScaleThreads, 0, st>>>(x, w->cols, xs, back);
+  launch_k(scale_rows_kernel, (unsigned)m, kScaleThreads, 0, st, x, w->cols, xs, back);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
   const Args a = {reinterpret_cast<const uint8_t *>(w->wq), w->scales, w->biases, xs, back, y, m, w->rows,

@@ -44,6 +44,7 @@ template <int BITS, int M, typename T>
 __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
     qgemv_kernel(const uint32_t *__restrict__ wq, const T *__restrict__ sc, const T *__restrict__ bi,
                  const float *__restrict__ x, int64_t rows, int64_t cols, int group_size, float *__restrict__ y) {
+  pdl_enter();
   constexpr int kPer = 32 / BITS; /* codes per word */
   constexpr uint32_t kMask = (1u << BITS) - 1u;
   const int lane = threadIdx.x % kWarp;
@@ -102,9 +103,8 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
 template <int BITS, int M, typename T>
 void launch_one(const rlm_cuda_qmat *w, const float *x, float *y, cudaStream_t st) {
   const dim3 block(kWarp * kWarpsPerBlock), grid((unsigned)((w->rows + kRowsPerBlock - 1) / kRowsPerBlock));
-  qgemv_kernel<BITS, M, T><<<grid, block, 0, st>>>(w->wq, static_cast<const T *>(w->scales),
-                                                   static_cast<const T *>(w->biases), x, w->rows, w->cols,
-                                                   w->group_size, y);
+  launch_k(qgemv_kernel<BITS, M, T>, grid, block, 0, st, w->wq, static_cast<const T *>(w->scales),
+           static_cast<const T *>(w->biases), x, w->rows, w->cols, w->group_size, y);
 }
 
 template <int BITS, typename T>

@@ -59,12 +59,40 @@ __host__ __device__ inline size_t row_bytes(int64_t cols, int g) {
   return ((size_t)cols + 4 * (size_t)(cols / 32) + 4 * (size_t)(cols / g) + 15) & ~(size_t)15;
 }
 
+/* THE PRODUCTS OF ONE INPUT. q, k and v (and gate and up) multiply the same
+ * x; one launch over their rows in turn saves two launches a layer and
+ * gives Llama's k and v (1024 rows) and Gemma's small matrices full
+ * grids. Segment i's rows are the blocks [first_block[i],
+ * first_block[i+1]) of the grid; same cols, bits, group and scale dtype. */
+constexpr int kMaxSegs = 3;
+struct Seg {
+  const uint4 *wq;
+  const void *sc, *bi;
+  float *y;
+  int64_t rows;
+};
+struct Segs {
+  Seg s[kMaxSegs];
+  int64_t first_block[kMaxSegs + 1];
+  int n;
+};
+
+/* The segment block b falls in, and b's index inside it. */
+__device__ __forceinline__ const Seg &seg_of(const Segs &p, int64_t *b) {
+  int i = 0;
+#pragma unroll
+  for (int k = 1; k < kMaxSegs; k++) i += k < p.n && *b >= p.first_block[k];
+  *b -= p.first_block[i];
+  return p.s[i];
+}
+
 /* One warp a weight group of x (g / 32 blocks in turn, lane i taking
  * element i of each), so that xsum is one warp's sum, in a fixed order:
  * a replay gives the same bits. */
 template <int BITS>
 __global__ void quantize_kernel(const float *__restrict__ x, int64_t cols, int g, int64_t n_groups_all,
                                 uint8_t *__restrict__ scratch) {
+  pdl_enter();
   const int lane = threadIdx.x % kWarp;
   const int64_t gid = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; /* over all rows */
   if (gid >= n_groups_all) return;
@@ -95,11 +123,16 @@ __global__ void quantize_kernel(const float *__restrict__ x, int64_t cols, int g
  * ones (half a block), with their xq, both coalesced. */
 template <int BITS, int M, typename T>
 __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
-    qgemv_q8_kernel(const uint4 *__restrict__ wq, const T *__restrict__ sc, const T *__restrict__ bi,
-                    const uint8_t *__restrict__ scratch, int64_t rows, int64_t cols, int g, float *__restrict__ y) {
+    qgemv_q8_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
+  pdl_enter();
   constexpr int kCodes = 128 / BITS;
   const int lane = threadIdx.x % kWarp;
-  const int64_t row0 = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
+  int64_t blk = blockIdx.x;
+  const Seg &sg = seg_of(segs, &blk);
+  const uint4 *__restrict__ wq = sg.wq;
+  const T *__restrict__ sc = static_cast<const T *>(sg.sc), *__restrict__ bi = static_cast<const T *>(sg.bi);
+  float *__restrict__ y = sg.y;
+  const int64_t rows = sg.rows, row0 = (blk * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
   if (row0 >= rows) return;
   const int n_rows = rows - row0 < kRowsPerWarp ? (int)(rows - row0) : kRowsPerWarp;
   const int64_t n_vec = cols / kCodes, n_groups = cols / g;
@@ -183,16 +216,37 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
  * whose block starts group g. */
 template <int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
-    qgemv_q4_xreg_kernel(const uint4 *__restrict__ wq, const T *__restrict__ sc, const T *__restrict__ bi,
-                         const uint8_t *__restrict__ scratch, int64_t rows, int64_t cols, int g,
-                         float *__restrict__ y) {
+    qgemv_q4_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
-  const int64_t row0 = (int64_t)blockIdx.x * R, n_vec = cols / 32, n_groups = cols / g;
+  int64_t blk = blockIdx.x;
+  const Seg &sg = seg_of(segs, &blk);
+  const uint4 *__restrict__ wq = sg.wq;
+  const T *__restrict__ sc = static_cast<const T *>(sg.sc), *__restrict__ bi = static_cast<const T *>(sg.bi);
+  float *__restrict__ y = sg.y;
+  const int64_t rows = sg.rows, row0 = blk * R, n_vec = cols / 32, n_groups = cols / g;
   const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
+  int64_t vec[PP]; /* an idle lane (the last pass may cover fewer than 32 blocks) reads block 0, weighed by 0 */
+#pragma unroll
+  for (int p = 0; p < PP; p++) {
+    const int64_t v = (int64_t)(warp + p * W) * kWarp + lane;
+    vec[p] = v < n_vec ? v : 0;
+  }
+  uint4 wv[R][PP];
+  float s[R][PP], b[R][PP];
+#pragma unroll
+  for (int r = 0; r < R; r++) /* the weights first, R * PP vectors in flight while the kernel */
+                               /* before (x's quantization) drains: no kernel writes them (PDL) */
+#pragma unroll
+    for (int p = 0; p < PP; p++) {
+      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
+      wv[r][p] = __ldcs(wq + row * n_vec + vec[p]);
+      s[r][p] = to_f32(__ldg(sc + row * n_groups + vec[p] * 32 / g));
+      b[r][p] = to_f32(__ldg(bi + row * n_groups + vec[p] * 32 / g));
+    }
+  pdl_enter();
   int xe[PP][4], xo[PP][4];
   float dx[PP], xs[PP];
-  int64_t vec[PP];
 #pragma unroll
   for (int p = 0; p < PP; p++) {
     const int64_t v = (int64_t)(warp + p * W) * kWarp + lane, c0 = v * 32;
@@ -202,19 +256,7 @@ __global__ void __launch_bounds__(kWarp * 8)
     xe[p][0] = a.x, xe[p][1] = a.z, xe[p][2] = b.x, xe[p][3] = b.z;
     xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
     dx[p] = in ? __ldg(dq + v) : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
-    vec[p] = in ? v : 0; /* an idle lane reads block 0 and weighs it by 0 */
   }
-  uint4 wv[R][PP];
-  float s[R][PP], b[R][PP];
-#pragma unroll
-  for (int r = 0; r < R; r++) /* every load first: R * PP vectors in flight */
-#pragma unroll
-    for (int p = 0; p < PP; p++) {
-      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
-      wv[r][p] = __ldcs(wq + row * n_vec + vec[p]);
-      s[r][p] = to_f32(__ldg(sc + row * n_groups + vec[p] * 32 / g));
-      b[r][p] = to_f32(__ldg(bi + row * n_groups + vec[p] * 32 / g));
-    }
 #pragma unroll
   for (int r = 0; r < R; r++) {
     float acc = 0.f;
@@ -254,38 +296,46 @@ int xreg_passes(const rlm_cuda_qmat *w, int m) {
   return 0;
 }
 
+/* The segments of k products of one x, rows_per_block rows a block. */
+Segs make_segs(const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t rows_per_block) {
+  Segs p = {};
+  p.n = k;
+  for (int i = 0; i < k; i++) {
+    p.s[i] = {reinterpret_cast<const uint4 *>(ws[i].wq), ws[i].scales, ws[i].biases, ys[i], ws[i].rows};
+    p.first_block[i + 1] = p.first_block[i] + (ws[i].rows + rows_per_block - 1) / rows_per_block;
+  }
+  return p;
+}
+
 template <typename T>
-void launch_xreg(const rlm_cuda_qmat *w, int pp, const void *scratch, float *y, cudaStream_t st) {
-  const dim3 block((unsigned)(kWarp * ((w->cols + 1023) / 1024 / pp))), grid((unsigned)((w->rows + kXregRows - 1) / kXregRows));
-  const uint4 *wq = reinterpret_cast<const uint4 *>(w->wq);
-  const T *sc = static_cast<const T *>(w->scales), *bi = static_cast<const T *>(w->biases);
-  const uint8_t *x = static_cast<const uint8_t *>(scratch);
-  if (pp == 1) qgemv_q4_xreg_kernel<1, kXregRows, T><<<grid, block, 0, st>>>(wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
-  else if (pp == 2) qgemv_q4_xreg_kernel<2, kXregRows, T><<<grid, block, 0, st>>>(wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
-  else qgemv_q4_xreg_kernel<4, kXregRows, T><<<grid, block, 0, st>>>(wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
+void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
+  const Segs p = make_segs(ws, ys, k, kXregRows);
+  const int64_t cols = ws[0].cols;
+  const int g = ws[0].group_size;
+  const dim3 block((unsigned)(kWarp * ((cols + 1023) / 1024 / pp))), grid((unsigned)p.first_block[k]);
+  if (pp == 1) launch_k(qgemv_q4_xreg_kernel<1, kXregRows, T>, grid, block, 0, st, p, x, cols, g);
+  else if (pp == 2) launch_k(qgemv_q4_xreg_kernel<2, kXregRows, T>, grid, block, 0, st, p, x, cols, g);
+  else launch_k(qgemv_q4_xreg_kernel<4, kXregRows, T>, grid, block, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int M, typename T>
-void launch_one(const rlm_cuda_qmat *w, const void *scratch, float *y, cudaStream_t st) {
-  const dim3 block(kWarp * kWarpsPerBlock), grid((unsigned)((w->rows + kRowsPerBlock - 1) / kRowsPerBlock));
-  qgemv_q8_kernel<BITS, M, T><<<grid, block, 0, st>>>(reinterpret_cast<const uint4 *>(w->wq),
-                                                      static_cast<const T *>(w->scales),
-                                                      static_cast<const T *>(w->biases),
-                                                      static_cast<const uint8_t *>(scratch), w->rows, w->cols,
-                                                      w->group_size, y);
+void launch_one(const Segs &p, const uint8_t *x, int64_t cols, int g, cudaStream_t st) {
+  const dim3 block(kWarp * kWarpsPerBlock), grid((unsigned)p.first_block[p.n]);
+  launch_k(qgemv_q8_kernel<BITS, M, T>, grid, block, 0, st, p, x, cols, g);
 }
 
 template <int BITS, typename T>
-void launch_m(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cudaStream_t st) {
-#define RLM_ONE(MM) launch_one<BITS, MM, T>(w, scratch, y, st)
+void launch_m(const Segs &p, const uint8_t *x, int64_t cols, int g, int m, cudaStream_t st) {
+#define RLM_ONE(MM) launch_one<BITS, MM, T>(p, x, cols, g, st)
   RLM_CUDA_FOR_M(m, RLM_ONE)
 #undef RLM_ONE
 }
 
 template <int BITS>
-void launch_bits(const rlm_cuda_qmat *w, const void *scratch, int m, float *y, cudaStream_t st) {
-#define RLM_T(T) launch_m<BITS, T>(w, scratch, m, y, st)
-  RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+void launch_bits(const rlm_cuda_qmat *ws, float *const *ys, int k, const uint8_t *x, int m, cudaStream_t st) {
+  const Segs p = make_segs(ws, ys, k, kRowsPerBlock);
+#define RLM_T(T) launch_m<BITS, T>(p, x, ws[0].cols, ws[0].group_size, m, st)
+  RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
 }
 
@@ -296,6 +346,16 @@ bool shape_ok(int64_t cols, int bits, int g) {
 
 rlm_status cuda_status(cudaError_t e, const char *fn, rlm_error *err) {
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
+
+/* One product's checks; *fn names the caller in the message. */
+rlm_status check_w(const rlm_cuda_qmat *w, const char *fn, rlm_error *err) {
+  if (!w->wq || !w->scales || !w->biases) return fail(err, RLM_ERR_INVALID, fn, "NULL weight arrays");
+  if (!shape_ok(w->cols, w->bits, w->group_size) || w->rows < 1 ||
+      (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32))
+    return fail(err, w->bits == 4 || w->bits == 8 ? RLM_ERR_INVALID : RLM_ERR_UNSUPPORTED, fn,
+                "4- or 8-bit weights, group 32/64/128, cols a multiple of 128, f16/bf16/f32 scales are needed");
+  return RLM_OK;
 }
 
 } // namespace
@@ -315,32 +375,45 @@ extern "C" rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t co
   const int warps = 8;
   const unsigned grid = (unsigned)((n_groups_all + warps - 1) / warps);
   uint8_t *out = static_cast<uint8_t *>(scratch);
-  if (bits == 4) quantize_kernel<4><<<grid, warps * kWarp, 0, st>>>(x, cols, group_size, n_groups_all, out);
-  else quantize_kernel<8><<<grid, warps * kWarp, 0, st>>>(x, cols, group_size, n_groups_all, out);
+  if (bits == 4) launch_k(quantize_kernel<4>, grid, warps * kWarp, 0, st, x, cols, group_size, n_groups_all, out);
+  else launch_k(quantize_kernel<8>, grid, warps * kWarp, 0, st, x, cols, group_size, n_groups_all, out);
   const cudaError_t e = cudaGetLastError();
   return cuda_status(e, fn, err);
 }
 
-extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
-                                        rlm_cuda_stream stream, rlm_error *err) {
+
+extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k,
+                                              const void *scratch, int m, rlm_cuda_stream stream, rlm_error *err) {
   const char *fn = "rlm__cuda_qgemv_q8";
-  if (!w || !scratch || !y || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
-  if (!shape_ok(w->cols, w->bits, w->group_size) || w->rows < 1 ||
-      (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32))
-    return fail(err, w->bits == 4 || w->bits == 8 ? RLM_ERR_INVALID : RLM_ERR_UNSUPPORTED, fn,
-                "4- or 8-bit weights, group 32/64/128, cols a multiple of 128, f16/bf16/f32 scales are needed");
+  if (!ws || !ys || !scratch || m < 1 || m > 8 || k < 1 || k > kMaxSegs)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m outside [1, 8] or k outside [1, %d]", kMaxSegs);
+  for (int i = 0; i < k; i++) {
+    if (!ys[i]) return fail(err, RLM_ERR_INVALID, fn, "NULL output %d", i);
+    rlm_status rc = check_w(&ws[i], fn, err);
+    if (rc) return rc;
+    if (ws[i].cols != ws[0].cols || ws[i].bits != ws[0].bits || ws[i].group_size != ws[0].group_size ||
+        ws[i].sdtype != ws[0].sdtype)
+      return fail(err, RLM_ERR_INVALID, fn, "product %d differs from the first in cols, bits, group or scales", i);
+  }
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const uint8_t *x = static_cast<const uint8_t *>(scratch);
   static int no_xreg = -1; /* RLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare (docs/cuda-notes.md) */
   if (no_xreg < 0) no_xreg = getenv("RLM_CUDA_Q8_NO_XREG") != NULL;
-  const int pp = no_xreg ? 0 : xreg_passes(w, m);
+  const int pp = no_xreg ? 0 : xreg_passes(&ws[0], m);
   if (pp) {
-#define RLM_T(T) launch_xreg<T>(w, pp, scratch, y, st)
-    RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+#define RLM_T(T) launch_xreg<T>(ws, ys, k, pp, x, st)
+    RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
-  } else if (w->bits == 4) {
-    launch_bits<4>(w, scratch, m, y, st);
+  } else if (ws[0].bits == 4) {
+    launch_bits<4>(ws, ys, k, x, m, st);
   } else {
-    launch_bits<8>(w, scratch, m, y, st);
+    launch_bits<8>(ws, ys, k, x, m, st);
   }
   return cuda_status(cudaGetLastError(), fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
+                                        rlm_cuda_stream stream, rlm_error *err) {
+  if (!w || !y) return fail(err, RLM_ERR_INVALID, "rlm__cuda_qgemv_q8", "NULL argument");
+  return rlm__cuda_qgemv_q8_multi(w, &y, 1, scratch, m, stream, err);
 }

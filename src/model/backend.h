@@ -38,6 +38,9 @@ struct rlm_backend {
   void (*embed)(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, float scale, float *out);
   /* y [n][out] = x [n][in] . W^T (int8 activations when p.act_bits 8). */
   void (*linear)(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y);
+  /* k <= 3 products of one x (q, k, v; gate, up): ys[i] = x W_i^T, as k
+   * calls of linear give them; a device may launch them as one. */
+  void (*linears)(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x, int64_t n);
   /* rows of n floats: y = w * x / rms(x); w NULL: unweighted; y may be x */
   void (*rmsnorm)(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps);
   void (*add)(rlm_session *s, float *x, const float *h, size_t n);            /* x += h     */

@@ -30,6 +30,16 @@ static void lin(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, 
   s->be->linear(s, l, x, n, y);
 }
 
+/* ys[i] = x W_i^T for k products of one x; the backend may launch them
+ * as one (its linears op), else they run in turn. */
+static void lins(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x, int64_t n) {
+  if (s->be->linears) {
+    s->be->linears(s, ls, ys, k, x, n);
+    return;
+  }
+  for (int i = 0; i < k; i++) lin(s, ls[i], x, n, ys[i]);
+}
+
 /* x += h, or x += rmsnorm(h) with Gemma's post-norms. */
 static void add_residual(rlm_session *s, const float *post_norm, int n, int H, double eps) {
   if (post_norm) s->be->rmsnorm(s, s->h, s->h, post_norm, n, H, eps);
@@ -53,10 +63,13 @@ static void project_qkv(rlm_session *s, int li, int n) {
   const int hd = c->layer_head_dim[li], nkv = c->layer_kv_heads[li];
   const bool own = c->kv_donor[li] < 0;
   const double eps = c->rms_eps;
-  lin(s, &L->wq, s->h, n, s->q);
-  if (own) lin(s, &L->wk, s->h, n, s->k);
-  if (own && L->wv.out) lin(s, &L->wv, s->h, n, s->v);
-  else if (own) be->copy(s, s->v, s->k, (size_t)n * nkv * hd); /* k_eq_v: V = raw K */
+  const rlm_linear *ls[3] = {&L->wq};
+  float *ys[3] = {s->q};
+  int k = 1;
+  if (own) ls[k] = &L->wk, ys[k++] = s->k;
+  if (own && L->wv.out) ls[k] = &L->wv, ys[k++] = s->v;
+  lins(s, ls, ys, k, s->h, n);
+  if (own && !L->wv.out) be->copy(s, s->v, s->k, (size_t)n * nkv * hd); /* k_eq_v: V = raw K */
   if (L->q_norm) be->rmsnorm(s, s->q, s->q, L->q_norm, n * c->n_heads, hd, eps);
   if (own && L->k_norm) be->rmsnorm(s, s->k, s->k, L->k_norm, n * nkv, hd, eps);
   if (own && c->v_norm) be->rmsnorm(s, s->v, s->v, NULL, n * nkv, hd, eps);
@@ -91,8 +104,9 @@ static bool mlp_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
   const int H = c->hidden, I = c->layer_inter[li];
-  lin(s, &L->gate, s->h, n, s->g);
-  lin(s, &L->up, s->h, n, s->u);
+  const rlm_linear *gu[2] = {&L->gate, &L->up};
+  float *gu_out[2] = {s->g, s->u};
+  lins(s, gu, gu_out, 2, s->h, n);
   s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) s->be->moe(s, li, n);

@@ -228,6 +228,64 @@ TEST(q8_matches_reference) {
   check_q8_case(33, 8192, 4, 128, RLM_DTYPE_F32, 1);
 }
 
+/* Products of one x in one launch (q, k, v): each output has the bits
+ * the single product gives, and nothing past its rows is written. */
+static void check_multi_case(const int64_t *rows, int k, int64_t cols, int bits, rlm_dtype sd, int m) {
+  const int g = 64;
+  qm q[3];
+  rlm_cuda_qmat ws[3];
+  float *one[3], *many[3];
+  size_t ybytes[3];
+  const size_t sb = rlm__cuda_q8act_bytes(cols, g, m);
+  float *x = malloc((size_t)m * (size_t)cols * 4);
+  for (int64_t i = 0; i < m * cols; i++) x[i] = rndf();
+  float *dx = dev_copy(x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice);
+  void *dsc = dev_poisoned(sb);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_q8act_quantize(dx, m, cols, bits, g, dsc, NULL, &err), RLM_OK);
+  for (int i = 0; i < k; i++) {
+    qm_make(&q[i], rows[i], cols, bits, g, sd);
+    ws[i] = q[i].d;
+    ybytes[i] = (size_t)m * (size_t)rows[i] * 4;
+    one[i] = dev_poisoned(ybytes[i] + 64), many[i] = dev_poisoned(ybytes[i] + 64); /* 64: the guard */
+    CHECK_EQ(rlm__cuda_qgemv_q8(&ws[i], dsc, m, one[i], NULL, &err), RLM_OK);
+  }
+  CHECK_EQ(rlm__cuda_qgemv_q8_multi(ws, many, k, dsc, m, NULL, &err), RLM_OK);
+  CU(cudaDeviceSynchronize());
+  int64_t differ = 0;
+  for (int i = 0; i < k; i++) {
+    unsigned char *a = malloc(ybytes[i] + 64), *b = malloc(ybytes[i] + 64);
+    CU(cudaMemcpy(a, one[i], ybytes[i] + 64, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(b, many[i], ybytes[i] + 64, cudaMemcpyDeviceToHost));
+    differ += memcmp(a, b, ybytes[i] + 64) != 0; /* the guards are both still poison */
+    free(a), free(b);
+    cudaFree(one[i]), cudaFree(many[i]);
+    qm_free(&q[i]);
+  }
+  test_note("multi: %d products of %lld cols, %d-bit, %s scales, m %d: %lld differ", k, (long long)cols, bits,
+            rlm_dtype_name(sd), m, (long long)differ);
+  CHECK_EQ(differ, 0);
+  cudaFree(dx), cudaFree(dsc);
+  free(x);
+}
+
+TEST(multi_equals_single) {
+  const int64_t qkv[3] = {1029, 256, 67}, gu[2] = {6912, 6912};
+  check_multi_case(qkv, 3, 1152, 4, RLM_DTYPE_BF16, 1); /* decode's x-in-registers kernel */
+  check_multi_case(qkv, 3, 4096, 4, RLM_DTYPE_F16, 1);
+  check_multi_case(qkv, 3, 1152, 4, RLM_DTYPE_BF16, 3); /* the general kernel */
+  check_multi_case(qkv, 3, 1152, 8, RLM_DTYPE_F32, 1);
+  check_multi_case(gu, 2, 1152, 4, RLM_DTYPE_BF16, 1);
+  check_multi_case(gu, 1, 640, 8, RLM_DTYPE_BF16, 8);
+  rlm_cuda_qmat w[2] = {{(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 4, 64},
+                        {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 640, 4, 64}};
+  float *ys[2] = {(float *)16, (float *)16};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qgemv_q8_multi(w, ys, 2, (const void *)16, 1, NULL, &err), RLM_ERR_INVALID);
+  CHECK(strstr(err.msg, "differs") != NULL);
+  CHECK_EQ(rlm__cuda_qgemv_q8_multi(w, ys, 4, (const void *)16, 1, NULL, &err), RLM_ERR_INVALID);
+}
+
 TEST(refuses_what_it_lacks) {
   rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 3, 64};
   rlm_error err = {0};
@@ -599,6 +657,7 @@ int main(int argc, char **argv) {
   if (skip >= 0) return skip;
   RUN(matches_reference);
   RUN(q8_matches_reference);
+  RUN(multi_equals_single);
   RUN(refuses_what_it_lacks);
   RUN(qgemm_matches_reference);
   RUN(qgemm_dequantizes_exactly);
