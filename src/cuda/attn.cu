@@ -256,6 +256,12 @@ __device__ __forceinline__ void group_params(float wmin, float wmax, int bits, f
   const float q0 = roundf(__fdiv_rn(edge, s));
   *scale = q0 == 0.0f ? s : __fdiv_rn(edge, q0);
   *bias = q0 == 0.0f ? 0.0f : edge;
+  /* A group holding an infinity (an f16 cache fed values past 65504) gets
+   * inf / inf here: a NaN scale. The GPU makes that NaN as 0x7fffffff,
+   * x86's SSE and AVX (the CPU quantizer) as 0xffc00000, and since the
+   * inputs' NaNs never reach the scale (min and max skip them), that is
+   * the only NaN the CPU stores: write its bits (H200 run, 2026-12-02). */
+  if (isnan(*scale)) *scale = __uint_as_float(0xffc00000u);
 }
 
 __device__ __forceinline__ uint32_t quant_code(float x, float scale, float bias, float n_bins) {
