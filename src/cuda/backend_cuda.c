@@ -25,9 +25,10 @@
  * THE PRODUCTS. Up to GEMM_MIN tokens (decode steps, small batches): our
  * matrix-vector kernels, which read each weight once per MAX_M rows; int8
  * activations (--act-bits 8) are quantized once for the products that
- * share an input (q, k, v; gate, up). Past GEMM_MIN: MLX weights up to
- * QGEMM_MAX tokens the tensor-core GEMM that reads their codes once
- * (qgemm.cu), the rest cuBLAS (gemm.cu).
+ * share an input (q, k, v; gate, up), and past MAX_M up to I8_MAX tokens
+ * go to the int8 tensor cores (qgemm_i8.cu). Otherwise, past GEMM_MIN:
+ * MLX weights up to QGEMM_MAX tokens the f16 tensor-core GEMM that reads
+ * their codes once (qgemm.cu), the rest cuBLAS (gemm.cu).
  *
  * SNAPSHOTS go through the host: row_out copies each cache's live slots
  * (cuda_sess.top says which a ring still holds) into host caches of the
@@ -51,13 +52,15 @@
 #include <stdlib.h>
 
 /* LOGIT_ROWS: wanted logits per lm_head product; MAX_M: rows of x a
- * matrix-vector kernel reads W once for; GEMM_MIN: passes of more tokens
+ * matrix-vector kernel reads W once for; with int8 activations, passes of
+ * MAX_M + 1 to I8_MAX tokens take the int8 tensor-core product
+ * (qgemm_i8.cu: batched decode); otherwise GEMM_MIN: passes of more tokens
  * than this take a GEMM instead: up to QGEMM_MAX tokens, MLX weights our
  * tensor-core one that reads the codes (qgemm.cu: 2-4x gemm.cu's path at
  * 32-64 tokens on the H200, slower at 512), else cuBLAS's. Passes past
  * GEMM_MIN are never captured in a graph (graph_shape), so a replayed
  * step runs the kernels the same step without a graph runs. */
-enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128 };
+enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128, I8_MAX = 128, I8_DEFAULT = 32 };
 
 /* ---- the model's weights on the device ------------------------------------ */
 
@@ -175,6 +178,7 @@ typedef struct cuda_sess {
   void *q8, *att_scratch;
   rlm_cuda_blas blas;         /* cuBLAS, for passes past GEMM_MIN tokens  */
   void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
+  float *i8_part;             /* qgemm_i8's split-K partials (I8_MAX rows) */
   /* the activations q8 holds (reused by the next product on the same x:
    * q, k and v; gate and up); any other op forgets them */
   const float *q8_x;
@@ -259,6 +263,19 @@ static rlm_status q8_of(rlm_session *s, const rlm_linear *l, const float *x, int
   return rc;
 }
 
+/* Tokens up to which the int8 tensor-core product runs (I8_MAX at most;
+ * RINGLM_CUDA_I8_MAX=n, to compare: docs/cuda-notes.md). */
+static int64_t g_i8_max;
+static void read_i8_max(void) {
+  const char *e = getenv("RINGLM_CUDA_I8_MAX");
+  g_i8_max = e ? RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e)) : I8_DEFAULT;
+}
+static int64_t i8_max(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_i8_max);
+  return g_i8_max;
+}
+
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
  * int8-activation product where the CPU would use it, else f32; more than
  * GEMM_MIN rows (prefill, large batches): qgemm or cuBLAS (see the top). */
@@ -268,6 +285,14 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
   rlm_status rc = RLM_OK;
+  const bool q8 = l->quant && s->p.act_bits == 8 && l->in % 128 == 0;
+  if (q8 && n > MAX_M && n <= i8_max() && cs->i8_part) {
+    rc = q8_of(s, l, x, (int)n, &er);
+    if (!rc) rc = rlm__cuda_qgemm_i8(&w.q, cs->q8, n, y, cs->i8_part, cs->st, &er);
+    if (y == cs->q8_x) cs->q8_x = NULL;
+    note(s, rc, &er);
+    return;
+  }
   if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && l->quant && l->in % 64 == 0) {
     cs->q8_x = NULL;
     note(s, rlm__cuda_qgemm(&w.q, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
@@ -278,7 +303,6 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
     note(s, rlm__cuda_gemm(cs->blas, &w, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
     return;
   }
-  const bool q8 = l->quant && s->p.act_bits == 8 && l->in % 128 == 0;
   if (!q8 || n > MAX_M) cs->q8_x = NULL; /* the memo covers one group of rows */
   for (int64_t r0 = 0; !rc && r0 < n; r0 += MAX_M) {
     const int m = (int)RLM_MIN((int64_t)MAX_M, n - r0);
@@ -746,11 +770,13 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
                                          (int64_t)c->n_heads * c->max_head_dim),
                                  (int64_t)c->moe_inter);
   size_t q8 = 0;
-  for (int g = 32; g <= 128; g *= 2) q8 = RLM_MAX(q8, rlm__cuda_q8act_bytes(in_max, g, MAX_M));
+  const int q8_rows = s->p.act_bits == 8 ? (int)RLM_MIN((int64_t)I8_MAX, (int64_t)N) : MAX_M;
+  for (int g = 32; g <= 128; g *= 2) q8 = RLM_MAX(q8, rlm__cuda_q8act_bytes(in_max, g, RLM_MAX(q8_rows, MAX_M)));
   size_t att = 0; /* the split count depends on the pass's tokens: the most any pass needs */
   for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
   e = cudaMalloc(&cs->q8, q8);
   if (e == cudaSuccess) e = cudaMalloc(&cs->att_scratch, att);
+  if (e == cudaSuccess && q8_rows > MAX_M) e = cudaMalloc((void **)&cs->i8_part, rlm__cuda_qgemm_i8_part_bytes(q8_rows));
   if (e == cudaSuccess && c->n_experts) {
     e = cudaMalloc((void **)&cs->moe_dev, moe_parts(c, N, NULL, NULL) * sizeof(float));
     if (e == cudaSuccess) e = cudaMallocHost((void **)&cs->moe_logit, N * (size_t)c->n_experts * sizeof(float));
@@ -792,7 +818,7 @@ static void cuda_fini(rlm_session *s) {
   if (!cs) return;
   if (cs->st) cudaStreamSynchronize(cs->st);
   for (int i = 0; i < cs->n_graphs; i++) cudaGraphExecDestroy(cs->graphs[i].exec);
-  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch);
+  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch), cudaFree(cs->i8_part);
   cudaFree(cs->gemm_scratch);
   if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
   cudaFreeHost(cs->h_plan), cudaFreeHost(cs->moe_logit), cudaFree(cs->moe_dev);

@@ -41,8 +41,9 @@ rlm_status rlm__cuda_qgemv(const rlm_cuda_qmat *w, const float *x, int m, float 
  * x [m][cols] f32 quantized once per block of 32 into scratch (bytes from
  * rlm__cuda_q8act_bytes, device memory), then any number of products with
  * weights of that cols, bits and group size. Bits 4 and 8, groups 32/64/
- * 128, cols a multiple of 128, m <= 8. Equal to rlm__qmv_q8_ref up to the
- * order of f32 additions (the activations' bytes are the CPU's). */
+ * 128, cols a multiple of 128, m <= 8 for the product (the quantization
+ * takes any m). Equal to rlm__qmv_q8_ref up to the order of f32 additions
+ * (the activations' bytes are the CPU's). */
 size_t rlm__cuda_q8act_bytes(int64_t cols, int group_size, int m);
 rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t cols, int bits, int group_size,
                                     void *scratch, rlm_cuda_stream stream, rlm_error *err);
@@ -54,6 +55,16 @@ rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m
  * single product gives. */
 rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch, int m,
                                     rlm_cuda_stream stream, rlm_error *err);
+
+/* The same product for any m (qgemm_i8.cu: int8 tensor cores, for 9..128
+ * tokens): xq8 from rlm__cuda_q8act_quantize for m rows, part device
+ * memory of rlm__cuda_qgemm_i8_part_bytes(m) (split-K partials), y [m]
+ * [rows]. Bits 4 and 8, groups 32/64/128, cols a multiple of 128.
+ * Equal to rlm__qmv_q8_ref up to the order of f32 additions; the launch
+ * configuration depends only on the shapes (graph-safe). */
+size_t rlm__cuda_qgemm_i8_part_bytes(int64_t m);
+rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m, float *y, float *part,
+                              rlm_cuda_stream stream, rlm_error *err);
 
 /* The many-token product (qgemm.cu), for batched decode and prefill:
  * y [m][rows] = x [m][cols] . W^T (f32, device memory) on the tensor

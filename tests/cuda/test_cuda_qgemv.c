@@ -152,6 +152,15 @@ TEST(matches_reference) {
   check_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 3);  /* Gemma's width */
 }
 
+/* rlm__qmv_q8_ref of one row xr of x: the CPU's activation bytes into
+ * cpu (rlm__q8act_bytes(cols)), its group sums into xs, y into out. */
+static void q8_ref_row(const qm *q, const float *xr, int64_t cols, int bits, int g, void *cpu, float *xs, float *out) {
+  if (bits == 4) rlm__q8act_quantize_ref(xr, cols, cpu);
+  else rlm__q8act_quantize_w8_ref(xr, cols, cpu);
+  rlm__group_sums(xr, 1, cols, g, xs);
+  rlm__qmv_q8_ref(&q->h, cpu, xs, 0, q->h.rows, out);
+}
+
 /* The int8-activation product against rlm__qmv_q8_ref, and the GPU's
  * activation bytes against the CPU's (the same codes, block scales). */
 static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
@@ -177,11 +186,7 @@ static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
   int64_t bad_codes = 0, bad_d = 0;
   double worst, mx;
   for (int r = 0; r < m; r++) {
-    const float *xr = x + r * cols;
-    if (bits == 4) rlm__q8act_quantize_ref(xr, cols, cpu);
-    else rlm__q8act_quantize_w8_ref(xr, cols, cpu);
-    rlm__group_sums(xr, 1, cols, g, xs);
-    rlm__qmv_q8_ref(&q.h, cpu, xs, 0, rows, ref + r * rows);
+    q8_ref_row(&q, x + r * cols, cols, bits, g, cpu, xs, ref + r * rows);
     const int8_t *gq = (const int8_t *)(gs + r * rb);
     const float *gd = (const float *)(gs + r * rb + cols);
     const float *cd = bits == 4 ? (const float *)((const char *)cpu + cols) + (cols / 128) * 16
@@ -226,6 +231,58 @@ TEST(q8_matches_reference) {
   check_q8_case(1031, 6912, 4, 64, RLM_DTYPE_BF16, 1);
   check_q8_case(5, 640, 4, 32, RLM_DTYPE_F16, 1);
   check_q8_case(33, 8192, 4, 128, RLM_DTYPE_F32, 1);
+}
+
+/* The int8 tensor-core product for 9..128 tokens (qgemm_i8.cu) against
+ * rlm__qmv_q8_ref, row by row of x, with the CPU's activation bytes. */
+static void check_i8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  const size_t sb = rlm__cuda_q8act_bytes(cols, g, m), pb = rlm__cuda_qgemm_i8_part_bytes(m);
+  float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)(cols / g) * 4);
+  float *ref = malloc((size_t)m * (size_t)rows * 4), *got = malloc((size_t)m * (size_t)rows * 4);
+  void *cpu = malloc(rlm__q8act_bytes(cols));
+  for (int64_t i = 0; i < m * cols; i++) x[i] = rndf() * (i % 7 == 3 ? 4.0f : 1.0f);
+  float *dx = dev_copy(x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice);
+  float *dy = dev_poisoned((size_t)m * (size_t)rows * 4), *dp = dev_poisoned(pb);
+  void *dsc = dev_poisoned(sb);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_q8act_quantize(dx, m, cols, bits, g, dsc, NULL, &err), RLM_OK);
+  const rlm_status rc = rlm__cuda_qgemm_i8(&q.d, dsc, m, dy, dp, NULL, &err);
+  test_note("i8: %lld x %lld, %d-bit g%d, %s scales, m %d: %s", (long long)rows, (long long)cols, bits, g,
+            rlm_dtype_name(sd), m, err.msg);
+  CHECK_EQ(rc, RLM_OK);
+  CU(cudaDeviceSynchronize());
+  CU(cudaMemcpy(got, dy, (size_t)m * (size_t)rows * 4, cudaMemcpyDeviceToHost));
+  for (int r = 0; r < m; r++) q8_ref_row(&q, x + r * cols, cols, bits, g, cpu, xs, ref + r * rows);
+  double worst, mx;
+  const int64_t bad = count_off(got, ref, m * rows, &worst, &mx);
+  test_note("i8: %lld x %lld, %d-bit g%d, %s scales, m %d: %lld of %lld off (worst %.3g of %.3g)", (long long)rows,
+            (long long)cols, bits, g, rlm_dtype_name(sd), m, (long long)bad, (long long)(m * rows), worst, mx);
+  CHECK_EQ(bad, 0);
+  cudaFree(dx), cudaFree(dy), cudaFree(dp), cudaFree(dsc);
+  free(x), free(xs), free(ref), free(got), free(cpu);
+  qm_free(&q);
+}
+
+TEST(qgemm_i8_matches_reference) {
+  static const rlm_dtype sds[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
+  static const int ms[] = {9, 16, 17, 31, 33, 64, 100, 128};
+  int n = 0;
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int g = 32; g <= 128; g *= 2)
+      for (int s = 0; s < 3; s++) {
+        check_i8_case(67, 640, bits, g, sds[s], ms[n % 8]); /* 67: a partial row tile; 640: 5 chunks */
+        n++;
+      }
+  for (int i = 0; i < 8; i++) check_i8_case(1029, 4096, 4, 64, RLM_DTYPE_BF16, ms[i]); /* split-K */
+  check_i8_case(4096, 14336, 4, 64, RLM_DTYPE_BF16, 32);
+  check_i8_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 64); /* Gemma's head width */
+  rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 576, 4, 64};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qgemm_i8(&w, (const void *)16, 9, (float *)16, (float *)16, NULL, &err), RLM_ERR_INVALID);
+  w.cols = 512, w.bits = 6;
+  CHECK_EQ(rlm__cuda_qgemm_i8(&w, (const void *)16, 9, (float *)16, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
 }
 
 /* Products of one x in one launch (q, k, v): each output has the bits
@@ -591,6 +648,34 @@ static double time_qgemm(const shape *sh, int m, cublasHandle_t blas) {
   return us;
 }
 
+typedef struct i8_call {
+  int m;
+  void *q8;
+  float *part;
+} i8_call;
+
+static rlm_status call_i8(const timed *t, const rlm_cuda_qmat *w, void *ctx, rlm_error *err) {
+  const i8_call *c = ctx;
+  return rlm__cuda_qgemm_i8(w, c->q8, c->m, t->dy, c->part, NULL, err);
+}
+
+/* Median microseconds of one rlm__cuda_qgemm_i8 product (x quantized once,
+ * outside the timing, as a pass does for the products sharing it). */
+static double time_i8(const shape *sh, int m) {
+  timed t;
+  timed_make(&t, sh, m);
+  i8_call c = {m, NULL, NULL};
+  rlm_error err;
+  CU(cudaMalloc(&c.q8, rlm__cuda_q8act_bytes(sh->cols, 64, m)));
+  CU(cudaMalloc((void **)&c.part, rlm__cuda_qgemm_i8_part_bytes(m)));
+  if (rlm__cuda_q8act_quantize(t.dx, m, sh->cols, sh->bits, 64, c.q8, NULL, &err))
+    fprintf(stderr, "%s\n", err.msg), exit(1);
+  const double us = median_us(&t, call_i8, &c);
+  cudaFree(c.q8), cudaFree(c.part);
+  timed_free(&t);
+  return us;
+}
+
 /* Llama-3.1-8B's products over many tokens: the tensor-core kernel, GB/s
  * of codes + scales + biases and TFLOP/s, against the cuBLAS path. */
 static void bench_qgemm(void) {
@@ -598,20 +683,22 @@ static void bench_qgemm(void) {
       {"llama8b q|o", 4096, 4096, 4, 0},       {"llama8b gate|up", 14336, 4096, 4, 0},
       {"llama8b down", 4096, 14336, 4, 0},     {"llama8b head (8-bit)", 128256, 4096, 8, 0},
   };
-  static const int ms[] = {32, 64, 512};
+  static const int ms[] = {16, 32, 64, 128, 512};
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) fprintf(stderr, "cublasCreate failed\n"), exit(1);
   printf("\nmany tokens (rlm__cuda_qgemm; g64, bf16 scales)\n");
-  printf("%-22s %5s %4s %10s %9s %9s %12s %8s\n", "product", "bits", "m", "us", "GB/s", "TFLOP/s", "cuBLAS us",
-         "speedup");
+  printf("%-22s %5s %4s %10s %9s %9s %12s %8s %10s %9s\n", "product", "bits", "m", "us", "GB/s", "TFLOP/s",
+         "cuBLAS us", "speedup", "int8 us", "GB/s");
   for (size_t i = 0; i < sizeof llama / sizeof *llama; i++)
     for (size_t k = 0; k < sizeof ms / sizeof *ms; k++) {
       const shape *sh = &llama[i];
       const int m = ms[k];
       const double bytes = (double)sh->rows * (double)sh->cols * sh->bits / 8 + 4.0 * (double)sh->rows * (sh->cols / 64);
       const double us = time_qgemm(sh, m, NULL), ref_us = time_qgemm(sh, m, blas);
-      printf("%-22s %5d %4d %10.1f %9.0f %9.1f %12.1f %7.2fx\n", sh->name, sh->bits, m, us, bytes / (us * 1e3),
-             2.0 * m * (double)sh->rows * (double)sh->cols / (us * 1e6), ref_us, ref_us / us);
+      const double i8 = time_i8(sh, m); /* qgemm_i8.cu (int8 x): decode batches */
+      printf("%-22s %5d %4d %10.1f %9.0f %9.1f %12.1f %7.2fx %10.1f %9.0f\n", sh->name, sh->bits, m, us,
+             bytes / (us * 1e3), 2.0 * m * (double)sh->rows * (double)sh->cols / (us * 1e6), ref_us, ref_us / us, i8,
+             i8 > 0 ? bytes / (i8 * 1e3) : 0.0);
     }
   cublasDestroy(blas);
 }
@@ -658,6 +745,7 @@ int main(int argc, char **argv) {
   RUN(matches_reference);
   RUN(q8_matches_reference);
   RUN(multi_equals_single);
+  RUN(qgemm_i8_matches_reference);
   RUN(refuses_what_it_lacks);
   RUN(qgemm_matches_reference);
   RUN(qgemm_dequantizes_exactly);

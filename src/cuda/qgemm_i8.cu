@@ -1,0 +1,354 @@
+/* qgemm_i8.cu -- MLX-affine 4- and 8-bit weights times int8 activations for
+ * 9..128 tokens on the tensor cores: batched decode with --act-bits 8.
+ *
+ * Why: past 8 rows of x the matrix-vector kernels (qgemv_q8.cu) read W
+ * once per 8 rows, and qgemm.cu's f16 product spends ~4 f32 instructions
+ * dequantizing each weight. With x already int8 (the CPU's --act-bits 8
+ * format, rlm__cuda_q8act_quantize), the codes go to the tensor cores as
+ * they are: mma.sync m16n8k32 multiplies unsigned 8-bit codes by signed
+ * 8-bit activations into exact s32 sums, one block of 32 columns at a
+ * time, and a 4-bit word costs two logic ops (the even and odd nibbles).
+ *
+ * NUMERICS: rlm__qmv_q8_ref's, up to the order of the f32 additions:
+ *
+ *   y[t][o] = sum_b (d_tb * s_og(b)) * isum_tob + sum_g b_og * xsum_tg
+ *
+ * with isum the exact integer dot of block b. The activations' bytes are
+ * the GEMV's (same scratch), so batched and one-row products agree.
+ *
+ * FRAGMENTS. m16n8k32 with 8-bit A (row-major 16 x 32) gives lane (g =
+ * lane / 4, t = lane % 4) the k quads {4t..4t+3} (a0: row g, a1: row g+8)
+ * and {16+4t..} (a2, a3); B (32 x 8) the same quads of token g (b0, b1).
+ * The k order inside a block is free as long as A and B agree, so for
+ * 4-bit codes lane t takes word t of the block (codes 8t..8t+7): its low
+ * nibbles (codes 8t, 8t+2, 8t+4, 8t+6) are a0's quad and its high ones
+ * a2's, which is exactly the order of the scratch's 4-bit layout (each 8
+ * activations stored evens then odds): b0 and b1 are one 8-byte read.
+ * 8-bit codes and activations are both in natural order.
+ *
+ * TILING. A block (4 warps) computes 64 weight rows (16 a warp) x BN = 8
+ * NT tokens (16 or 32; more tokens take more token tiles); K moves in chunks of 128 columns (4 blocks of 32) through a
+ * ring of kStages shared-memory stages filled by cp.async: codes, xq,
+ * the chunk's 4 block scales d and its group sums of x per token. Rows
+ * of codes and of xq are padded so that the fragment reads hit 32
+ * distinct banks. The weights' scales and biases are read from global
+ * memory (4 lanes of a quad share each). SPLIT-K: where row and token
+ * tiles are too few to fill the SMs (4096 rows are 64 tiles), S = 2..8
+ * blocks share a tile, each a run of chunks, and write f32 partials that
+ * a second kernel adds in a fixed order (a replay gives the same bits).
+ *
+ * PDL: the codes of the first stages are requested before the wait for
+ * the kernel that quantized x (common.cuh).
+ */
+#include "common.cuh"
+
+#include <cuda_runtime.h>
+
+namespace {
+
+using namespace rlm_cuda;
+
+constexpr int kThreads = 128; /* 4 warps */
+constexpr int kBM = 64;       /* weight rows per block: 16 a warp */
+constexpr int kChunk = 128;   /* columns per stage: 4 blocks of 32 */
+constexpr int kStages = 4;
+constexpr int kTarget = 264;  /* blocks wanted: two per SM of an H200 */
+constexpr int kMaxSplit = 8;
+
+template <int BITS, int NT>
+struct Cfg {
+  static constexpr int kBN = 8 * NT;
+  static constexpr int kCodeBytes = kChunk * BITS / 8;          /* one row's codes in a chunk */
+  static constexpr int kARow = kCodeBytes + 16;                 /* padded: 20 or 36 words, conflict-free */
+  static constexpr int kBRow = BITS == 4 ? kChunk + 32 : kChunk + 16; /* 8- or 4-byte reads, conflict-free */
+  static constexpr int kA = kBM * kARow, kB = kBN * kBRow, kD = kBN * 16, kS = kBN * 16;
+  static constexpr int kStage = kA + kB + kD + kS;
+  static constexpr int kSmem = kStages * kStage;
+  static_assert(kStage % 16 == 0, "16-byte aligned stages");
+};
+
+struct Args {
+  const uint8_t *wq;   /* codes [rows][cols * bits / 8] */
+  const void *sc, *bi; /* [rows][cols / g] */
+  const uint8_t *x;    /* the q8 scratch: per token xq [cols] | d [cols/32] | xsum [cols/g] */
+  size_t x_row;        /* bytes per token of the scratch */
+  float *y;            /* [m][rows], or the partials [S][m][rows] */
+  int64_t m, rows;
+  int cols, g;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+/* 4, 8 or 16 bytes: a chunk's group sums at g = 128, 64, 32. */
+__device__ __forceinline__ void cp_sums(void *dst, const void *src, int g) {
+  if (g == 32) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+  else if (g == 64) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_stages() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
+}
+
+/* d = a . b over one block of 32 columns: unsigned codes, signed activations. */
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%10,%10,%10,%10};\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+/* The codes of chunk c for the block's rows (clamped to the last row). */
+template <int BITS, int NT>
+__device__ __forceinline__ void load_codes(const Args &p, int64_t row0, int c, uint8_t *st) {
+  using C = Cfg<BITS, NT>;
+  constexpr int kPer = C::kCodeBytes / 16; /* 16-byte pieces a row */
+  const size_t wrow = (size_t)p.cols * BITS / 8;
+  for (int i = threadIdx.x; i < kBM * kPer; i += kThreads) {
+    const int r = i / kPer, piece = i % kPer;
+    const int64_t row = row0 + r < p.rows ? row0 + r : p.rows - 1;
+    cp16(st + r * C::kARow + piece * 16, p.wq + (size_t)row * wrow + (size_t)c * C::kCodeBytes + piece * 16);
+  }
+}
+
+/* xq, the block scales and the group sums of chunk c for the block's tokens. */
+template <int BITS, int NT>
+__device__ __forceinline__ void load_x(const Args &p, int64_t tok0, int c, uint8_t *st) {
+  using C = Cfg<BITS, NT>;
+  uint8_t *xs = st + C::kA, *ds = xs + C::kB, *ss = ds + C::kD;
+  for (int i = threadIdx.x; i < C::kBN * 8; i += kThreads) {
+    const int n = i / 8, piece = i % 8;
+    const int64_t tok = tok0 + n < p.m ? tok0 + n : p.m - 1;
+    cp16(xs + n * C::kBRow + piece * 16, p.x + (size_t)tok * p.x_row + (size_t)c * kChunk + piece * 16);
+  }
+  for (int n = threadIdx.x; n < C::kBN; n += kThreads) {
+    const int64_t tok = tok0 + n < p.m ? tok0 + n : p.m - 1;
+    const uint8_t *base = p.x + (size_t)tok * p.x_row + p.cols;
+    cp16(ds + n * 16, base + (size_t)c * 16);
+    cp_sums(ss + n * 16, base + (size_t)(p.cols / 32) * 4 + (size_t)c * (kChunk / p.g) * 4, p.g);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float ld_scale(const void *a, size_t i) {
+  return to_f32(__ldg(static_cast<const T *>(a) + i));
+}
+
+/* The scales and biases of chunk c's groups (gpc of them; the rest of
+ * the 4 repeat group 0) for rows ra and rb. */
+template <typename T>
+__device__ __forceinline__ void load_sb(const Args &p, int64_t ra, int64_t rb, int c, int ng, int gpc, float *sa,
+                                        float *sb, float *ba, float *bb) {
+#pragma unroll
+  for (int q = 0; q < 4; q++) {
+    const int qq = q < gpc ? q : 0;
+    const size_t ga = (size_t)ra * ng + (size_t)c * gpc + qq, gb = (size_t)rb * ng + (size_t)c * gpc + qq;
+    sa[q] = ld_scale<T>(p.sc, ga), sb[q] = ld_scale<T>(p.sc, gb);
+    ba[q] = ld_scale<T>(p.bi, ga), bb[q] = ld_scale<T>(p.bi, gb);
+  }
+}
+
+/* Block (token tile, row tile, split z). */
+template <int BITS, int NT, typename T>
+__global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
+  using C = Cfg<BITS, NT>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
+  /* token tiles vary fastest: the blocks reading a row tile's codes run
+   * together, so all but the first read them from the L2 */
+  const int64_t row0 = (int64_t)blockIdx.y * kBM, tok0 = (int64_t)blockIdx.x * C::kBN;
+  const int n_chunks = p.cols / kChunk, S = (int)gridDim.z, z = (int)blockIdx.z;
+  const int c0 = z * n_chunks / S, c1 = (z + 1) * n_chunks / S;
+
+  /* The weights of the first stages, then (PDL) x once it is written. */
+  for (int s = 0; s < kStages - 1; s++)
+    if (c0 + s < c1) load_codes<BITS, NT>(p, row0, c0 + s, smem + s * C::kStage);
+  pdl_enter();
+  for (int s = 0; s < kStages - 1; s++) {
+    if (c0 + s < c1) load_x<BITS, NT>(p, tok0, c0 + s, smem + s * C::kStage);
+    cp_commit();
+  }
+
+  /* This lane's two weight rows (clamped for the scale reads). */
+  const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
+  const int64_t rac = ra < p.rows ? ra : p.rows - 1, rbc = rb < p.rows ? rb : p.rows - 1;
+  const int ng = p.cols / p.g, gpc = kChunk / p.g; /* groups a row, groups a chunk (1, 2 or 4) */
+  float acc[NT][4];
+#pragma unroll
+  for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float nsa[4], nsb[4], nba[4], nbb[4]; /* scales and biases: a chunk ahead, their latency hidden */
+  if (c0 < c1) load_sb<T>(p, rac, rbc, c0, ng, gpc, nsa, nsb, nba, nbb);
+
+  for (int c = c0; c < c1; c++) {
+    cp_wait_stages();
+    __syncthreads();
+    const int nxt = c + kStages - 1; /* into the stage every warp finished with (the barrier above) */
+    if (nxt < c1) {
+      uint8_t *st = smem + ((nxt - c0) % kStages) * C::kStage;
+      load_codes<BITS, NT>(p, row0, nxt, st);
+      load_x<BITS, NT>(p, tok0, nxt, st);
+    }
+    cp_commit();
+    const uint8_t *st = smem + ((c - c0) % kStages) * C::kStage;
+    const uint8_t *as = st + (warp * 16 + g8) * C::kARow, *xs = st + C::kA;
+    const float *ds = reinterpret_cast<const float *>(st + C::kA + C::kB);
+    const float *ss = ds + C::kBN * 4;
+    float sa[4], sb[4], ba[4], bb[4]; /* this chunk's groups of the two rows; the next chunk's requested */
+#pragma unroll
+    for (int q = 0; q < 4; q++) sa[q] = nsa[q], sb[q] = nsb[q], ba[q] = nba[q], bb[q] = nbb[q];
+    if (c + 1 < c1) load_sb<T>(p, rac, rbc, c + 1, ng, gpc, nsa, nsb, nba, nbb);
+    float4 dv[NT][2]; /* the block scales of tokens 2t and 2t+1 of each n-tile, blocks 0..3 */
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+      dv[nt][0] = reinterpret_cast<const float4 *>(ds)[nt * 8 + 2 * t],
+      dv[nt][1] = reinterpret_cast<const float4 *>(ds)[nt * 8 + 2 * t + 1];
+#pragma unroll
+    for (int j = 0; j < 4; j++) { /* the chunk's blocks of 32 */
+      uint32_t a0, a1, a2, a3;
+      if (BITS == 4) {
+        const uint32_t wa = *reinterpret_cast<const uint32_t *>(as + j * 16 + 4 * t);
+        const uint32_t wb = *reinterpret_cast<const uint32_t *>(as + 8 * C::kARow + j * 16 + 4 * t);
+        a0 = wa & 0x0F0F0F0Fu, a2 = (wa >> 4) & 0x0F0F0F0Fu;
+        a1 = wb & 0x0F0F0F0Fu, a3 = (wb >> 4) & 0x0F0F0F0Fu;
+      } else {
+        a0 = *reinterpret_cast<const uint32_t *>(as + j * 32 + 4 * t);
+        a2 = *reinterpret_cast<const uint32_t *>(as + j * 32 + 16 + 4 * t);
+        a1 = *reinterpret_cast<const uint32_t *>(as + 8 * C::kARow + j * 32 + 4 * t);
+        a3 = *reinterpret_cast<const uint32_t *>(as + 8 * C::kARow + j * 32 + 16 + 4 * t);
+      }
+      const int q = j * 32 / p.g; /* the group of block j inside the chunk */
+      const float s_a = q == 0 ? sa[0] : q == 1 ? sa[1] : q == 2 ? sa[2] : sa[3];
+      const float s_b = q == 0 ? sb[0] : q == 1 ? sb[1] : q == 2 ? sb[2] : sb[3];
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        const uint8_t *xr = xs + (nt * 8 + g8) * C::kBRow + j * 32;
+        uint32_t b0, b1;
+        if (BITS == 4) {
+          const uint2 v = *reinterpret_cast<const uint2 *>(xr + 8 * t);
+          b0 = v.x, b1 = v.y;
+        } else {
+          b0 = *reinterpret_cast<const uint32_t *>(xr + 4 * t);
+          b1 = *reinterpret_cast<const uint32_t *>(xr + 16 + 4 * t);
+        }
+        int d[4];
+        mma_u8s8(d, a0, a1, a2, a3, b0, b1);
+        const float4 &e0 = dv[nt][0], &e1 = dv[nt][1];
+        const float d0 = j == 0 ? e0.x : j == 1 ? e0.y : j == 2 ? e0.z : e0.w;
+        const float d1 = j == 0 ? e1.x : j == 1 ? e1.y : j == 2 ? e1.z : e1.w;
+        acc[nt][0] = fmaf((float)d[0], d0 * s_a, acc[nt][0]);
+        acc[nt][1] = fmaf((float)d[1], d1 * s_a, acc[nt][1]);
+        acc[nt][2] = fmaf((float)d[2], d0 * s_b, acc[nt][2]);
+        acc[nt][3] = fmaf((float)d[3], d1 * s_b, acc[nt][3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) /* the bias term, once per group */
+      for (int q = 0; q < gpc; q++) {
+        const float x0 = ss[(nt * 8 + 2 * t) * 4 + q], x1 = ss[(nt * 8 + 2 * t + 1) * 4 + q];
+        const float b_a = q == 0 ? ba[0] : q == 1 ? ba[1] : q == 2 ? ba[2] : ba[3];
+        const float b_b = q == 0 ? bb[0] : q == 1 ? bb[1] : q == 2 ? bb[2] : bb[3];
+        acc[nt][0] = fmaf(b_a, x0, acc[nt][0]), acc[nt][1] = fmaf(b_a, x1, acc[nt][1]);
+        acc[nt][2] = fmaf(b_b, x0, acc[nt][2]), acc[nt][3] = fmaf(b_b, x1, acc[nt][3]);
+      }
+  }
+
+  float *out = p.y + (size_t)z * (size_t)p.m * (size_t)p.rows; /* split z's partials (z = 0: y itself) */
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int64_t tok = tok0 + nt * 8 + 2 * t + (e & 1), row = e < 2 ? ra : rb;
+      if (tok < p.m && row < p.rows) out[tok * p.rows + row] = acc[nt][e];
+    }
+}
+
+/* y = the sum of S partials [S][n], in split order. */
+__global__ void add_splits_kernel(const float *__restrict__ part, int S, int64_t n, float *__restrict__ y) {
+  pdl_enter();
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    float s = part[i];
+    for (int z = 1; z < S; z++) s += part[(size_t)z * (size_t)n + (size_t)i];
+    y[i] = s;
+  }
+}
+
+/* Splits of K: doubled while the grid is under kTarget blocks and each
+ * split keeps 2 chunks at least. */
+int pick_splits(int64_t blocks, int n_chunks) {
+  int s = 1;
+  while (s < kMaxSplit && blocks * s < kTarget && n_chunks / (2 * s) >= 2) s *= 2;
+  return s;
+}
+
+template <int BITS, int NT, typename T>
+cudaError_t launch(const Args &a, int S, cudaStream_t st) {
+  using C = Cfg<BITS, NT>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)((a.rows + kBM - 1) / kBM), (unsigned)S);
+  return launch_k(qgemm_i8_kernel<BITS, NT, T>, grid, dim3(kThreads), C::kSmem, st, a);
+}
+
+template <int BITS, typename T>
+cudaError_t launch_nt(const Args &a, int nt, int S, cudaStream_t st) {
+  return nt == 2 ? launch<BITS, 2, T>(a, S, st) : launch<BITS, 4, T>(a, S, st);
+}
+
+template <typename T>
+cudaError_t launch_bits(const Args &a, int bits, int nt, int S, cudaStream_t st) {
+  return bits == 4 ? launch_nt<4, T>(a, nt, S, st) : launch_nt<8, T>(a, nt, S, st);
+}
+
+/* Tokens per block (8 NT) for m tokens: more token tiles rather than
+ * wider ones past 32 (measured: 8 n-tiles a warp ran at half the speed
+ * per token of 4, register-bound at 186 a thread). */
+int pick_nt(int64_t m) { return m <= 16 ? 2 : 4; }
+
+} // namespace
+
+extern "C" size_t rlm__cuda_qgemm_i8_part_bytes(int64_t m) {
+  /* S row tiles stay under 2 kTarget (pick_splits), so S * rows <= 2 kTarget kBM */
+  return (size_t)2 * kTarget * kBM * (size_t)m * sizeof(float);
+}
+
+extern "C" rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m, float *y, float *part,
+                                        rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_qgemm_i8";
+  if (!w || !xq8 || !y || !part || m < 1 || w->rows < 1 || !w->wq || !w->scales || !w->biases)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m < 1 or rows < 1");
+  if (w->bits != 4 && w->bits != 8)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights are not supported (4 and 8 are)", w->bits);
+  if ((w->group_size != 32 && w->group_size != 64 && w->group_size != 128) || w->cols % kChunk || w->cols > INT32_MAX)
+    return fail(err, RLM_ERR_INVALID, fn, "group %d for %lld columns (32, 64, 128; cols a multiple of %d)",
+                w->group_size, (long long)w->cols, kChunk);
+  if (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "scale dtype %d (f16, bf16 and f32 are supported)", (int)w->sdtype);
+  if ((reinterpret_cast<uintptr_t>(w->wq) | reinterpret_cast<uintptr_t>(xq8)) & 15)
+    return fail(err, RLM_ERR_INVALID, fn, "codes and the activations' scratch must be 16-byte aligned");
+  const int nt = pick_nt(m);
+  const int64_t tiles = (w->rows + kBM - 1) / kBM, tok_tiles = (m + 8 * nt - 1) / (8 * nt);
+  if (tiles > 65535 || tok_tiles > INT32_MAX)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "a product of %lld x %lld rows is past the grid's limits", (long long)m,
+                (long long)w->rows);
+  const int S = pick_splits(tiles * tok_tiles, (int)(w->cols / kChunk));
+  if ((size_t)S * (size_t)m * (size_t)w->rows * sizeof(float) > rlm__cuda_qgemm_i8_part_bytes(m) && S > 1)
+    return fail(err, RLM_ERR_INTERNAL, fn, "partials of %d splits past the scratch", S);
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const Args a = {reinterpret_cast<const uint8_t *>(w->wq), w->scales, w->biases, static_cast<const uint8_t *>(xq8),
+                  rlm__cuda_q8act_bytes(w->cols, w->group_size, 1), S > 1 ? part : y, m, w->rows, (int)w->cols,
+                  w->group_size};
+  cudaError_t e = cudaSuccess;
+#define RLM_T(T) e = launch_bits<T>(a, w->bits, nt, S, st)
+  RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+#undef RLM_T
+  if (e == cudaSuccess && S > 1) {
+    const int64_t n = m * w->rows;
+    const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    e = launch_k(add_splits_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, S, n, y);
+  }
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
