@@ -179,8 +179,6 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   float acc[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
-  float nsa[4], nsb[4], nba[4], nbb[4]; /* scales and biases: a chunk ahead, their latency hidden */
-  if (c0 < c1) load_sb<T>(p, rac, rbc, c0, ng, gpc, nsa, nsb, nba, nbb);
 
   for (int c = c0; c < c1; c++) {
     cp_wait_stages();
@@ -196,15 +194,8 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
     const uint8_t *as = st + (warp * 16 + g8) * C::kARow, *xs = st + C::kA;
     const float *ds = reinterpret_cast<const float *>(st + C::kA + C::kB);
     const float *ss = ds + C::kBN * 4;
-    float sa[4], sb[4], ba[4], bb[4]; /* this chunk's groups of the two rows; the next chunk's requested */
-#pragma unroll
-    for (int q = 0; q < 4; q++) sa[q] = nsa[q], sb[q] = nsb[q], ba[q] = nba[q], bb[q] = nbb[q];
-    if (c + 1 < c1) load_sb<T>(p, rac, rbc, c + 1, ng, gpc, nsa, nsb, nba, nbb);
-    float4 dv[NT][2]; /* the block scales of tokens 2t and 2t+1 of each n-tile, blocks 0..3 */
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-      dv[nt][0] = reinterpret_cast<const float4 *>(ds)[nt * 8 + 2 * t],
-      dv[nt][1] = reinterpret_cast<const float4 *>(ds)[nt * 8 + 2 * t + 1];
+    float sa[4], sb[4], ba[4], bb[4]; /* this chunk's groups of the two rows */
+    load_sb<T>(p, rac, rbc, c, ng, gpc, sa, sb, ba, bb);
 #pragma unroll
     for (int j = 0; j < 4; j++) { /* the chunk's blocks of 32 */
       uint32_t a0, a1, a2, a3;
@@ -235,9 +226,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
         }
         int d[4];
         mma_u8s8(d, a0, a1, a2, a3, b0, b1);
-        const float4 &e0 = dv[nt][0], &e1 = dv[nt][1];
-        const float d0 = j == 0 ? e0.x : j == 1 ? e0.y : j == 2 ? e0.z : e0.w;
-        const float d1 = j == 0 ? e1.x : j == 1 ? e1.y : j == 2 ? e1.z : e1.w;
+        const float d0 = ds[(nt * 8 + 2 * t) * 4 + j], d1 = ds[(nt * 8 + 2 * t + 1) * 4 + j];
         acc[nt][0] = fmaf((float)d[0], d0 * s_a, acc[nt][0]);
         acc[nt][1] = fmaf((float)d[1], d1 * s_a, acc[nt][1]);
         acc[nt][2] = fmaf((float)d[2], d0 * s_b, acc[nt][2]);
@@ -304,8 +293,9 @@ cudaError_t launch_bits(const Args &a, int bits, int nt, int S, cudaStream_t st)
 }
 
 /* Tokens per block (8 NT) for m tokens: more token tiles rather than
- * wider ones past 32 (measured: 8 n-tiles a warp ran at half the speed
- * per token of 4, register-bound at 186 a thread). */
+ * wider ones past 32 (8 n-tiles a warp took 186 registers a thread and
+ * ran at half the speed per token of 4). Past 32 tokens qgemm.cu is
+ * faster anyway (docs/cuda-notes.md): the backend stops at 32. */
 int pick_nt(int64_t m) { return m <= 16 ? 2 : 4; }
 
 } // namespace
