@@ -620,7 +620,9 @@ typedef struct rlm_session_params {
                          products over 4-bit weights quantize activations
                          to int8 per block of 32 and use integer dot
                          products (llama.cpp's Q8_0 way: faster, about
-                         0.4% activation error)                           */
+                         0.4% activation error); on the CPU so do the
+                         attention scores over a 4-bit K cache (queries
+                         to int8, V exact)                                */
   int kv_sinks;       /* rings made by max_kv keep their first kv_sinks
                          positions ("attention sinks", as mlx-lm's
                          --max-kv-size keeps 4); < max_kv; sliding layers

@@ -15,6 +15,12 @@
  * a row far smaller than its terms, and f32 rounding scales with the
  * terms. The bound is tight enough that a 1e-3 error in the scale, or a
  * window one position off, fails (fused_detects_wrong_args).
+ *
+ * Int8 queries (attn.h's int8_q) are approximate by design: their
+ * section derives the bound they are held to (THE BOUND), checks every
+ * variant that has them -- scalar-i8 (the definition), avx2, avx512,
+ * avx512vnni -- against the exact reference with it, against the
+ * definition within f32 rounding, and their integer sums for equality.
  */
 #include "attn/attn.h"
 #include "test.h"
@@ -200,6 +206,19 @@ static void queries_random(tcase *c, int64_t span, uint64_t *rng) {
   a->out = c->out;
 }
 
+/* A random window (none, or 4..3+win_max) with sinks, and the span of
+ * positions (1..span_max) the case's slots hold; names the case. */
+static int64_t case_window(tcase *c, uint64_t seed, uint64_t *rng, int win_max, int span_max) {
+  rlm_attn_args *a = &c->a;
+  a->window = pick(rng, 2) ? 0 : 4 + pick(rng, win_max);
+  a->sink = a->window && pick(rng, 2) ? 1 + pick(rng, 4) : 0;
+  const int64_t span = 1 + pick(rng, span_max);
+  snprintf(c->desc, sizeof c->desc, "seed %llu dk %d dv %d nq %d win %lld sink %lld span %lld",
+           (unsigned long long)seed, a->dim_k, a->dim_v, a->n_q, (long long)a->window,
+           (long long)a->sink, (long long)span);
+  return span;
+}
+
 static void case_random_nq(tcase *c, uint64_t seed, int nq_max) {
   uint64_t rng = seed;
   memset(c, 0, sizeof *c);
@@ -208,12 +227,7 @@ static void case_random_nq(tcase *c, uint64_t seed, int nq_max) {
   a->dim_v = pick(&rng, 2) ? a->dim_k : dim_random(&rng);
   a->n_q = 1 + pick(&rng, nq_max);
   a->scale = t_rng_float(&rng, 0.3f, 2.0f) / sqrtf((float)a->dim_k);
-  a->window = pick(&rng, 2) ? 0 : 4 + pick(&rng, 61);
-  a->sink = a->window && pick(&rng, 2) ? 1 + pick(&rng, 4) : 0;
-  const int64_t span = 1 + pick(&rng, 4000);
-  snprintf(c->desc, sizeof c->desc, "seed %llu dk %d dv %d nq %d win %lld sink %lld span %lld",
-           (unsigned long long)seed, a->dim_k, a->dim_v, a->n_q, (long long)a->window,
-           (long long)a->sink, (long long)span);
+  const int64_t span = case_window(c, seed, &rng, 61, 4000);
   a->n_segs = 1 + pick(&rng, MAX_SEGS);
   int64_t left = 3000;
   for (int s = 0; s < a->n_segs; s++) {
@@ -745,6 +759,435 @@ TEST(fused_large_scores) {
 }
 
 /* ========================================================================
+ * INT8 QUERIES (attn.h): 4-bit K scored with int8 query codes.
+ *
+ * THE BOUND. Query row q is quantized per block b of 32 with d_b =
+ * max|q| / 127 and qi_j = rint(q_j * (127 / max|q|)); the rint is off by
+ * at most 1/2 and the three f32 roundings (d_b, 127 / max|q|, the
+ * product) by at most 3 * 2^-24 * 127 < 1e-4 more, so
+ *     |q_j - d_b qi_j| <= 0.5001 d_b.
+ * The bias part uses the exact group sums of q, so only the codes' part
+ * of k_j = s_g code_j + b_g meets that error:
+ *     |score_int8 - score| <= scale * 0.5001 * sum_j |s_g(j)| code_j d_b(j) =: E_qt
+ * for slots with 4-bit K (0 for other segments). With every visible
+ * score moved by at most E_q = max_t E_qt, each softmax weight moves by a
+ * factor within e^(+-2 E_q), so each output element by at most
+ *     (e^(2 E_q) - 1) * sum_t p_t |v_te| <= (e^(2 E_q) - 1) * mass_q
+ * and the log-sum-exp by at most E_q; f32 rounding adds the fused
+ * kernel's own tolerance (rows_ratio's). The output bound is loose (E_q
+ * reaches 0.4 here, e^0.8 - 1 = 1.2 x mass): the scores, checked one by
+ * one against their own E_qt (i8_scores_within_bound) and through the
+ * log-sum-exp, are what catch a wrong combination of d, s and b. A kernel
+ * that drops b_g * sum_g(q) moves scores by scale * sum_g b_g qsum_g: 6 in
+ * the log-sum-exp of i8_bound_catches_no_bias's case against E_q <= 0.4,
+ * and that test checks that both checks fail it.
+ * ====================================================================== */
+
+static const char *const I8_ISAS[] = {"scalar-i8", "avx2", "avx512", "avx512vnni"};
+enum { N_I8_ISAS = 4 };
+
+/* A case for int8 queries: head dims 64/128/256, GQA blocks of 1..8 rows,
+ * most segments 4-bit K (any dtype and group) with V 4-bit, 8-bit or
+ * dense, the rest any storage (so segments switch paths within a call);
+ * windows, sinks, empty slots and ragged positions as case_random. */
+static void case_i8(tcase *c, uint64_t seed) {
+  static const int dims[3] = {64, 128, 256}, groups[3] = {32, 64, 128}, vbits[3] = {4, 8, 0};
+  static const rlm_dtype dts[3] = {RLM_DTYPE_F32, RLM_DTYPE_F16, RLM_DTYPE_BF16};
+  uint64_t rng = seed;
+  memset(c, 0, sizeof *c);
+  rlm_attn_args *a = &c->a;
+  a->dim_k = dims[pick(&rng, 3)];
+  a->dim_v = pick(&rng, 2) ? a->dim_k : dims[pick(&rng, 3)];
+  a->n_q = 1 + pick(&rng, 8);
+  a->scale = t_rng_float(&rng, 0.5f, 1.5f) / sqrtf((float)a->dim_k);
+  a->int8_q = true;
+  const int64_t span = case_window(c, seed, &rng, 200, 3000);
+  a->n_segs = 1 + pick(&rng, MAX_SEGS);
+  int64_t left = 2500;
+  for (int s = 0; s < a->n_segs; s++) {
+    const int64_t n = RLM_MAX(slots_random(&rng, left), 1);
+    left = RLM_MAX(left - n, 0);
+    mat_spec ks = spec_random(&rng, a->dim_k), vs = {0, dts[pick(&rng, 3)], 0, 0};
+    if (pick(&rng, 4)) ks = (mat_spec){4, dts[pick(&rng, 3)], groups[pick(&rng, 3)], ks.pad};
+    if (ks.bits && a->dim_k % ks.group) ks.group = 32;
+    vs.bits = vbits[pick(&rng, 3)];
+    vs.group = vs.bits ? groups[pick(&rng, 2)] : 0;
+    seg_build(c, &c->segs[s], &ks, &vs, n, span, &rng);
+  }
+  a->segs = c->segs;
+  queries_random(c, span, &rng);
+}
+
+/* Code of element e of slot i of a quantized matrix, bit by bit. */
+static uint32_t code_of(const rlm_attn_mat *m, int64_t i, int e) {
+  const uint32_t *wq = (const uint32_t *)m->data + i * m->row_stride;
+  uint32_t code = 0;
+  for (int b = 0; b < m->bits; b++) {
+    const int64_t bit = (int64_t)e * m->bits + b;
+    code |= ((wq[bit / 32] >> (bit % 32)) & 1u) << b;
+  }
+  return code;
+}
+
+/* d_b of row q's block b, from max|q| (exact in any order). */
+static double i8_block_d(const rlm_attn_args *a, int q, int b) {
+  double mx = 0;
+  for (int e = 32 * b; e < 32 * b + 32; e++) mx = fmax(mx, fabs(a->q[(size_t)q * a->dim_k + e]));
+  return mx / 127;
+}
+
+/* cs[b] = |s_g(b)| * sum of block b's codes, for slot i of a 4-bit K. */
+static void i8_code_scales(const rlm_attn_mat *k, int64_t i, int dim, double *cs) {
+  for (int b = 0; b < dim / 32; b++) {
+    const double sg = rlm__load_f(k->scales, k->dtype, i * k->sb_stride + 32 * b / k->group_size);
+    double sum = 0;
+    for (int e = 32 * b; e < 32 * b + 32; e++) sum += code_of(k, i, e);
+    cs[b] = fabs(sg) * sum;
+  }
+}
+
+/* E_qt of THE BOUND from cs (i8_code_scales) and row q's d_b. */
+static double i8_slot_bound(const rlm_attn_args *a, const double *cs, const double *d) {
+  double e = 0;
+  for (int b = 0; b < a->dim_k / 32; b++) e += cs[b] * d[b];
+  return a->scale * 0.5001 * e;
+}
+
+/* E_q of THE BOUND per row (max over its visible slots). */
+static double *i8_bounds(const rlm_attn_args *a) {
+  double *E = calloc((size_t)a->n_q + 1, sizeof *E);
+  const int nb = a->dim_k / 32;
+  double *d = calloc((size_t)a->n_q * nb + 1, sizeof *d), *cs = calloc((size_t)nb + 1, sizeof *cs);
+  for (int q = 0; q < a->n_q; q++)
+    for (int b = 0; b < nb; b++) d[q * nb + b] = i8_block_d(a, q, b);
+  for (int s = 0; s < a->n_segs; s++) {
+    const rlm_attn_seg *seg = &a->segs[s];
+    for (int64_t i = 0; i < seg->n && seg->k.bits == 4; i++) {
+      i8_code_scales(&seg->k, i, a->dim_k, cs);
+      for (int q = 0; q < a->n_q; q++)
+        if (sees(a->q_pos[q], seg->pos[i], a->window, a->sink))
+          E[q] = fmax(E[q], i8_slot_bound(a, cs, d + q * nb));
+    }
+  }
+  free(d);
+  free(cs);
+  return E;
+}
+
+/* Worst over rows of the output error against THE BOUND (<= 1 passes). */
+static double i8_rows_ratio(const float *got, const float *want, const truth *t, const double *E,
+                            const rlm_attn_args *a) {
+  double worst = 0;
+  for (int q = 0; q < a->n_q; q++) {
+    double err = 0, norm = 0;
+    for (int e = 0; e < a->dim_v; e++) {
+      const double g = got[(size_t)q * a->dim_v + e], w = want[(size_t)q * a->dim_v + e];
+      if (t->n_vis[q] == 0 && g != 0) return INFINITY;
+      err = fmax(err, isnan(g) ? INFINITY : fabs(g - w));
+      norm = fmax(norm, fabs(w));
+    }
+    const double tol = 1e-5 * norm + 1e-6 * t->mass[q] + expm1(2 * E[q]) * t->mass[q];
+    if (err > 0) worst = fmax(worst, err / tol);
+  }
+  return worst;
+}
+
+/* The log-sum-exp against THE BOUND: |got - want| <= E_q + f32 rounding. */
+static double i8_lse_ratio(const float *got, const float *want, const truth *t, const double *E,
+                           int n_q) {
+  double worst = 0;
+  for (int q = 0; q < n_q; q++) {
+    if (t->n_vis[q] == 0) {
+      if (!(isinf(got[q]) && got[q] < 0)) return INFINITY;
+      continue;
+    }
+    const double err = fabs((double)got[q] - want[q]);
+    worst = fmax(worst, isnan(err) ? INFINITY : err / (E[q] + 1e-5 * fmax(1.0, fabs(want[q]))));
+  }
+  return worst;
+}
+
+/* Runs fn on a with its own out, lse and scratch: no allocation, no
+ * write past rlm__attn_scratch_floats. */
+static void i8_run(rlm_attn_fused_fn fn, const rlm_attn_args *a, float *out, float *lse) {
+  enum { GUARD = 64 };
+  const size_t nf = rlm__attn_scratch_floats(a->n_q, a->dim_k, a->dim_v);
+  float *scratch = malloc((nf + GUARD) * sizeof *scratch);
+  for (int g = 0; g < GUARD; g++) scratch[nf + g] = 4321.0f;
+  rlm_attn_args b = *a;
+  b.out = out, b.lse = lse;
+  const uint64_t before = rlm__alloc_count();
+  fn(&b, scratch);
+  CHECK_EQ(rlm__alloc_count(), before);
+  bool intact = true;
+  for (int g = 0; g < GUARD; g++) intact = intact && scratch[nf + g] == 4321.0f;
+  CHECK(intact);
+  free(scratch);
+}
+
+static bool any_differs(const float *x, const float *y, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (x[i] != y[i]) return true;
+  return false;
+}
+
+/* The integer sums of each variant equal, exactly, the sums computed
+ * here from the definition (codes bit by bit, q coded by qdot.c's rule
+ * in natural order), on random rows and on the extremes (codes 15
+ * against codes +-127, where a saturating s16 step would show). */
+TEST(i8_isums_exact) {
+  static const int dims[4] = {64, 128, 192, 256};
+  uint64_t rng = 4242;
+  int checked[N_I8_ISAS] = {0};
+  for (int round = 0; round < 40; round++) {
+    const int dim = dims[round % 4], cols = (dim + 127) / 128 * 128, mode = round % 5;
+    uint32_t wq[256 / 8];
+    float x[256] = {0};
+    int32_t want[8], got[8];
+    for (int w = 0; w < dim / 8; w++) wq[w] = mode <= 1 ? 0xffffffffu : (uint32_t)t_rng_next(&rng);
+    for (int e = 0; e < dim; e++) /* modes 0, 1: every code 15 against +127, -127 */
+      x[e] = mode == 0 ? 2.0f : mode == 1 ? -2.0f : mode == 2 ? 3.0f : t_rng_normal(&rng);
+    unsigned char *xq = xmalloc(rlm__q8act_bytes(cols));
+    rlm__q8act_quantize(x, cols, xq);
+    const rlm_attn_mat m = {.bits = 4, .data = wq, .row_stride = dim / 8};
+    for (int b = 0; b < dim / 32; b++) {
+      float mx = 0;
+      for (int e = 32 * b; e < 32 * b + 32; e++) mx = fmaxf(mx, fabsf(x[e]));
+      const float inv = mx > 0 ? 127.0f / mx : 0.0f;
+      want[b] = 0;
+      for (int e = 32 * b; e < 32 * b + 32; e++)
+        want[b] += (int32_t)code_of(&m, 0, e) * (int32_t)lrintf(x[e] * inv);
+    }
+    if (mode <= 1) CHECK_EQ(want[0], (mode ? -1 : 1) * 32 * 15 * 127);
+    for (int i = 0; i < N_I8_ISAS; i++) {
+      memset(got, 0x55, sizeof got);
+      if (!rlm__attn_i8_isums(I8_ISAS[i], wq, xq, dim, got)) continue;
+      test_note("dim %d mode %d isa %s", dim, mode, I8_ISAS[i]);
+      CHECK(memcmp(got, want, (size_t)(dim / 32) * sizeof *got) == 0);
+      checked[i]++;
+    }
+    free(xq);
+  }
+  CHECK(checked[0] == 40); /* the reference is always there */
+  CHECK(!rlm__attn_i8_isums("scalar", NULL, NULL, 64, NULL)); /* the exact tables have none */
+  CHECK(!rlm__attn_i8_isums("scalar-i8", NULL, NULL, 96, NULL)); /* not a multiple of 64 */
+  if (!checked[3]) printf("     skipped: no AVX-512 VNNI (vpdpbusd sums not run)\n");
+}
+
+/* Random int8-query cases, on their slots and shuffled: every variant
+ * within THE BOUND of the exact reference (outputs and log-sum-exp),
+ * within f32 rounding of the scalar-i8 definition, and visibly not the
+ * exact path (some log-sum-exp differs where a row sees 4-bit K); the
+ * split over 2 threads too. Prints the worst error / bound. */
+TEST(i8_matches_ref_random) {
+  rlm_pool *pool = NULL;
+  CHECK_EQ(rlm__pool_create(&pool, 2, NULL), RLM_OK);
+  double worst[N_I8_ISAS] = {0}, worst_lse[N_I8_ISAS] = {0}, worst_def[N_I8_ISAS] = {0};
+  double worst_split = 0;
+  int n_int = 0;
+  for (uint64_t seed = 1; seed <= N_RANDOM / 2; seed++) {
+    tcase c, d;
+    case_i8(&c, seed);
+    case_shuffled(&d, &c, seed ^ 0x5eed);
+    rlm_attn_args *a = &c.a;
+    test_note("%s", c.desc);
+    truth t = truth_make(a);
+    double *E = i8_bounds(a);
+    bool sees_q4 = false;
+    for (int q = 0; q < a->n_q; q++) sees_q4 = sees_q4 || E[q] > 0;
+    n_int += sees_q4;
+    const size_t no = (size_t)a->n_q * a->dim_v + 1, nl = (size_t)a->n_q + 1;
+    float *want = malloc(no * sizeof(float)), *def = malloc(no * sizeof(float));
+    float *got = malloc(no * sizeof(float)), *ex = malloc(no * sizeof(float));
+    float *lse_ref = malloc(nl * sizeof(float)), *lse_def = malloc(nl * sizeof(float));
+    float *lse = malloc(nl * sizeof(float)), *lse_ex = malloc(nl * sizeof(float));
+    a->lse = lse_ref;
+    CHECK_EQ(rlm__attn_ref(a), RLM_OK);
+    a->lse = NULL;
+    memcpy(want, c.out, (no - 1) * sizeof *want);
+    i8_run(rlm__attn_fused_isa("scalar-i8"), a, def, lse_def);
+    for (int i = 0; i < N_I8_ISAS; i++) {
+      rlm_attn_fused_fn fn = rlm__attn_fused_isa(I8_ISAS[i]);
+      if (!fn) continue;
+      test_note("%s isa %s", c.desc, I8_ISAS[i]);
+      rlm_attn_args b = *a;
+      b.int8_q = false;
+      i8_run(fn, &b, ex, lse_ex);
+      for (int sh = 0; sh < 2; sh++) {
+        i8_run(fn, sh ? &d.a : a, got, lse);
+        if (!sh && sees_q4) CHECK(any_differs(lse, lse_ex, (size_t)a->n_q));
+        const double r = i8_rows_ratio(got, want, &t, E, a);
+        const double rl = i8_lse_ratio(lse, lse_ref, &t, E, a->n_q);
+        const double rd = rows_ratio(got, def, &t, a->n_q, a->dim_v, 1e-5, 1e-6);
+        CHECK(r <= 1);
+        CHECK(rl <= 1);
+        CHECK(rd <= 1);
+        worst[i] = fmax(worst[i], r), worst_lse[i] = fmax(worst_lse[i], rl);
+        worst_def[i] = fmax(worst_def[i], rd);
+      }
+    }
+    const size_t n_split = rlm__attn_split_scratch_floats(2, a->n_q, a->dim_k, a->dim_v);
+    float *scratch = malloc(n_split * sizeof *scratch);
+    rlm_attn_args b = *a;
+    b.out = got, b.lse = lse;
+    rlm__attn_split(pool, &b, scratch);
+    const double rs = fmax(i8_rows_ratio(got, want, &t, E, a),
+                           i8_lse_ratio(lse, lse_ref, &t, E, a->n_q));
+    CHECK(rs <= 1);
+    worst_split = fmax(worst_split, rs);
+    free(scratch);
+    free(want), free(def), free(got), free(ex), free(lse_ref), free(lse_def), free(lse), free(lse_ex);
+    free(E);
+    truth_free(&t);
+    tc_free(&d);
+    tc_free(&c);
+  }
+  CHECK(n_int > N_RANDOM / 4); /* most cases exercise the integer path */
+  printf("     %d cases (%d with 4-bit K in sight); worst error / bound (out, lse, vs scalar-i8):",
+         N_RANDOM / 2, n_int);
+  for (int i = 0; i < N_I8_ISAS; i++)
+    if (rlm__attn_fused_isa(I8_ISAS[i]))
+      printf(" %s %.3f %.3f %.3f;", I8_ISAS[i], worst[i], worst_lse[i], worst_def[i]);
+  printf(" split %.3f\n", worst_split);
+  rlm__pool_free(pool);
+}
+
+/* Slot i of m as a one-slot matrix. */
+static rlm_attn_mat mat_slot(rlm_attn_mat m, int64_t i) {
+  m.data = (const char *)m.data + (size_t)(i * m.row_stride) * (m.bits ? 4 : rlm_dtype_size(m.dtype));
+  if (m.bits) {
+    const size_t sb = (size_t)(i * m.sb_stride) * rlm_dtype_size(m.dtype);
+    m.scales = (const char *)m.scales + sb;
+    m.biases = (const char *)m.biases + sb;
+  }
+  return m;
+}
+
+/* Each score on its own: for up to n slots of every segment, a call that
+ * sees only that slot of `run`, whose log-sum-exp is the slot's score;
+ * worst over rows and slots of |score - exact| / (E_qt + f32 rounding),
+ * with the exact score and E_qt those of the same slot in `a` (run is a
+ * or a copy of it with other biases: i8_bound_catches_no_bias). */
+static double i8_scores_ratio(rlm_attn_fused_fn fn, const rlm_attn_args *run, const rlm_attn_args *a,
+                              int n) {
+  const int nb = a->dim_k / 32;
+  double worst = 0, *cs = calloc((size_t)nb + 1, sizeof *cs), *d = calloc((size_t)nb + 1, sizeof *d);
+  float *out = malloc(((size_t)a->n_q * a->dim_v + 1) * sizeof *out);
+  float *lse = malloc(((size_t)a->n_q + 1) * sizeof *lse);
+  for (int s = 0; s < a->n_segs; s++) {
+    const rlm_attn_seg *seg = &a->segs[s], *rs = &run->segs[s];
+    for (int64_t i = 0; i < RLM_MIN(seg->n, n); i++) {
+      const rlm_attn_seg one = {1, rs->pos + i, mat_slot(rs->k, i), mat_slot(rs->v, i)};
+      rlm_attn_args b = *run;
+      b.segs = &one, b.n_segs = 1;
+      i8_run(fn, &b, out, lse);
+      if (seg->k.bits == 4) i8_code_scales(&seg->k, i, a->dim_k, cs);
+      for (int q = 0; q < a->n_q; q++) {
+        if (!sees(a->q_pos[q], seg->pos[i], a->window, a->sink)) continue;
+        double score = 0, size = 0;
+        for (int e = 0; e < a->dim_k; e++) {
+          const double x = a->q[(size_t)q * a->dim_k + e] * elem_d(&seg->k, i, e);
+          score += x, size += fabs(x);
+        }
+        for (int k = 0; k < nb; k++) d[k] = i8_block_d(a, q, k);
+        const double E = seg->k.bits == 4 ? i8_slot_bound(a, cs, d) : 0;
+        const double tol = E + 1e-5 * a->scale * size + 1e-6;
+        worst = fmax(worst, fabs(lse[q] - a->scale * score) / tol);
+      }
+    }
+  }
+  free(cs), free(d), free(out), free(lse);
+  return worst;
+}
+
+/* Every score of every variant within its own E_qt (not just the row's
+ * largest). */
+TEST(i8_scores_within_bound) {
+  double worst[N_I8_ISAS] = {0};
+  for (uint64_t seed = 300; seed < 330; seed++) {
+    tcase c;
+    case_i8(&c, seed);
+    for (int i = 0; i < N_I8_ISAS; i++) {
+      rlm_attn_fused_fn fn = rlm__attn_fused_isa(I8_ISAS[i]);
+      if (!fn) continue;
+      test_note("%s isa %s", c.desc, I8_ISAS[i]);
+      const double r = i8_scores_ratio(fn, &c.a, &c.a, 24);
+      CHECK(r <= 1);
+      worst[i] = fmax(worst[i], r);
+    }
+    tc_free(&c);
+  }
+  printf("     worst score error / bound:");
+  for (int i = 0; i < N_I8_ISAS; i++)
+    if (rlm__attn_fused_isa(I8_ISAS[i])) printf(" %s %.3f", I8_ISAS[i], worst[i]);
+  printf("\n");
+}
+
+/* THE BOUND is tight enough to matter: a kernel that dropped b_g *
+ * sum_g(q) would score the case as it would score the same case with K's
+ * biases zeroed, and that fails the per-score check and the log-sum-exp
+ * check of every variant, where the true case passes both. */
+TEST(i8_bound_catches_no_bias) {
+  tcase c;
+  double *E = NULL;
+  for (uint64_t seed = 77;; seed++) { /* a case where some row sees 4-bit K */
+    case_i8(&c, seed);
+    E = i8_bounds(&c.a);
+    bool q4 = false;
+    for (int q = 0; q < c.a.n_q; q++) q4 = q4 || E[q] > 0;
+    if (q4) break;
+    free(E);
+    tc_free(&c);
+  }
+  rlm_attn_args *a = &c.a;
+  test_note("%s", c.desc);
+  truth t = truth_make(a);
+  float *lse_ref = malloc(((size_t)a->n_q + 1) * sizeof(float));
+  float *lse = malloc(((size_t)a->n_q + 1) * sizeof(float));
+  float *out = malloc(((size_t)a->n_q * a->dim_v + 1) * sizeof(float));
+  a->lse = lse_ref;
+  CHECK_EQ(rlm__attn_ref(a), RLM_OK);
+  a->lse = NULL;
+  rlm_attn_seg zsegs[MAX_SEGS];
+  rlm_attn_args z = *a;
+  memcpy(zsegs, c.segs, sizeof zsegs);
+  z.segs = zsegs;
+  int n_q4 = 0;
+  for (int s = 0; s < a->n_segs; s++) {
+    rlm_attn_mat *k = &zsegs[s].k;
+    if (k->bits != 4) continue;
+    n_q4++;
+    const size_t bytes = (size_t)(zsegs[s].n * k->sb_stride) * rlm_dtype_size(k->dtype);
+    k->biases = tc_alloc(&c, bytes); /* zeros */
+  }
+  CHECK(n_q4 > 0);
+  int checked = 0;
+  double e_max = 0, off_min = INFINITY; /* the margin, printed */
+  for (int i = 0; i < N_I8_ISAS; i++) {
+    rlm_attn_fused_fn fn = rlm__attn_fused_isa(I8_ISAS[i]);
+    if (!fn) continue;
+    test_note("%s isa %s", c.desc, I8_ISAS[i]);
+    CHECK(i8_scores_ratio(fn, a, a, 16) <= 1);
+    i8_run(fn, a, out, lse);
+    CHECK(i8_lse_ratio(lse, lse_ref, &t, E, a->n_q) <= 1);
+    CHECK(i8_scores_ratio(fn, &z, a, 16) > 1);
+    i8_run(fn, &z, out, lse);
+    CHECK(i8_lse_ratio(lse, lse_ref, &t, E, a->n_q) > 1);
+    double off = 0;
+    for (int q = 0; q < a->n_q; q++)
+      if (E[q] > 0) off = fmax(off, fabs((double)lse[q] - lse_ref[q])), e_max = fmax(e_max, E[q]);
+    off_min = fmin(off_min, off);
+    checked++;
+  }
+  CHECK(checked >= 1);
+  printf("     %s: E_q at most %.3f; without b_g * sum(q) the log-sum-exp is off by %.3f\n", c.desc,
+         e_max, off_min);
+  free(lse_ref), free(lse), free(out), free(E);
+  truth_free(&t);
+  tc_free(&c);
+}
+
+/* ========================================================================
  * Contract: no allocation, scratch bounds, edge shapes, errors.
  * ====================================================================== */
 
@@ -918,6 +1361,8 @@ TEST(ref_out_of_memory) {
 int main(void) {
   for (int i = 0; i < N_ISAS; i++)
     if (!rlm__attn_fused_isa(ISAS[i])) printf("skipped: %s not supported\n", ISAS[i]);
+  if (!rlm__attn_fused_isa("avx512vnni"))
+    printf("skipped: no AVX-512 VNNI (int8 queries: avx512vnni)\n");
   RUN(ref_hand_computed);
   RUN(fused_hand_computed);
   RUN(ref_window_and_sink);
@@ -933,5 +1378,9 @@ int main(void) {
   RUN(edge_shapes);
   RUN(ref_invalid_args);
   RUN(ref_out_of_memory);
+  RUN(i8_isums_exact);
+  RUN(i8_matches_ref_random);
+  RUN(i8_scores_within_bound);
+  RUN(i8_bound_catches_no_bias);
   return test_summary();
 }

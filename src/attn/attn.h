@@ -34,6 +34,20 @@
  * the same position, so K and V are read once for all of them). Output:
  * n_q rows of `dim_v` floats. Softmax is in f32. A query row that sees no
  * slot at all (a padding query) outputs zeros.
+ *
+ * INT8 QUERIES (int8_q; llama.cpp's q8_0 queries for a q4_0 K cache). For
+ * segments with 4-bit K, and dim_k a multiple of 64, kernels that have
+ * integer dot products (attn_fused.c says which) quantize each query row
+ * like the int8 activations of src/quant (qdot.c: blocks of 32, d_b =
+ * max|q| / 127, qi = rint(q * 127 / max|q|)) and score
+ *
+ *     q . k = sum_g [ s_g * sum_{b in g} d_b * isum_b + b_g * sum_{j in g} q_j ]
+ *
+ * with isum_b = sum_{j in b} code_j * qi_j an exact integer and the group
+ * sums of the f32 q. Only q is approximated: |q_j - d_b qi_j| <= d_b / 2
+ * (plus the rounding of q_j * 127 / max|q|), so each score moves by at
+ * most scale * sum_j |s_g| code_j d_b / 2. V and the softmax stay exact.
+ * Other segments, and kernels without integer products, ignore the flag.
  */
 #ifndef RLM_ATTN_H
 #define RLM_ATTN_H
@@ -71,6 +85,8 @@ typedef struct rlm_attn_args {
   float *out;               /* [n_q][dim_v]                                */
   float *lse;               /* [n_q] log-sum-exp of the visible scores     */
                             /* (-inf: none), or NULL (attn_split.c merges) */
+  bool int8_q;              /* score 4-bit K with q quantized to int8      */
+                            /* (INT8 QUERIES above; act_bits 8)            */
 } rlm_attn_args;
 
 /* True if a query at position qp attends a slot holding position kp. */
@@ -93,11 +109,22 @@ size_t rlm__attn_scratch_floats(int n_q, int dim_k, int dim_v);
 void rlm__attn_fused(const rlm_attn_args *a, float *scratch);
 
 /* The fused kernel built for one instruction set -- "scalar" (portable C),
- * "avx2" or "avx512" -- so tests and benchmarks can reach each variant;
- * NULL if the name is unknown or this CPU lacks the ISA. rlm__attn_fused
- * is the fastest of them. */
+ * "avx2", "avx512" or "avx512vnni" (avx512 with VNNI integer scores) --
+ * or "scalar-i8", the scalar kernel with the integer scores of INT8
+ * QUERIES written out as the definition the vector ones are tested
+ * against; so tests and benchmarks can reach each variant. NULL if the
+ * name is unknown or this CPU lacks the ISA. rlm__attn_fused is the
+ * fastest of them. */
 typedef void (*rlm_attn_fused_fn)(const rlm_attn_args *a, float *scratch);
 rlm_attn_fused_fn rlm__attn_fused_isa(const char *isa);
+/* Tests: the integer block sums isum[b] (b < dim / 32) of one 4-bit K row
+ * against one query row quantized by rlm__q8act_quantize (cols = dim
+ * rounded up to 128), as variant `isa`'s score kernel computes them (the
+ * row fed to it as every row of a register block). False if the variant
+ * has no integer scores (isum untouched) or its rows' sums disagree.
+ * dim: a multiple of 64. */
+bool rlm__attn_i8_isums(const char *isa, const uint32_t *krow, const void *xq, int dim,
+                        int32_t *isum);
 
 /* attn_split.c: one call over a pool's threads (by slots for decode, by
  * query rows for prefill; small calls stay on the caller's thread).

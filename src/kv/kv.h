@@ -69,6 +69,9 @@ struct rlm_kv {
   float *o_rows;               /* [max_chunk * ratio_max][Dv]                */
   float *attn_scratch;         /* rlm__attn_split_scratch_floats(...)        */
   rlm_pool *pool;              /* attention's threads (NULL: the caller's)  */
+  bool int8_q;                 /* reads score 4-bit K with int8 queries     */
+                               /* (attn.h; the CPU backend sets it from     */
+                               /* act_bits before each attend)              */
   void *conv;                  /* [max(Dk, Dv)] one row rounded to dtype     */
   bool borrowed;               /* the scratch and pool are another cache's  */
 };

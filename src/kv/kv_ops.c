@@ -118,7 +118,7 @@ static void read_head(rlm_kv *kv, kv_read *r, int h) {
   rlm_attn_args a = {.segs = r->segs, .n_segs = r->n_segs, .dim_k = dk, .dim_v = dv,
                      .q = kv->q_rows, .q_pos = kv->q_pos, .n_q = n_q, .scale = bt->scale,
                      .window = kv->ring ? kv->cfg.window : 0, .sink = kv->ring ? kv->cfg.keep : 0,
-                     .out = kv->o_rows};
+                     .out = kv->o_rows, .int8_q = kv->int8_q};
   rlm__attn_split(kv->pool, &a, kv->attn_scratch);
   n_q = 0;
   for (int j = r->j0; j < r->j1; j++)

@@ -106,7 +106,8 @@ static void cpu_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, fl
 
 /* Each run's tokens attend their own row's cache of layer li (a KV-shared
  * layer: the donor layer's cache of that row, which this pass has just
- * appended to). */
+ * appended to). act_bits 8 also quantizes the queries of 4-bit K caches
+ * to int8 (attn.h's INT8 QUERIES, as llama.cpp does for a q4_0 cache). */
 static rlm_status cpu_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
   const rlm_model_config *c = &s->m->cfg;
   const int donor = c->kv_donor[li], hd = c->layer_head_dim[li];
@@ -117,6 +118,7 @@ static rlm_status cpu_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_err
     const size_t j0 = (size_t)run->j0;
     rlm_kv_batch b = {run->n, s->k + j0 * kd, s->v + j0 * kd, s->q + j0 * qd, c->n_heads,
                       (float)c->attn_scale, NULL, s->att + j0 * qd};
+    kv[donor >= 0 ? donor : li]->int8_q = s->p.act_bits == 8;
     rlm_status rc = donor >= 0   ? rlm_kv_attend_last(kv[donor], &b, err)
                     : run->n == 1 ? rlm_kv_append_decode(kv[li], &b, err)
                                   : rlm_kv_append_window(kv[li], &b, err);
