@@ -89,6 +89,22 @@ __device__ __forceinline__ void scale_row_f16(const float *__restrict__ xr, int6
   if (threadIdx.x == 0) *back = ldexpf(1.0f, e);
 }
 
+/* Asynchronous copies into shared memory (cp.async, sm_80+), shared by the
+ * tensor-core products (qgemm.cu, qgemm_i8.cu). */
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* Wait until at most N committed groups are still in flight. */
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* PROGRAMMATIC DEPENDENT LAUNCH. Every kernel is launched (launch_k) with
  * programmatic stream serialization, so that the next kernel of a stream
  * or graph is scheduled while this one drains: in a decode step of

@@ -114,18 +114,7 @@ struct Args {
 
 /* ---- PTX helpers ---------------------------------------------------------- */
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *dst, const void *src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+/* smem_u32, cp_async16/4, cp_commit and cp_wait<N>: common.cuh. */
 /* PDL: wait for the x pass's results (a no-op without the launch attribute). */
 __device__ __forceinline__ void wait_for_x_pass() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 

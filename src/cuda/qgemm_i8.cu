@@ -77,19 +77,11 @@ struct Args {
   int cols, g;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void cp16(void *dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
 /* 4, 8 or 16 bytes: a chunk's group sums at g = 128, 64, 32. */
 __device__ __forceinline__ void cp_sums(void *dst, const void *src, int g) {
   if (g == 32) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
   else if (g == 64) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
   else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_stages() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kStages - 2) : "memory");
 }
 
 /* d = a . b over one block of 32 columns: unsigned codes, signed activations. */
@@ -110,7 +102,7 @@ __device__ __forceinline__ void load_codes(const Args &p, int64_t row0, int c, u
   for (int i = threadIdx.x; i < kBM * kPer; i += kThreads) {
     const int r = i / kPer, piece = i % kPer;
     const int64_t row = row0 + r < p.rows ? row0 + r : p.rows - 1;
-    cp16(st + r * C::kARow + piece * 16, p.wq + (size_t)row * wrow + (size_t)c * C::kCodeBytes + piece * 16);
+    cp_async16(st + r * C::kARow + piece * 16, p.wq + (size_t)row * wrow + (size_t)c * C::kCodeBytes + piece * 16);
   }
 }
 
@@ -122,12 +114,12 @@ __device__ __forceinline__ void load_x(const Args &p, int64_t tok0, int c, uint8
   for (int i = threadIdx.x; i < C::kBN * 8; i += kThreads) {
     const int n = i / 8, piece = i % 8;
     const int64_t tok = tok0 + n < p.m ? tok0 + n : p.m - 1;
-    cp16(xs + n * C::kBRow + piece * 16, p.x + (size_t)tok * p.x_row + (size_t)c * kChunk + piece * 16);
+    cp_async16(xs + n * C::kBRow + piece * 16, p.x + (size_t)tok * p.x_row + (size_t)c * kChunk + piece * 16);
   }
   for (int n = threadIdx.x; n < C::kBN; n += kThreads) {
     const int64_t tok = tok0 + n < p.m ? tok0 + n : p.m - 1;
     const uint8_t *base = p.x + (size_t)tok * p.x_row + p.cols;
-    cp16(ds + n * 16, base + (size_t)c * 16);
+    cp_async16(ds + n * 16, base + (size_t)c * 16);
     cp_sums(ss + n * 16, base + (size_t)(p.cols / 32) * 4 + (size_t)c * (kChunk / p.g) * 4, p.g);
   }
 }
@@ -181,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
   for (int c = c0; c < c1; c++) {
-    cp_wait_stages();
+    cp_wait<kStages - 2>();
     __syncthreads();
     const int nxt = c + kStages - 1; /* into the stage every warp finished with (the barrier above) */
     if (nxt < c1) {
