@@ -531,15 +531,16 @@ TEST(q8act_quantize_matches_ref) {
 }
 
 /* Many input rows (prefill, batched decode): the fastest kernel for each
- * width (4 bits: VNNI 2 x 4 register tiles or AVX2 1 x 8; 8 bits: AVX2
- * 1 x 8) against the reference, with m not a multiple of 4 or 8, an odd
+ * width (4 bits: VNNI tiles of 2 rows x up to 4 inputs, or AVX2 1 x 8;
+ * 8 bits: AVX2 1 x 8) against the reference, with m from 2 (a
+ * verification pass's sizes) and not a multiple of 4 or 8, an odd
  * number of output rows, groups of 32, 64, 128; and the pooled entry
  * point against it too. */
 TEST(qmatmul_int8_activations) {
   const int64_t rows = 29, cols = 384;
-  static const int64_t M[] = {7, 8, 13};
+  static const int64_t M[] = {2, 3, 5, 7, 8, 13};
   for (int bits = 4; bits <= 8; bits += 4)
-    for (int mi = 0; mi < 3; mi++)
+    for (int mi = 0; mi < (int)(sizeof M / sizeof *M); mi++)
       for (int g = 32; g <= 128; g *= 2) {
         const int64_t m = M[mi];
         test_qmat t;

@@ -259,14 +259,15 @@ RLM_VNNI static inline void reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3, 
   _mm_storeu_ps(y4, _mm512_castps512_ps128(_mm512_maskz_compress_ps(0x1111, t)));
 }
 
-/* The same for 4 input rows: a[k] += b_o . xs[k], each bias piece loaded
- * once for the four. */
-RLM_VNNI static inline void bias_x4(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, __m512 *a) {
+/* The same for n <= 4 input rows: a[k] += b_o . xs[k], each bias piece
+ * loaded once for them all. */
+RLM_VNNI static inline void bias_xn(const rlm_qmat *w, int64_t o, int64_t ng, const float *const *xs, const int n,
+                                    __m512 *a) {
   for (int64_t g = 0; g < ng; g += 16) {
-    const int n = ng - g < 16 ? (int)(ng - g) : 16;
-    const __mmask16 m = (__mmask16)((1u << n) - 1);
-    const __m512 b = load16(w->biases, w->sdtype, o * ng + g, n);
-    for (int k = 0; k < 4; k++) a[k] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, xs[k] + g), a[k]);
+    const int c = ng - g < 16 ? (int)(ng - g) : 16;
+    const __mmask16 m = (__mmask16)((1u << c) - 1);
+    const __m512 b = load16(w->biases, w->sdtype, o * ng + g, c);
+    for (int k = 0; k < n; k++) a[k] = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(m, xs[k] + g), a[k]);
   }
 }
 
@@ -312,76 +313,83 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
   }
 }
 
-/* Output row o against up to 4 input rows (xq[k]), into y. */
-RLM_VNNI static inline void row_x4(const rlm_qmat *w, int64_t o, const int8_t *const *xq, int n, const float *xsum,
-                                   int64_t i0, __m512i idx, __mmask8 mask, float *y) {
+/* Output rows o .. o + R - 1 (R = 1 or 2) against n <= 4 input rows: R * n
+ * accumulators in registers, each quantized x chunk loaded once for the R
+ * rows, each unpacked weight chunk used for the n inputs, the totals
+ * reduced four at a time. R and n are constants where it is inlined (the
+ * loops unroll): a verification pass feeds 2-5 rows, and the path for
+ * fewer than 4 it replaces went row by row with a reduction per output,
+ * costing more for 2 rows than two one-row passes (the embedded model's
+ * 1024 x 384, one thread, best of 30: m = 2 16.5 us against 24.2, m = 3
+ * 20.1 against 32.4, m = 4 unchanged at 25; one row's mat-vec 11.2). */
+RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qmat *w, int64_t o, const int R,
+                                                                   const int8_t *const *xq, const float *const *xs,
+                                                                   const int n, __m512i idx, __mmask8 mask, float *y,
+                                                                   int64_t i0) {
   const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   const uint8_t *r0 = (const uint8_t *)w->wq + o * (cols / 2);
-  const __m512i low = _mm512_set1_epi8(15);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int64_t c = 0; c < chunks; c++) {
-    __m512i v = _mm512_loadu_si512(r0 + c * 64);
-    __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-    const __m512 sc = chunk_scales(w, o * ng + c * per, mask, idx);
-    for (int k = 0; k < n; k++) {
-      const float *xd16 = (const float *)(xq[k] + cols);
-      acc[k] = _mm512_fmadd_ps(unpacked_dot(lo, hi, xq[k] + c * 128), _mm512_mul_ps(sc, _mm512_loadu_ps(xd16 + c * 16)),
-                               acc[k]);
-    }
-  }
-  for (int k = 0; k < n; k++) {
-    bias_x1(w, o, ng, xsum + (i0 + k) * ng, &acc[k]);
-    y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(acc[k]);
-  }
-}
-
-/* Output rows o, o + 1 against exactly 4 input rows: 8 accumulators in
- * registers, each quantized x chunk loaded once for both rows, each
- * unpacked weight chunk used for the 4 inputs. */
-RLM_VNNI static inline void tile_2x4(const rlm_qmat *w, int64_t o, const int8_t *const *xq, const float *const *xs,
-                                     __m512i idx, __mmask8 mask, float *y, int64_t i0) {
-  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
-  const int per = 128 / w->group_size ? 128 / w->group_size : 1;
-  const uint8_t *r0 = (const uint8_t *)w->wq + o * (cols / 2), *r1 = r0 + cols / 2;
-  const __m512i low = _mm512_set1_epi8(15);
+  const __m512i low = _mm512_set1_epi8(15), z = _mm512_setzero_si512();
   __m512 a0[4], a1[4];
   for (int k = 0; k < 4; k++) a0[k] = a1[k] = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; c++) {
-    const __m512i v0 = _mm512_loadu_si512(r0 + c * 64), v1 = _mm512_loadu_si512(r1 + c * 64);
+    const __m512i v0 = _mm512_loadu_si512(r0 + c * 64);
     const __m512i lo0 = _mm512_and_si512(v0, low), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low);
-    const __m512i lo1 = _mm512_and_si512(v1, low), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low);
     const __m512 sc0 = chunk_scales(w, o * ng + c * per, mask, idx);
-    const __m512 sc1 = chunk_scales(w, (o + 1) * ng + c * per, mask, idx);
+    __m512i lo1 = lo0, hi1 = hi0;
+    __m512 sc1 = sc0;
+    if (R == 2) {
+      const __m512i v1 = _mm512_loadu_si512(r0 + cols / 2 + c * 64);
+      lo1 = _mm512_and_si512(v1, low), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low);
+      sc1 = chunk_scales(w, (o + 1) * ng + c * per, mask, idx);
+    }
 #pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < n; k++) {
       const int8_t *x = xq[k] + c * 128;
       const __m512i xl = _mm512_loadu_si512(x), xh = _mm512_loadu_si512(x + 64);
       const __m512 xd = _mm512_loadu_ps((const float *)(xq[k] + cols) + c * 16);
-      const __m512i z = _mm512_setzero_si512();
       const __m512 d0 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo0, xl), hi0, xh));
-      const __m512 d1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo1, xl), hi1, xh));
       a0[k] = _mm512_fmadd_ps(d0, _mm512_mul_ps(sc0, xd), a0[k]);
-      a1[k] = _mm512_fmadd_ps(d1, _mm512_mul_ps(sc1, xd), a1[k]);
+      if (R == 2) {
+        const __m512 d1 = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo1, xl), hi1, xh));
+        a1[k] = _mm512_fmadd_ps(d1, _mm512_mul_ps(sc1, xd), a1[k]);
+      }
     }
   }
-  bias_x4(w, o, ng, xs, a0);
-  bias_x4(w, o + 1, ng, xs, a1);
-  float t0[4], t1[4];
-  reduce4(a0[0], a0[1], a0[2], a0[3], t0);
-  reduce4(a1[0], a1[1], a1[2], a1[3], t1);
-  for (int k = 0; k < 4; k++) {
-    y[(i0 + k) * w->rows + o] = t0[k];
-    y[(i0 + k) * w->rows + o + 1] = t1[k];
+  float t[4];
+  bias_xn(w, o, ng, xs, n, a0);
+  reduce4(a0[0], a0[1], a0[2], a0[3], t);
+  for (int k = 0; k < n; k++) y[(i0 + k) * w->rows + o] = t[k];
+  if (R == 2) {
+    bias_xn(w, o + 1, ng, xs, n, a1);
+    reduce4(a1[0], a1[1], a1[2], a1[3], t);
+    for (int k = 0; k < n; k++) y[(i0 + k) * w->rows + o + 1] = t[k];
   }
 }
+
+/* Output rows [ob, oe) against N <= 4 input rows, in tiles of 2 rows; one
+ * function per N (not inlined into the blocking loop: inlined there, the
+ * four tiles' registers were allocated together and the 4-input one
+ * spilled its accumulators, 1.25x slower). */
+#define ROWS_XN(N)                                                                                          \
+  RLM_VNNI __attribute__((noinline)) static void rows_x##N(const rlm_qmat *w, int64_t ob, int64_t oe,           \
+                                                          const int8_t *const *xq, const float *const *xs,   \
+                                                          __m512i idx, __mmask8 mask, float *y, int64_t i0) { \
+    int64_t o = ob;                                                                                         \
+    for (; o + 2 <= oe; o += 2) tile_rxn(w, o, 2, xq, xs, N, idx, mask, y, i0);                             \
+    if (o < oe) tile_rxn(w, o, 1, xq, xs, N, idx, mask, y, i0);                                             \
+  }
+ROWS_XN(1)
+ROWS_XN(2)
+ROWS_XN(3)
+ROWS_XN(4)
 
 enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
 
 /* m input rows (stride bytes apart in scratch), outputs y [m][rows].
  * Blocked so both sides stay in cache: QMM_OUT_BLOCK weight rows (tens of
  * KB, L2) against QMM_IN_BLOCK quantized inputs (L1); inside, 2 x 4
- * register tiles (tile_2x4), and row_x4 for the edges. */
+ * register tiles of 2 weight rows and up to 4 inputs (tile_rxn). */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
@@ -399,9 +407,12 @@ RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t 
         const int8_t *xq[4];
         const float *xs[4];
         for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
-        int64_t o = ob;
-        for (; n == 4 && o + 2 <= oe; o += 2) tile_2x4(w, o, xq, xs, idx, mask, y, i0);
-        for (; o < oe; o++) row_x4(w, o, xq, n, xsum, i0, idx, mask, y);
+        switch (n) {
+        case 1: rows_x1(w, ob, oe, xq, xs, idx, mask, y, i0); break;
+        case 2: rows_x2(w, ob, oe, xq, xs, idx, mask, y, i0); break;
+        case 3: rows_x3(w, ob, oe, xq, xs, idx, mask, y, i0); break;
+        default: rows_x4(w, ob, oe, xq, xs, idx, mask, y, i0); break;
+        }
       }
     }
   }
