@@ -198,6 +198,60 @@ RLM_API rlm_status rlm_weights_find(const rlm_weights *w, const char *name,
                                     rlm_tensor_info *info, rlm_error *err);
 
 /* ------------------------------------------------------------------------
+ * GGUF files (llama.cpp's format, versions 2 and 3): a read-only view for
+ * listing what a file holds (`ringlm inspect FILE.gguf`). The file is
+ * mmap'd and checked whole on open: a malformed one is RLM_ERR_FORMAT, a
+ * version other than 2 or 3 (or a big-endian file) RLM_ERR_UNSUPPORTED,
+ * the message naming the file and the key or tensor. Keys and tensors
+ * keep the file's order. Strings and pointers are valid until
+ * rlm_gguf_free. Once open, a handle may be read from several threads.
+ * ---------------------------------------------------------------------- */
+typedef struct rlm_gguf rlm_gguf;
+
+#define RLM_GGUF_MAX_DIMS 4
+
+RLM_API rlm_status rlm_gguf_open(rlm_gguf **out, const char *path, rlm_error *err);
+RLM_API void rlm_gguf_free(rlm_gguf *g);
+/* The format version (2 or 3) and the data alignment (general.alignment,
+ * else 32). */
+RLM_API uint32_t rlm_gguf_version(const rlm_gguf *g);
+RLM_API uint32_t rlm_gguf_alignment(const rlm_gguf *g);
+
+typedef struct rlm_gguf_key_info {
+  const char *key;      /* owned by the rlm_gguf                         */
+  char type[24];        /* "uint32", "float32", "string", "array[int32]" */
+  uint64_t n;           /* an array's elements, a string's bytes; else 1 */
+} rlm_gguf_key_info;
+
+RLM_API size_t rlm_gguf_key_count(const rlm_gguf *g);
+/* Key i in [0, count) and its value rendered for a person into
+ * value[0, value_size) (NUL-terminated, cut to fit; may be NULL if
+ * value_size is 0): numbers in decimal (floats in the fewest digits that
+ * read back the same), true/false, strings quoted with C escapes and cut
+ * after 64 bytes as "...", with their byte length; arrays as their first
+ * 8 elements ("[1, 2, ...]"), with their length when cut. */
+RLM_API rlm_status rlm_gguf_key_get(const rlm_gguf *g, size_t i, rlm_gguf_key_info *info,
+                                    char *value, size_t value_size, rlm_error *err);
+
+typedef struct rlm_gguf_tensor_info {
+  const char *name;                /* owned by the rlm_gguf                */
+  const char *type;                /* ggml type name: "F16", "Q4_K", ...   */
+  uint32_t type_id;                /* ggml's id of it                      */
+  int n_dims;                      /* 1..RLM_GGUF_MAX_DIMS                 */
+  int64_t dims[RLM_GGUF_MAX_DIMS]; /* GGUF's order: dims[0] varies fastest
+                                      (the reverse of rlm_tensor_info's)  */
+  const void *data;                /* mmap'd; aligned to the alignment
+                                      when that is at most the page size  */
+  size_t nbytes;
+  uint64_t offset;                 /* of the data, from the file's start   */
+} rlm_gguf_tensor_info;
+
+RLM_API size_t rlm_gguf_tensor_count(const rlm_gguf *g);
+/* i in [0, count). */
+RLM_API rlm_status rlm_gguf_tensor_get(const rlm_gguf *g, size_t i, rlm_gguf_tensor_info *info,
+                                       rlm_error *err);
+
+/* ------------------------------------------------------------------------
  * Model quantization (`ringlm quantize`): every 2-D `*.weight` tensor that
  * is not a norm (and not an embedding unless asked) becomes the MLX triple
  * name.weight (u32), name.scales, name.biases; everything else is copied.

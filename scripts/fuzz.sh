@@ -16,7 +16,7 @@ secs=${1:-600}
 min_execs=${FUZZ_MIN_EXECS:-1000000}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(safetensors config tokenizer template kv_state snapshot request ids batch)
+[ ${#targets[@]} -eq 0 ] && targets=(safetensors gguf config tokenizer template kv_state snapshot request ids batch)
 # clang and its runtime (libFuzzer), only here: the normal build uses gcc.
 bash scripts/deps.sh >/dev/null
 for p in clang libclang-rt-14-dev; do

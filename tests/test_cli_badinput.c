@@ -14,9 +14,11 @@
  * hard links to a pristine copy of the fixtures (tests/fixtures/models/
  * llama; models/brown-15m-4bit, which has a tokenizer and a chat template)
  * in which the broken path is first unlinked, so no fixture is touched.
+ * A GGUF file for `inspect` is written with tests/gguf_write.h.
  * Runs the built binary ($RINGLM_BIN). As root, chmod 000 stops no read:
  * those cases run as nobody (setpriv) when they can, else they say
  * "skipped" with the reason and count as neither passed nor failed. */
+#include "gguf_write.h"
 #include "test.h"
 
 #include <dirent.h>
@@ -313,6 +315,16 @@ static const bad_case cases[] = {
     {K_INSPECT, "brown", "prompt.txt", B_NONE, NULL, NULL, "header length", NULL, NULL},
     {K_INSPECT, "brown", "p.cache", B_HALF, NULL, NULL, "truncated", NULL, NULL},
     {K_INSPECT, "brown", "p.cache", B_PERM, NULL, NULL, "Permission denied", NULL, NULL},
+    /* -- inspect FILE.gguf (pristine: a valid file of tests/gguf_write.h) */
+    {K_INSPECT, "brown", "model.gguf", B_HALF, NULL, NULL, "truncated", NULL, NULL},
+    {K_INSPECT, "brown", "model.gguf", B_EMPTY, NULL, NULL, "truncated: 0 bytes", NULL, NULL},
+    {K_INSPECT, "brown", "model.gguf", B_TEXT, "not a GGUF file\n", NULL, "bad magic", NULL, NULL},
+    {K_INSPECT, "brown", "model.gguf", B_TEXT, "GGUF\x04\x01\x01\x01", NULL,
+     "GGUF version 16843012 is not supported", NULL, NULL},
+    {K_INSPECT, "brown", "model.gguf", B_DIR, NULL, NULL, "not a regular file", NULL, NULL},
+    {K_INSPECT, "brown", "model.gguf", B_PERM, NULL, NULL, "Permission denied", NULL, NULL},
+    /* no .gguf in the name: known by its magic */
+    {K_INSPECT, "brown", "gguf.bin", B_HALF, NULL, NULL, "truncated", NULL, NULL},
     /* -- quantize IN OUT (the dense llama fixture; OUT never appears) */
     {K_QUANTIZE, "llama", "nothing", B_MISSING, NULL, NULL, "no such file or folder", NULL, "q"},
     {K_QUANTIZE, "llama", "in.safetensors", B_EMPTY, NULL, NULL, "0 bytes", NULL, "q"},
@@ -616,6 +628,14 @@ static bool make_pristine(void) {
     snprintf(p, sizeof p, "%s/pristine/%s/in.safetensors", d, mo);
     ok = ok && sh("cp %s/pristine/%s/m/model.safetensors %s", d, mo, p) == 0;
   }
+  gw gguf = {0};
+  gw_model(&gguf, 3, 0, NULL);
+  snprintf(p, sizeof p, "%s/pristine/brown/model.gguf", d);
+  ok = ok && write_bytes(p, gguf.p, gguf.n);
+  snprintf(p, sizeof p, "%s/pristine/brown/gguf.bin", d);
+  ok = ok && write_bytes(p, gguf.p, gguf.n);
+  free(gguf.p);
+  ok = ok && sh("%s inspect %s >/dev/null 2>&1", g_bin, p) == 0;
   /* the pristine files must be whole and right: run each once */
   ok = ok && sh("%s cache-prompt -m %s/pristine/brown/m -p 'The jury said' -o "
                 "%s/pristine/brown/p.cache >/dev/null 2>&1", g_bin, d, d) == 0;

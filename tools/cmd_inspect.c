@@ -1,6 +1,8 @@
 /* cmd_inspect.c -- `ringlm inspect PATH`: the tensors of a safetensors
  * file or model folder, one per line in aligned columns (bytes also in
- * KiB/MiB/GiB), and their total size; `ringlm inspect -m DIR`: the model
+ * KiB/MiB/GiB), and their total size; of a GGUF file, its version and
+ * metadata keys first, then its tensors the same way; a KV snapshot is
+ * described by cmd_cache.c; `ringlm inspect -m DIR`: the model
  * as ringlm runs it (architecture, layer types and windows, parameters,
  * weight format, KV bytes for each --kv-bits). Bad usage exits 2. */
 #include "model_cli.h"
@@ -82,62 +84,149 @@ static int inspect_model(const char *dir, int group, int chunk) {
   return CLI_OK;
 }
 
-static void format_shape(const rlm_tensor_info *t, char *buf, size_t n) {
+/* "[2, 3]" into buf. */
+static void format_shape(int ndim, const int64_t *shape, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "[");
-  for (int d = 0; d < t->ndim && k < n; d++)
-    k += (size_t)snprintf(buf + k, n - k, d ? ", %lld" : "%lld", (long long)t->shape[d]);
+  for (int d = 0; d < ndim && k < n; d++)
+    k += (size_t)snprintf(buf + k, n - k, d ? ", %lld" : "%lld", (long long)shape[d]);
   if (k < n) snprintf(buf + k, n - k, "]");
 }
 
+/* One line of a tensor listing, whichever format the file is in. */
+typedef struct tensor_row {
+  const char *name, *type;
+  char shape[256];
+  size_t nbytes;
+} tensor_row;
+
+/* Row i of a listing's source (an rlm_weights or an rlm_gguf). */
+typedef rlm_status (*row_fn)(const void *src, size_t i, tensor_row *row, rlm_error *err);
+
 /* Column widths of the tensor listing: each the widest of its column. */
 typedef struct tensor_cols {
-  int name, shape, bytes, human;
+  int name, type, shape, bytes, human;
 } tensor_cols;
 
-static void print_tensor(const rlm_tensor_info *t, const tensor_cols *w) {
-  char shape[256], bytes[32], h[32];
-  format_shape(t, shape, sizeof shape);
-  snprintf(bytes, sizeof bytes, "%zu", t->nbytes);
-  printf("%-*s %-5s %-*s %*s", w->name, t->name, rlm_dtype_name(t->dtype), w->shape, shape,
-         w->bytes, bytes);
-  if (*human(h, sizeof h, (double)t->nbytes)) printf("  %*s", w->human, h);
+static void print_row(const tensor_row *r, const tensor_cols *w) {
+  char bytes[32], h[32];
+  snprintf(bytes, sizeof bytes, "%zu", r->nbytes);
+  printf("%-*s %-*s %-*s %*s", w->name, r->name, w->type, r->type, w->shape, r->shape, w->bytes,
+         bytes);
+  if (*human(h, sizeof h, (double)r->nbytes)) printf("  %*s", w->human, h);
   printf("\n");
 }
 
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-/* Two passes: the widths, then the rows (the table is small beside the data). */
+/* Two passes: the widths, then the rows (the table is small beside the
+ * data); then "<counts>N tensors, B bytes (...)". */
+static int print_tensors(const void *src, size_t n, row_fn get, const char *counts) {
+  tensor_cols cols = {60, 5, 0, 0, 0}; /* names pad to 60 at least, as before */
+  size_t total = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < n; i++) {
+      tensor_row r;
+      char buf[32];
+      rlm_error err = {0};
+      if (get(src, i, &r, &err)) return cli_fail(&err);
+      if (pass) {
+        print_row(&r, &cols);
+        total += r.nbytes;
+        continue;
+      }
+      cols.name = max_int(cols.name, (int)strlen(r.name));
+      cols.type = max_int(cols.type, (int)strlen(r.type));
+      cols.shape = max_int(cols.shape, (int)strlen(r.shape));
+      cols.bytes = max_int(cols.bytes, snprintf(buf, sizeof buf, "%zu", r.nbytes));
+      cols.human = max_int(cols.human, (int)strlen(human(buf, sizeof buf, (double)r.nbytes)));
+    }
+  }
+  char h[32];
+  printf("%s%zu tensor%s, %zu bytes (%.2f MB%s%s)\n", counts, n, cli_s((long)n), total,
+         (double)total / 1e6, total >= 1024 ? ", " : "", human(h, sizeof h, (double)total));
+  return CLI_OK;
+}
+
+static rlm_status weights_row(const void *src, size_t i, tensor_row *row, rlm_error *err) {
+  rlm_tensor_info t;
+  rlm_status rc = rlm_weights_get(src, i, &t, err);
+  if (rc) return rc;
+  *row = (tensor_row){.name = t.name, .type = rlm_dtype_name(t.dtype), .nbytes = t.nbytes};
+  format_shape(t.ndim, t.shape, row->shape, sizeof row->shape);
+  return RLM_OK;
+}
+
 static int list_tensors(const char *path) {
   rlm_error err = {0};
   rlm_weights *w;
   if (rlm_weights_open(&w, path, &err)) return cli_fail(&err);
-  size_t total = 0, n = rlm_weights_count(w);
-  tensor_cols cols = {60, 0, 0, 0}; /* names pad to 60 at least, as before */
+  int rc = print_tensors(w, rlm_weights_count(w), weights_row, "");
+  rlm_weights_free(w);
+  return rc;
+}
+
+/* ---- GGUF ---------------------------------------------------------------- */
+
+static rlm_status gguf_row(const void *src, size_t i, tensor_row *row, rlm_error *err) {
+  rlm_gguf_tensor_info t;
+  rlm_status rc = rlm_gguf_tensor_get(src, i, &t, err);
+  if (rc) return rc;
+  *row = (tensor_row){.name = t.name, .type = t.type, .nbytes = t.nbytes};
+  format_shape(t.n_dims, t.dims, row->shape, sizeof row->shape);
+  return RLM_OK;
+}
+
+/* Every key, its type and its value as the library renders it (long
+ * strings and arrays cut), in aligned columns; keys wider than 60 bytes
+ * push their own line out rather than the whole column. */
+static int print_keys(const rlm_gguf *g) {
+  int wkey = 0, wtype = 0;
+  char value[512];
   for (int pass = 0; pass < 2; pass++) {
-    for (size_t i = 0; i < n; i++) {
-      rlm_tensor_info t;
-      char buf[256];
-      if (rlm_weights_get(w, i, &t, &err)) {
-        rlm_weights_free(w);
-        return cli_fail(&err);
-      }
-      if (pass) {
-        print_tensor(&t, &cols);
-        total += t.nbytes;
-        continue;
-      }
-      format_shape(&t, buf, sizeof buf);
-      cols.name = max_int(cols.name, (int)strlen(t.name));
-      cols.shape = max_int(cols.shape, (int)strlen(buf));
-      cols.bytes = max_int(cols.bytes, snprintf(buf, sizeof buf, "%zu", t.nbytes));
-      cols.human = max_int(cols.human, (int)strlen(human(buf, sizeof buf, (double)t.nbytes)));
+    for (size_t i = 0; i < rlm_gguf_key_count(g); i++) {
+      rlm_gguf_key_info k;
+      rlm_error err = {0};
+      if (rlm_gguf_key_get(g, i, &k, value, pass ? sizeof value : 0, &err)) return cli_fail(&err);
+      if (pass) printf("%-*s %-*s %s\n", wkey, k.key, wtype, k.type, value);
+      const int len = (int)strlen(k.key);
+      wkey = max_int(wkey, len < 60 ? len : 60);
+      wtype = max_int(wtype, (int)strlen(k.type));
     }
   }
-  char h[32];
-  printf("%zu tensor%s, %zu bytes (%.2f MB%s%s)\n", n, n == 1 ? "" : "s", total,
-         (double)total / 1e6, total >= 1024 ? ", " : "", human(h, sizeof h, (double)total));
-  rlm_weights_free(w);
   return CLI_OK;
+}
+
+/* The version, every key, then every tensor (its shape in GGUF's order,
+ * the fastest-varying dimension first). */
+static int inspect_gguf(const char *path) {
+  rlm_error err = {0};
+  rlm_gguf *g;
+  if (rlm_gguf_open(&g, path, &err)) return cli_fail(&err);
+  const size_t n_keys = rlm_gguf_key_count(g);
+  printf("GGUF version %u, alignment %u\n", (unsigned)rlm_gguf_version(g),
+         (unsigned)rlm_gguf_alignment(g));
+  int rc = print_keys(g);
+  char counts[64];
+  snprintf(counts, sizeof counts, "%zu key%s, ", n_keys, cli_s((long)n_keys));
+  if (!rc && rlm_gguf_tensor_count(g)) printf("\n");
+  if (!rc) rc = print_tensors(g, rlm_gguf_tensor_count(g), gguf_row, counts);
+  rlm_gguf_free(g);
+  return rc;
+}
+
+static bool ends_with(const char *s, const char *tail) {
+  size_t a = strlen(s), b = strlen(tail);
+  return a >= b && strcmp(s + a - b, tail) == 0;
+}
+
+/* A .gguf name, or a file that starts with the GGUF magic. */
+static bool is_gguf(const char *path) {
+  if (ends_with(path, ".gguf")) return true;
+  char magic[4];
+  FILE *f = fopen(path, "rb");
+  bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+  if (f) fclose(f);
+  return yes;
 }
 
 static const char inspect_help[] =
@@ -145,11 +234,14 @@ static const char inspect_help[] =
     "       ringlm inspect -m DIR [--kv-group-size G] [--prefill-chunk N]\n"
     "\n"
     "The first form lists every tensor of a .safetensors file or a model folder:\n"
-    "name, dtype, shape, bytes (and KiB/MiB/GiB), then the total. The second\n"
-    "describes the model as ringlm runs it: architecture, each layer's type\n"
-    "(sliding window or full attention), head dim and KV heads, parameters,\n"
-    "weight format, end-of-sequence ids, and the KV bytes per token and ring\n"
-    "bytes for dense, 8..2-bit, K8V4 and K4V8 caches.\n"
+    "name, dtype, shape, bytes (and KiB/MiB/GiB), then the total. For a GGUF\n"
+    "file (a .gguf name, or the GGUF magic) it prints the version, every\n"
+    "metadata key with its type and value (long strings and arrays cut), then\n"
+    "the tensors (ggml type; shape in GGUF order, fastest dimension first).\n"
+    "The second describes the model as ringlm runs it: architecture, each\n"
+    "layer's type (sliding window or full attention), head dim and KV heads,\n"
+    "parameters, weight format, end-of-sequence ids, and the KV bytes per\n"
+    "token and ring bytes for dense, 8..2-bit, K8V4 and K4V8 caches.\n"
     "\n"
     "options:\n"
     "  -m, --model DIR       describe the model in folder DIR (default: list the\n"
@@ -221,6 +313,7 @@ int cmd_inspect(int argc, char **argv) {
   int rc = parse_args(argc, argv, &a);
   if (rc) return rc < 0 ? CLI_OK : rc;
   if (a.dir) return inspect_model(a.dir, (int)a.group, (int)a.chunk);
+  if (is_gguf(a.path)) return inspect_gguf(a.path);
   struct stat st;
   bool not_cache = true;
   if (stat(a.path, &st) == 0 && S_ISREG(st.st_mode) && (rc = mcli_inspect_cache(a.path, &not_cache)))

@@ -1,12 +1,42 @@
-/* make_seeds.c -- writes the seed corpus of fuzz_kv_state (one state image
- * of each cache fuzz_kv_state builds, after enough decode steps that the
- * rings wrap): make_seeds DIR. The images are committed under
- * corpus/kv_state; this tool is how they were made. */
+/* make_seeds.c -- writes the seed corpora that are generated rather than
+ * written by hand; they are committed, and this tool is how they were made.
+ *   make_seeds DIR         corpus/kv_state: one state image of each cache
+ *                          fuzz_kv_state builds, after enough decode steps
+ *                          that the rings wrap
+ *   make_seeds --gguf DIR  corpus/gguf: small valid GGUF files
+ *                          (tests/gguf_write.h): a v3 and a v2 model, a
+ *                          vocabulary without tensors, tensors without keys */
 #include "fuzz.h"
 #include "fuzz_kv.h"
+#include "../gguf_write.h"
+
+static int gguf_seeds(const char *dir) {
+  gw w[4] = {{0}};
+  gw_model(&w[0], 3, 0, NULL);
+  gw_model(&w[1], 2, 64, NULL);
+  gw_header(&w[2], 3, 0, 2);
+  gw_kv_str(&w[2], "tokenizer.ggml.model", "gpt2");
+  gw_key(&w[2], "tokenizer.ggml.token_type", GW_ARR);
+  gw_arr(&w[2], GW_I32, 2);
+  gw_u32(&w[2], 1);
+  gw_u32(&w[2], 3);
+  const uint64_t dims[] = {32, 2};
+  gw_header(&w[3], 3, 2, 0);
+  gw_tensor(&w[3], "a", 2, dims, GW_T_Q8_0, 0);
+  gw_tensor(&w[3], "b", 1, dims, GW_T_F16, 96);
+  gw_pad(&w[3], 32);
+  for (int i = 0; i < 160; i++) gw_u8(&w[3], (uint8_t)i);
+  static const char *const names[] = {"model_v3", "model_v2_align64", "vocab_only", "tensors_only"};
+  for (int i = 0; i < 4; i++) {
+    if (!fuzz_write(dir, names[i], w[i].p, w[i].n)) return 1;
+    free(w[i].p);
+  }
+  return 0;
+}
 
 int main(int argc, char **argv) {
-  if (argc != 2) return fprintf(stderr, "usage: make_seeds DIR\n"), 2;
+  if (argc == 3 && !strcmp(argv[1], "--gguf")) return gguf_seeds(argv[2]);
+  if (argc != 2) return fprintf(stderr, "usage: make_seeds DIR | make_seeds --gguf DIR\n"), 2;
   static float k[2 * 32], v[2 * 32], q[4 * 32], out[4 * 32];
   for (int sel = 0; sel < 32; sel++) {
     if ((sel & 16) && sel % 4 != RLM_KV_ROTATING_QUANT) continue; /* the same cache again */
