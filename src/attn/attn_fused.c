@@ -735,19 +735,38 @@ RLM_F16C static void widen_f16_row(const uint16_t *sc, const uint16_t *bi, int n
   for (; g < ng; g++) d[2 * g] = _cvtsh_ss(sc[g]), d[2 * g + 1] = _cvtsh_ss(bi[g]);
 }
 
+/* The same for bf16 scales and biases: a bf16 is the top half of its
+ * f32, so interleaving each (s, b) pair under zeros widens it (SSE2; the
+ * per-value loop it replaces was ~2% of a 16k decode step). */
+RLM_F16C static void widen_bf16_row(const uint16_t *sc, const uint16_t *bi, int ng, float *d) {
+  const __m128i z = _mm_setzero_si128();
+  int g = 0;
+  for (; g + 8 <= ng; g += 8) {
+    const __m128i s8 = _mm_loadu_si128((const __m128i *)(sc + g));
+    const __m128i b8 = _mm_loadu_si128((const __m128i *)(bi + g));
+    const __m128i lo = _mm_unpacklo_epi16(s8, b8), hi = _mm_unpackhi_epi16(s8, b8);
+    _mm_storeu_si128((__m128i *)(d + 2 * g), _mm_unpacklo_epi16(z, lo));
+    _mm_storeu_si128((__m128i *)(d + 2 * g + 4), _mm_unpackhi_epi16(z, lo));
+    _mm_storeu_si128((__m128i *)(d + 2 * g + 8), _mm_unpacklo_epi16(z, hi));
+    _mm_storeu_si128((__m128i *)(d + 2 * g + 12), _mm_unpackhi_epi16(z, hi));
+  }
+  for (; g < ng; g++) d[2 * g] = rlm__bf16_to_f32(sc[g]), d[2 * g + 1] = rlm__bf16_to_f32(bi[g]);
+}
+
 RLM_F16C static void widen_mat_f16c(const attn_job *j, const rlm_attn_mat *m, int ng, float *out) {
   if (!m->bits) return;
   const bool run = j->idx[j->n - 1] - j->idx[0] == j->n - 1 && m->sb_stride == ng;
-  if (run && m->dtype == RLM_DTYPE_F16) { /* consecutive slots: one widening of n * ng */
+  void (*row)(const uint16_t *, const uint16_t *, int, float *) =
+      m->dtype == RLM_DTYPE_F16 ? widen_f16_row : m->dtype == RLM_DTYPE_BF16 ? widen_bf16_row : NULL;
+  if (run && row) { /* consecutive slots: one widening of n * ng */
     const int64_t o = j->idx[0] * m->sb_stride;
-    widen_f16_row((const uint16_t *)m->scales + o, (const uint16_t *)m->biases + o, j->n * ng, out);
+    row((const uint16_t *)m->scales + o, (const uint16_t *)m->biases + o, j->n * ng, out);
     return;
   }
   for (int t = 0; t < j->n; t++) {
     const int64_t o = j->idx[t] * m->sb_stride;
-    if (m->dtype == RLM_DTYPE_F16) {
-      widen_f16_row((const uint16_t *)m->scales + o, (const uint16_t *)m->biases + o, ng,
-                    out + t * 2 * ng);
+    if (row) {
+      row((const uint16_t *)m->scales + o, (const uint16_t *)m->biases + o, ng, out + t * 2 * ng);
       continue;
     }
     for (int g = 0; g < ng; g++) {
