@@ -333,6 +333,15 @@ TEST(qmatmul_matches_ref) {
           product_case(BITS[bi], GROUPS[gi], DTYPES[di], trial + 100, false);
 }
 
+/* G = 16 (GGUF's Q6_K, quant.h): the table's products for the widths
+ * rlm__qmatmul gives it at that group size (2 and 6: the any-bits path). */
+TEST(group16_products_match_ref) {
+  static const int bits16[] = {2, 6};
+  for (int bi = 0; bi < N_OF(bits16); bi++)
+    for (int di = 0; di < N_OF(DTYPES); di++)
+      for (int trial = 0; trial < 6; trial++) product_case(bits16[bi], 16, DTYPES[di], trial + 200, trial % 2);
+}
+
 /* Shapes larger than one qmatmul tile of W (256 KiB) and than one block of
  * x columns, with a range that starts and ends inside tiles. */
 TEST(qmatmul_many_tiles) {
@@ -432,6 +441,7 @@ static void run_table(const char *name, const rlm_quant_kernels *k) {
       {"qmatmul_matches_ref", qmatmul_matches_ref},
       {"qmatmul_many_tiles", qmatmul_many_tiles},
       {"qmatmul_batched_decode", qmatmul_batched_decode},
+      {"group16_products_match_ref", group16_products_match_ref},
   };
   t_run_isa(name, k != NULL, tests, N_OF(tests));
 }

@@ -34,7 +34,11 @@ static void qmm_range(void *ctx, int64_t o0, int64_t o1, int ith, int nth) {
 void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
                   float *xsum, float *y) {
   rlm__group_sums(x, m, w->cols, w->group_size, xsum);
-  struct qmm_job j = {rlm__quant_kernels(), w, x, xsum, m, y};
+  /* G = 16 (quant.h): the SIMD tables' any-bits path takes it, their
+   * 4- and 8-bit kernels read groups of 32 and more */
+  const bool simd = w->group_size >= 32 || (w->bits != 4 && w->bits != 8);
+  const rlm_quant_kernels *k = simd ? rlm__quant_kernels() : &rlm__quant_kernels_ref;
+  struct qmm_job j = {k, w, x, xsum, m, y};
   rlm__pool_for(pool, w->rows, 16, (double)w->cols * (double)m, qmm_range, &j);
 }
 

@@ -4,9 +4,9 @@
  * THE FORMAT (MLX "affine" mode; identical for weights and KV caches)
  *
  * A row of `cols` values is cut into groups of G = group_size consecutive
- * values (G in {32, 64, 128}). Each group has a scale s and a bias b, stored
- * in the row's float dtype T (f32, f16 or bf16), and B = bits per value
- * (B in {2, 3, 4, 5, 6, 8}). Value x_j is coded as an integer
+ * values (G in {32, 64, 128}; G = 16 below). Each group has a scale s and
+ * a bias b, stored in the row's float dtype T (f32, f16 or bf16), and B =
+ * bits per value (B in {2, 3, 4, 5, 6, 8}). Value x_j is coded as an integer
  * q_j in [0, 2^B - 1] and read back as q_j * s + b.
  *
  * Packing: the codes of a row form one LSB-first bit stream; code i takes
@@ -48,6 +48,16 @@
  * (MLX's bf16/f16 arithmetic); for T = f32 it is two f32 operations, no FMA.
  * Quantized products use the stored s, b widened to f32 and accumulate in
  * f32 per group as s * sum(x_j q_j) + b * sum(x_j).
+ *
+ * G = 16 exists for weights only, for GGUF's Q6_K, whose sub-blocks of 16
+ * model/gguf_quant.c converts exactly (6-bit codes, f32 scales); B must be
+ * even so that a group still fills whole words (rlm__qmat_format_ok).
+ * The reference kernels take any such G, and so do the SIMD tables'
+ * products for B = 2 and 6 (their any-bits path); their 4- and 8-bit
+ * kernels and the int8 activation path assume G >= 32, so rlm__qmatmul
+ * sends G = 16 with B = 4 or 8 to the reference and rlm__q8act_ok refuses
+ * G = 16. Quantizing, KV caches and the public API stay at 32, 64, 128
+ * (rlm__quant_group_ok).
  */
 #ifndef RLM_QUANT_H
 #define RLM_QUANT_H
@@ -72,6 +82,10 @@ static inline bool rlm__quant_bits_ok(int bits) {
   return bits == 2 || bits == 3 || bits == 4 || bits == 5 || bits == 6 || bits == 8;
 }
 static inline bool rlm__quant_group_ok(int g) { return g == 32 || g == 64 || g == 128; }
+/* A weight matrix's bits and group size: the above, or G = 16 with even B. */
+static inline bool rlm__qmat_format_ok(int bits, int g) {
+  return rlm__quant_bits_ok(bits) && (rlm__quant_group_ok(g) || (g == 16 && bits % 2 == 0));
+}
 static inline int64_t rlm__quant_row_words(int64_t cols, int bits) { return cols * bits / 32; }
 
 /* Validates bits, group size, dtype and that cols is a positive multiple of
@@ -137,8 +151,9 @@ const rlm_quant_kernels *rlm__quant_kernels_avx512(void);
 const rlm_quant_kernels *rlm__quant_kernels(void);
 
 /* Multi-threaded products over a pool (NULL = inline): output rows are
- * split across threads. xsum scratch [m][cols/G] is caller-provided so the
- * decode loop does not allocate. */
+ * split across threads (G = 16 with B = 4 or 8: the reference). xsum
+ * scratch [m][cols/G] is caller-provided so the decode loop does not
+ * allocate. */
 void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
                   float *xsum, float *y);
 
@@ -146,7 +161,8 @@ void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
 /* Scratch bytes for one quantized activation row of `cols`, in either
  * layout (qdot.c: the nibble one for 4-bit weights, the quad one for 8). */
 size_t rlm__q8act_bytes(int64_t cols);
-/* Whether w can take int8 activations (4- or 8-bit, cols a multiple of 128). */
+/* Whether w can take int8 activations (4- or 8-bit, G >= 32, cols a
+ * multiple of 128). */
 bool rlm__q8act_ok(const rlm_qmat *w);
 /* For 4-bit weights: x [cols] -> int8 blocks of 32 with their scales, in
  * the nibble layout. */

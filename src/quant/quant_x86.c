@@ -26,6 +26,9 @@
  *                  go output by output through a small unpacked-group
  *                  buffer (unpack_group_f32_avx2).
  *   dequantize     no fast path (not in the kernel table).
+ *   G = 16         (GGUF's Q6_K, quant.h) only through the any-bits path
+ *                  (B = 2, 6): rlm__qmatmul sends G = 16 with B = 4 or 8
+ *                  to the reference, and quantize_rows never sees it.
  *
  * Numerics (the contract tests enforce):
  *   - quantize: identical bytes. The vector code mirrors the reference's
@@ -311,7 +314,8 @@ RLM_AVX2 static void quantize_rows_avx2(const void *x, rlm_dtype dtype, int64_t 
 
 /* ---- products: any bits (the path for 2, 3, 5, 6) ------------------------ */
 
-/* sum over j < g of q[j] * x[j], two accumulators for the FMA latency. */
+/* sum over j < g of q[j] * x[j], two accumulators for the FMA latency (g a
+ * multiple of 16: G = 16, quant.h, takes this path for B = 2 and 6). */
 RLM_AVX2 static RLM_INLINE __m256 dot_avx2(const float *q, const float *x, int g) {
   __m256 d0 = _mm256_setzero_ps(), d1 = _mm256_setzero_ps();
   for (int j = 0; j < g; j += 16) {
@@ -779,12 +783,15 @@ RLM_AVX512 static void quantize_rows_avx512(const void *x, rlm_dtype dtype, int6
 
 /* ---- products: any bits (the path for 2, 3, 5, 6) ------------------------ */
 
+/* g a multiple of 16: G = 16 (GGUF's Q6_K, quant.h) is one step of d0. */
 RLM_AVX512 static RLM_INLINE __m512 dot_avx512(const float *q, const float *x, int g) {
   __m512 d0 = _mm512_setzero_ps(), d1 = _mm512_setzero_ps();
-  for (int j = 0; j < g; j += 32) {
+  int j = 0;
+  for (; j + 32 <= g; j += 32) {
     d0 = _mm512_fmadd_ps(_mm512_load_ps(q + j), _mm512_loadu_ps(x + j), d0);
     d1 = _mm512_fmadd_ps(_mm512_load_ps(q + j + 16), _mm512_loadu_ps(x + j + 16), d1);
   }
+  if (j < g) d0 = _mm512_fmadd_ps(_mm512_load_ps(q + j), _mm512_loadu_ps(x + j), d0);
   return _mm512_add_ps(d0, d1);
 }
 
