@@ -1055,12 +1055,12 @@ TEST(generation) {
  * must be refused (srv_json_text NULL: the server then answers 500),
  * never sent short. */
 static const char *const k_bodies[] = {
-    "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
-    "\"content\": \"Tell me about the old village.\"}], \"n\": 2, \"temperature\": 0.7, \"top_p\": 0.9, "
-    "\"stop\": [\"\\n\\n\", \"END\"], \"logprobs\": true, \"top_logprobs\": 2, \"seed\": 7, "
-    "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"max_tokens\": 16}",
-    "{\"prompt\": \"The old man walked into the village\", \"logprobs\": 2, \"stop\": \"x\", "
-    "\"max_completion_tokens\": 8, \"frequency_penalty\": 0.5}",
+    ("{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+     "\"content\": \"Tell me about the old village.\"}], \"n\": 2, \"temperature\": 0.7, \"top_p\": 0.9, "
+     "\"stop\": [\"\\n\\n\", \"END\"], \"logprobs\": true, \"top_logprobs\": 2, \"seed\": 7, "
+     "\"stream\": true, \"stream_options\": {\"include_usage\": true}, \"max_tokens\": 16}"),
+    ("{\"prompt\": \"The old man walked into the village\", \"logprobs\": 2, \"stop\": \"x\", "
+     "\"max_completion_tokens\": 8, \"frequency_penalty\": 0.5}"),
     "{\"prompt\": [1, 2, 3, 4, 5, 6], \"n\": 1, \"top_k\": 40, \"ignore_eos\": true}",
 };
 

@@ -403,7 +403,12 @@ TEST(tolerance_catches_one_wrong_code) {
   qmat_make(&t, 4, 128 * 33, 4, 128, RLM_DTYPE_F32, &rng);
   float *x = make_x(1, t.w.cols, &rng);
   const int64_t c = 128 * 20 + 77, words = rlm__quant_row_words(t.w.cols, 4);
-  x[c] = 1.0f;
+  /* x[c] a typical activation of this x (4x its mean magnitude), not a
+   * fixed 1: make_x draws magnitudes from 1e-3 to 1e3, and against a
+   * large x a fixed 1 hid the wrong code for most seeds */
+  double mean_abs = 0;
+  for (int64_t j = 0; j < t.w.cols; j++) mean_abs += fabs((double)x[j]) / (double)t.w.cols;
+  x[c] = (float)(4.0 * mean_abs);
   float xsum[33], y[4], y_bad[4];
   rlm__group_sums(x, 1, t.w.cols, 128, xsum);
   rlm__qmatvec_ref(&t.w, x, xsum, 0, 4, y);
