@@ -669,6 +669,14 @@ static rlm_status finish_open(rlm_gguf **out, rlm_gguf *g, rlm_status rc, rlm_er
   return RLM_OK;
 }
 
+bool rlm__gguf_sniff(const char *path) {
+  char magic[4];
+  FILE *f = fopen(path, "rb");
+  const bool yes = f && fread(magic, 1, 4, f) == 4 && memcmp(magic, "GGUF", 4) == 0;
+  if (f) fclose(f);
+  return yes;
+}
+
 rlm_status rlm__gguf_open(rlm_gguf **out, const char *path, rlm_error *err) {
   if (!out) return rlm__err(err, RLM_ERR_INVALID, "rlm__gguf_open: out is NULL");
   *out = NULL;

@@ -168,6 +168,10 @@ typedef struct rlm_gguf_tensor {
   uint64_t offset;                 /* from the start of the file          */
 } rlm_gguf_tensor;
 
+/* Whether path is a regular file that starts with the GGUF magic (nothing
+ * is checked past it; used to tell a GGUF file from a model folder). */
+bool rlm__gguf_sniff(const char *path);
+
 /* rlm_gguf (ringlm.h) is this reader's handle. */
 rlm_status rlm__gguf_open(rlm_gguf **out, const char *path, rlm_error *err);
 /* One GGUF image in memory (`len` bytes at `data`, which must outlive the

@@ -6,6 +6,7 @@
  * A missing tensor or a wrong shape is RLM_ERR_FORMAT naming the tensor.
  */
 #include "model/model.h"
+#include "model/gguf.h"
 
 #include <math.h>
 
@@ -321,6 +322,12 @@ static rlm_status make_signature(rlm_model *m, rlm_error *err) {
 rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   if (!out || !dir) return rlm__err(err, RLM_ERR_INVALID, "rlm_model_load: NULL argument");
   *out = NULL;
+  /* otherwise "FILE.gguf/config.json: Not a directory", which misleads */
+  if (rlm__gguf_sniff(dir))
+    return rlm__err(err, RLM_ERR_UNSUPPORTED,
+                    "%s: a GGUF file; running GGUF models is not supported yet (ringlm inspect "
+                    "lists it): give a Hugging Face model folder",
+                    dir);
   rlm_model *m = rlm__calloc(1, sizeof *m);
   if (!m) return rlm__err_nomem(err, "model", sizeof *m);
   rlm__arena_init(&m->arena, 1 << 16);
