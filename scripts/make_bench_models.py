@@ -13,7 +13,10 @@ standard library).
 
 Writes OUT_DIR/<name>/ (config.json, generation_config.json,
 model.safetensors) and OUT_DIR/<name>-f16.gguf. RoPE scaling is left out
-of both (it does not change the work). Weights are N(0, 0.02) from a fixed
+of both (it does not change the work). A llama GGUF's q/k rows are
+interleaved per head as convert_hf_to_gguf.py interleaves them (the same
+function for llama.cpp; ringlm's GGUF loader puts them back). Weights are
+N(0, 0.02) from a fixed
 seed, so every run writes the same bytes; norms are 1 (for Gemma, whose
 norms scale by 1 + w, the stored w is 0 and GGUF holds 1 + w, as
 llama.cpp's converter writes it).
@@ -66,6 +69,15 @@ SHAPES = {
     # The GPU's bench shape (issue 17), as the anchor's Llama 3.1 8B.
     "llama3.1-8b": dict(arch="llama", gguf="llama", hidden=4096, inter=14336, layers=32, heads=32, kv=8,
                         head_dim=128, vocab=128256, window=0, theta=5e5, qk_norm=False),
+    # Tiny ones for the GGUF model tests (tests/fixtures/gguf: scripts/make_gguf_fixtures.sh):
+    # rows of 256 so that llama-quantize's K-quants apply; gemma's pattern
+    # key makes layer 0 slide and layer 1 attend fully.
+    "tiny-llama": dict(arch="llama", gguf="llama", hidden=256, inter=256, layers=1, heads=4, kv=2,
+                       head_dim=64, vocab=256, window=0, theta=5e5, qk_norm=False),
+    "tiny-qwen3": dict(arch="qwen3", gguf="qwen3", hidden=256, inter=256, layers=1, heads=2, kv=1,
+                       head_dim=128, vocab=256, window=0, theta=1e6, qk_norm=True),
+    "tiny-gemma3": dict(arch="gemma3_text", gguf="gemma3", hidden=256, inter=256, layers=2, heads=2, kv=1,
+                        head_dim=128, vocab=256, window=4, theta=1e6, theta_local=1e4, qk_norm=True, pattern=2),
 }
 DEFAULT = ["gemma3-1b", "llama3.2-1b", "qwen3-0.6b"]  # the CPU's; name llama3.1-8b to get it
 
@@ -123,8 +135,11 @@ def hf_config(s):
          "rope_theta": s["theta"], "tie_word_embeddings": True, "max_position_embeddings": 32768,
          "torch_dtype": "bfloat16", "bos_token_id": 2, "eos_token_id": 1}
     if s["arch"] == "gemma3_text":
-        c.update(sliding_window=s["window"], rope_local_base_freq=s["theta_local"], query_pre_attn_scalar=256,
-                 hidden_activation="gelu_pytorch_tanh")
+        c.update(sliding_window=s["window"], rope_local_base_freq=s["theta_local"],
+                 query_pre_attn_scalar=s["head_dim"], hidden_activation="gelu_pytorch_tanh")
+        period = s.get("pattern", 6)
+        c["layer_types"] = ["sliding_attention" if i % period < period - 1 else "full_attention"
+                            for i in range(s["layers"])]
     return c
 
 
@@ -305,10 +320,20 @@ def gguf_metadata(s, vocab_kv=None):
     if s["window"]:
         kv[f"{a}.attention.sliding_window"] = s["window"]
         kv[f"{a}.rope.freq_base_swa"] = float(s["theta_local"])
+    if "pattern" in s:
+        kv[f"{a}.attention.sliding_window_pattern"] = s["pattern"]
     if vocab_kv:
         del kv["tokenizer.ggml.model"]
         kv.update(vocab_kv)
     return kv
+
+
+def llama_permute(w, heads):
+    """Rows of q/k as convert_hf_to_gguf.py writes them for a llama model:
+    within each head, HF row j * half + i goes to row 2 i + j (llama.cpp's
+    RoPE rotates adjacent pairs, transformers' the two halves)."""
+    rows, cols = w.shape
+    return w.reshape(heads, 2, rows // heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
 def write_gguf(path, s, items, vocab_kv=None):
@@ -318,6 +343,9 @@ def write_gguf(path, s, items, vocab_kv=None):
     prepared = []
     for name, arr in items:
         f = bf16_to_f32(arr)
+        heads = {"attn_q.weight": s["heads"], "attn_k.weight": s["kv"]}.get(name.split(".", 2)[-1])
+        if s["gguf"] == "llama" and heads:
+            f = llama_permute(f, heads)
         if arr.ndim == 1:
             prepared.append((name, (f + 1.0 if gemma else f).astype(np.float32), GGML_F32))
         else:

@@ -325,10 +325,10 @@ static const bad_case cases[] = {
     {K_INSPECT, "brown", "model.gguf", B_PERM, NULL, NULL, "Permission denied", NULL, NULL},
     /* no .gguf in the name: known by its magic */
     {K_INSPECT, "brown", "gguf.bin", B_HALF, NULL, NULL, "truncated", NULL, NULL},
-    /* a GGUF file where a model folder belongs: refused by name, not as a
-     * folder without config.json */
+    /* a GGUF file as the model: its metadata lacks llama's sizes, named by
+     * key (not "model.gguf/config.json: Not a directory") */
     {"{bin} run -m {t} -p 'the jury' -n 2", "brown", "model.gguf", B_NONE, NULL, NULL,
-     "running GGUF models is not supported yet", NULL, NULL},
+     "model.gguf: key 'llama.embedding_length' is missing", NULL, NULL},
     /* -- quantize IN OUT (the dense llama fixture; OUT never appears) */
     {K_QUANTIZE, "llama", "nothing", B_MISSING, NULL, NULL, "no such file or folder", NULL, "q"},
     {K_QUANTIZE, "llama", "in.safetensors", B_EMPTY, NULL, NULL, "0 bytes", NULL, "q"},

@@ -523,6 +523,13 @@ static rlm_status parse_all(rlm_model_config *c, const json_t *o, const char *pa
   return RLM_OK;
 }
 
+rlm_status rlm__config_parse(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err) {
+  memset(c, 0, sizeof *c);
+  rlm_status rc = parse_all(c, o, path, err);
+  if (!rc) parse_quant(c, o);
+  return rc;
+}
+
 rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err) {
   memset(c, 0, sizeof *c);
   char *path = rlm__path_join(dir, "config.json");

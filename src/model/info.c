@@ -103,6 +103,7 @@ static int64_t count_params(const rlm_model *m) {
     rlm__layer_linears(L, ls);
     for (int k = 0; k < RLM_LAYER_LINEARS; k++) n += linear_params(ls[k]);
   }
+  if (m->gguf) return n + rlm__gguf_model_1d_params(m);
   for (size_t i = 0; i < rlm__st_count(m->st); i++) {
     const rlm_st_tensor *t = rlm__st_at(m->st, i);
     if (t->ndim == 1 && rlm__dtype_is_float(t->dtype)) n += t->shape[0];

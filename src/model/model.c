@@ -60,9 +60,15 @@ static rlm_status bind_quant(rlm_model *m, const char *prefix, const rlm_st_tens
   return l->q.wq && l->q.scales && l->q.biases ? RLM_OK : rlm__err_nomem(err, prefix, 0);
 }
 
+/* Whether the weights hold hf_name (a GGUF file: under its own name). */
+static bool has_tensor(const rlm_model *m, const char *hf_name) {
+  return m->gguf ? rlm__gguf_model_tensor(m, hf_name) != NULL : rlm__st_find(m->st, hf_name) != NULL;
+}
+
 /* prefix.weight [out][in] dense, or the MLX triple under prefix. */
 static rlm_status bind_linear(rlm_model *m, const char *prefix, int64_t out, int64_t in,
                               rlm_linear *l, rlm_error *err) {
+  if (m->gguf) return rlm__gguf_bind_linear(m, prefix, out, in, l, err);
   char name[256];
   const rlm_st_tensor *w;
   snprintf(name, sizeof name, "%s.weight", prefix);
@@ -82,6 +88,7 @@ static rlm_status bind_linear(rlm_model *m, const char *prefix, int64_t out, int
 /* A norm vector [n] as f32 in the arena. */
 static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const float **out,
                             rlm_error *err) {
+  if (m->gguf) return rlm__gguf_bind_norm(m, name, n, out, err);
   const rlm_st_tensor *t;
   rlm_status rc = need(m, name, &t, err);
   if (rc) return rc;
@@ -155,7 +162,7 @@ static rlm_status bind_gemma4_layer(rlm_model *m, int i, rlm_error *err) {
   L->scalar = 1.0f;
   snprintf(p, sizeof p, "model.layers.%d.layer_scalar", i);
   const float *sc = NULL;
-  if (rlm__st_find(m->st, p)) {
+  if (has_tensor(m, p)) {
     if ((rc = bind_norm(m, p, 1, &sc, err))) return rc;
     L->scalar = *sc;
   }
@@ -277,7 +284,7 @@ static rlm_status bind_all(rlm_model *m, rlm_error *err) {
   rlm_status rc = bind_linear(m, "model.embed_tokens", c->vocab, c->hidden, &m->embed, err);
   if (!rc) rc = bind_norm(m, "model.norm.weight", c->hidden, &m->final_norm, err);
   if (rc) return rc;
-  if (c->tie_embeddings || !rlm__st_find(m->st, "lm_head.weight")) m->lm_head = m->embed;
+  if (c->tie_embeddings || !has_tensor(m, "lm_head.weight")) m->lm_head = m->embed;
   else if ((rc = bind_linear(m, "lm_head", c->vocab, c->hidden, &m->lm_head, err))) return rc;
   m->layers = rlm__arena_alloc(&m->arena, (size_t)c->n_layers * sizeof *m->layers);
   m->inv_freq = rlm__arena_alloc(&m->arena, (size_t)c->max_head_dim / 2 * sizeof(float));
@@ -287,6 +294,7 @@ static rlm_status bind_all(rlm_model *m, rlm_error *err) {
   /* Gemma multiplies embeddings by sqrt(hidden) cast to the weights' dtype
    * (transformers; mlx-lm rounds it to bf16 whatever the dtype). */
   m->embed_scale = c->gemma ? embed_scale(&m->embed, c->hidden) : 1.0f;
+  if (c->gemma && m->gguf) m->embed_scale = sqrtf((float)c->hidden); /* llama.cpp's, in f32 */
   for (int i = 0; i < c->n_layers && !rc; i++) rc = bind_layer(m, i, err);
   if (!rc && c->ple_dim) rc = bind_ple(m, err);
   return rc;
@@ -322,22 +330,23 @@ static rlm_status make_signature(rlm_model *m, rlm_error *err) {
 rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   if (!out || !dir) return rlm__err(err, RLM_ERR_INVALID, "rlm_model_load: NULL argument");
   *out = NULL;
-  /* otherwise "FILE.gguf/config.json: Not a directory", which misleads */
-  if (rlm__gguf_sniff(dir))
-    return rlm__err(err, RLM_ERR_UNSUPPORTED,
-                    "%s: a GGUF file; running GGUF models is not supported yet (ringlm inspect "
-                    "lists it): give a Hugging Face model folder",
-                    dir);
   rlm_model *m = rlm__calloc(1, sizeof *m);
   if (!m) return rlm__err_nomem(err, "model", sizeof *m);
   rlm__arena_init(&m->arena, 1 << 16);
-  m->config_path = rlm__path_join(dir, "config.json");
-  rlm_status rc = m->config_path ? RLM_OK : rlm__err_nomem(err, "path", strlen(dir));
-  if (!rc) rc = rlm__config_load(&m->cfg, dir, err);
-  if (!rc) rc = rlm__gen_config_load(&m->cfg, dir, err);
-  if (!rc) rc = rlm__st_open(&m->st, dir, err);
-  if (!rc) rc = bind_all(m, err);
-  if (!rc) rc = make_signature(m, err);
+  rlm_status rc;
+  if (rlm__gguf_sniff(dir)) {
+    rc = rlm__gguf_model_open(m, dir, err);
+    if (!rc) rc = bind_all(m, err);
+    if (!rc) rc = rlm__gguf_model_finish(m, err);
+  } else {
+    m->config_path = rlm__path_join(dir, "config.json");
+    rc = m->config_path ? RLM_OK : rlm__err_nomem(err, "path", strlen(dir));
+    if (!rc) rc = rlm__config_load(&m->cfg, dir, err);
+    if (!rc) rc = rlm__gen_config_load(&m->cfg, dir, err);
+    if (!rc) rc = rlm__st_open(&m->st, dir, err);
+    if (!rc) rc = bind_all(m, err);
+    if (!rc) rc = make_signature(m, err);
+  }
   if (rc) {
     rlm_model_free(m);
     return rc;
@@ -350,6 +359,7 @@ void rlm_model_free(rlm_model *m) {
   if (!m) return;
   if (m->dev_weights) m->dev_weights_free(m->dev_weights);
   rlm__st_free(m->st);
+  rlm__gguf_free(m->gguf);
   rlm__arena_free(&m->arena);
   rlm__free(m->config_path);
   rlm__free(m);

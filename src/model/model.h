@@ -105,7 +105,8 @@ struct rlm_model {
   rlm_model_config cfg;
   char *config_path;          /* <dir>/config.json: what messages about
                                  config values (also a session's) name   */
-  rlm_safetensors *st;
+  rlm_safetensors *st;         /* a Hugging Face folder's weights, or NULL */
+  rlm_gguf *gguf;              /* a GGUF file's (gguf_model.c), or NULL    */
   char signature[96];         /* model_type:config hash:weight table hash */
   rlm_linear embed;           /* [vocab][hidden], rows looked up         */
   rlm_linear lm_head;         /* the embedding when tied                 */
@@ -198,6 +199,29 @@ void rlm__model_arrays(const rlm_model *m, rlm_model_array_fn fn, void *ctx);
 
 /* ---- config.c ---------------------------------------------------------- */
 rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err);
+/* The same from a config.json object already parsed (or built: a GGUF
+ * file's metadata, gguf_model.c); messages name `path`. */
+rlm_status rlm__config_parse(rlm_model_config *c, const json_t *o, const char *path, rlm_error *err);
+
+/* ---- gguf_model.c: a model from one GGUF file --------------------------- */
+/* Opens path into m->gguf and fills m->cfg from its metadata (bos/eos
+ * included); m->config_path names the file in later messages. */
+rlm_status rlm__gguf_model_open(rlm_model *m, const char *path, rlm_error *err);
+/* The GGUF tensor holding what a Hugging Face folder calls `hf_name`
+ * ("model.layers.3.self_attn.q_proj.weight"), or NULL. */
+const struct rlm_gguf_tensor *rlm__gguf_model_tensor(const rlm_model *m, const char *hf_name);
+/* bind_linear / bind_norm of model.c over the GGUF tensors: the same
+ * shapes and messages, the GGUF names. A llama file's q/k rows are put
+ * back in Hugging Face's order (llama.cpp's converter interleaves them
+ * for its RoPE). */
+rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in,
+                                 rlm_linear *l, rlm_error *err);
+rlm_status rlm__gguf_bind_norm(rlm_model *m, const char *hf_name, int64_t n, const float **out,
+                               rlm_error *err);
+/* After binding: llama3 RoPE as a rope_freqs tensor, the signature. */
+rlm_status rlm__gguf_model_finish(rlm_model *m, rlm_error *err);
+/* Parameters in 1-D tensors (norms), for rlm_model_get_info. */
+int64_t rlm__gguf_model_1d_params(const rlm_model *m);
 
 /* ---- info.c ------------------------------------------------------------ */
 /* bos/eos ids: config.json, then generation_config.json where present. */
