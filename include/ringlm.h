@@ -508,19 +508,27 @@ RLM_API int64_t rlm_kv_slots_allocated(const rlm_kv *kv);
 RLM_API int64_t rlm_kv_capacity(const rlm_kv *kv);
 
 /* ------------------------------------------------------------------------
- * Tokenizer: a Hugging Face tokenizer.json (byte-level BPE as Llama 3 and
- * Qwen use it; SentencePiece-style BPE with byte fallback and U+2581 as
- * Gemma uses it), its added/special tokens, and tokenizer_config.json.
+ * Tokenizer: a Hugging Face tokenizer.json or a GGUF file's vocabulary
+ * (byte-level BPE as Llama 3 and Qwen use it; SentencePiece-style BPE with
+ * byte fallback and U+2581 as Gemma uses it), its added/special tokens,
+ * and tokenizer_config.json.
  * Immutable after load: one tokenizer may be used from many threads.
  * ---------------------------------------------------------------------- */
 typedef struct rlm_tokenizer rlm_tokenizer;
 
 /* path: a folder holding tokenizer.json (and optionally
  * tokenizer_config.json, whose bos_token/eos_token then set bos/eos), or
- * the tokenizer.json file itself (bos/eos from its post-processor).
- * RLM_ERR_FORMAT for malformed JSON or a missing model, RLM_ERR_UNSUPPORTED
- * for a component ringlm does not implement; the message names the file
- * and the component. */
+ * the tokenizer.json file itself (bos/eos from its post-processor), or a
+ * GGUF file, whose tokenizer.ggml.* metadata (as llama.cpp writes it:
+ * model "gpt2" or "llama") is turned into the same pipeline, with the ids
+ * Hugging Face tokenizers gives for that model; bos/eos are its
+ * bos_token_id/eos_token_id, and add_special adds what its add_bos_token/
+ * add_eos_token say (absent: llama.cpp's defaults).
+ * RLM_ERR_FORMAT for malformed JSON or a missing model (or malformed GGUF
+ * metadata), RLM_ERR_UNSUPPORTED for a component ringlm does not implement
+ * (or a GGUF tokenizer model or pre-tokenizer it does not know), and
+ * RLM_ERR_NOT_FOUND for a GGUF file without tokenizer.ggml.model; the
+ * message names the file and the component or key. */
 RLM_API rlm_status rlm_tokenizer_load(rlm_tokenizer **out, const char *path,
                                       rlm_error *err);
 RLM_API void rlm_tokenizer_free(rlm_tokenizer *t);
@@ -584,8 +592,11 @@ RLM_API rlm_status rlm_chat_template_parse(rlm_chat_template **out, const char *
  * when present, else tokenizer_config.json's "chat_template" (a string,
  * or a list of {"name", "template"} of which "default" is taken); the
  * config's bos_token, eos_token, pad_token and unk_token (a string or
- * {"content": ...}) are passed to every render. RLM_ERR_NOT_FOUND, naming
- * the file, when there is no template. */
+ * {"content": ...}) are passed to every render. dir may instead be a GGUF
+ * file: the template is its tokenizer.chat_template, and bos_token and
+ * eos_token are the text of its bos/eos token ids (as llama.cpp passes
+ * them). RLM_ERR_NOT_FOUND, naming the file (and key), when there is no
+ * template. */
 RLM_API rlm_status rlm_chat_template_load(rlm_chat_template **out, const char *dir,
                                           rlm_error *err);
 RLM_API void rlm_chat_template_free(rlm_chat_template *t);
@@ -690,6 +701,11 @@ typedef struct rlm_session_params {
                          caches are fixed; 0 there means 4096, or the
                          model's max_position_embeddings when smaller)    */
   rlm_device device;  /* RLM_DEVICE_CPU (default) or RLM_DEVICE_CUDA       */
+  rlm_dtype kv_dtype; /* element type of dense KV caches (and of quantized
+                         ones' scales): RLM_DTYPE_COUNT (default) the
+                         model's dtype (config.json's; bf16 for GGUF
+                         files), or RLM_DTYPE_F32 / F16 / BF16, as
+                         llama.cpp's --cache-type-k/v f32/f16/bf16        */
   bool no_graph;      /* CUDA: run each decode step's kernels one by one
                          instead of replaying the step's captured graph   */
 } rlm_session_params;

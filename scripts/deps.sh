@@ -10,6 +10,9 @@
 # (scripts/test.sh and scripts/test-cuda.sh find it there by themselves).
 set -euo pipefail
 need=(gcc libc6-dev cmake ninja-build pkg-config libjansson-dev libpcre2-dev libedit-dev libmicrohttpd-dev)
+# numpy for the GGUF reference decoder (scripts/gguf_ref.py, gguf_to_hf.py)
+# and the tiny models the GGUF tests write (scripts/make_bench_models.py)
+need+=(python3 python3-numpy)
 # Node runs the server's end-to-end tests (tests/server/: real HTTP, the
 # official openai client); a machine with its own Node (e.g. NodeSource's)
 # keeps it, one without gets Debian's.

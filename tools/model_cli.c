@@ -76,7 +76,7 @@ typedef struct opt_def {
 #define BIG 1073741824.0 /* 2^30: "no upper bound" for counts */
 
 static const opt_def opts[] = {
-    {{"-m", "--model"}, "DIR", OPT_STR, C_ALL, F(dir), .help = "model folder (Hugging Face layout)",
+    {{"-m", "--model"}, "DIR", OPT_STR, C_ALL, F(dir), .help = "model folder (Hugging Face layout) or GGUF file",
      .def = "the embedded model, or $RINGLM_MODEL"},
     {{"-p", "--prompt"}, "TEXT", OPT_STR, C_RUN | C_LOGITS | C_TOK | C_CACHE, F(prompt),
      .help = "the prompt text"},

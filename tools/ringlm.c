@@ -14,8 +14,9 @@
 static const char usage[] =
     "usage: ringlm <command> [options]\n"
     "\n"
-    "Every model command takes -m DIR, a Hugging Face model folder; without it,\n"
-    "the embedded model (models/brown-15m-4bit, or $RINGLM_MODEL) runs.\n"
+    "Every model command takes -m DIR, a Hugging Face model folder or a GGUF file\n"
+    "(llama.cpp's; llama, qwen3, gemma3); without it, the embedded model\n"
+    "(models/brown-15m-4bit, or $RINGLM_MODEL) runs.\n"
     "\n"
     "commands:\n"
     "  run [-m DIR] (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat] [--temp T] ...\n"

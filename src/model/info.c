@@ -75,7 +75,7 @@ void rlm__layer_kv_config(const rlm_model_config *c, const rlm_session_params *p
   *k = rlm_kv_config_default(ring ? (quant ? RLM_KV_ROTATING_QUANT : RLM_KV_ROTATING)
                                   : (quant ? RLM_KV_QUANT : RLM_KV_PLAIN));
   k->n_kv_heads = c->layer_kv_heads[i], k->head_dim_k = k->head_dim_v = c->layer_head_dim[i];
-  k->dtype = c->dtype;
+  k->dtype = p->kv_dtype == RLM_DTYPE_COUNT ? c->dtype : p->kv_dtype;
   k->k_bits = p->k_bits ? p->k_bits : p->v_bits, k->v_bits = p->v_bits ? p->v_bits : p->k_bits;
   k->group_size = p->kv_group_size;
   k->window = ring ? window : 1, k->max_chunk = p->prefill_chunk;

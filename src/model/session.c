@@ -25,7 +25,8 @@
 enum { MAX_ROWS = 4096 };
 
 rlm_session_params rlm_session_params_default(void) {
-  return (rlm_session_params){.n_threads = 0, .prefill_chunk = 512, .kv_group_size = 64, .n_rows = 1};
+  return (rlm_session_params){.n_threads = 0, .prefill_chunk = 512, .kv_group_size = 64, .n_rows = 1,
+                              .kv_dtype = RLM_DTYPE_COUNT};
 }
 
 /* ---- params ------------------------------------------------------------- */
@@ -95,6 +96,10 @@ static rlm_status check_params(const rlm_model *m, const rlm_session_params *p, 
   if (p->n_ctx < 0 || p->n_ctx > (1 << 30))
     return rlm__err(err, RLM_ERR_INVALID, "%s: n_ctx %lld is out of range [0, %d]", fn,
                     (long long)p->n_ctx, 1 << 30);
+  if (p->kv_dtype != RLM_DTYPE_COUNT && p->kv_dtype != RLM_DTYPE_F32 && p->kv_dtype != RLM_DTYPE_F16 &&
+      p->kv_dtype != RLM_DTYPE_BF16)
+    return rlm__err(err, RLM_ERR_INVALID, "%s: kv_dtype %d: F32, F16, BF16 or RLM_DTYPE_COUNT (the model's)",
+                    fn, (int)p->kv_dtype);
   return check_kv_params(m, p, err);
 }
 

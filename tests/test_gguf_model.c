@@ -1,0 +1,243 @@
+/* test_gguf_model.c -- models from GGUF files (src/model/gguf_model.c).
+ *
+ * The logits test: ringlm's logits on a GGUF file equal its logits on the
+ * same weights from safetensors, within 1e-5 x max|logit|, with the same
+ * greedy token at every position. The files are the tiny models of
+ * scripts/make_bench_models.py: their F16 GGUF, written at test time by
+ * that script, and what llama.cpp's llama-quantize made of it (Q8_0, Q4_0,
+ * Q4_K_M, Q5_K_M: tests/fixtures/gguf/, by scripts/make_gguf_fixtures.sh).
+ * The reference folder of each comes from scripts/gguf_to_hf.py, which
+ * dequantizes with scripts/gguf_ref.py (written from the format's
+ * documentation, sharing nothing with the C loader) and puts names, llama's
+ * q/k rows and gemma's norms back the way a Hugging Face folder holds them.
+ * The F16 files are also checked against the bf16 folder the script wrote
+ * beside them (the original weights: f16 holds bf16 values of this range
+ * exactly but for subnormals, hence a looser bound there).
+ *
+ * Then bad metadata: each refused with a one-line message naming the file
+ * and the key or tensor.
+ */
+#include "test.h"
+
+#include "gguf_write.h"
+
+#include <math.h>
+
+static const char *g_src;
+static char g_dir[256]; /* the test's temporary folder */
+
+enum { N_IDS = 24 };
+static const int32_t ids[N_IDS] = {1, 5, 200, 7, 9, 100, 3, 4, 5, 6, 250, 17,
+                                   42, 42, 42, 8, 99, 128, 2, 77, 31, 64, 5, 0};
+
+/* All positions' logits of ids from the model at path (malloc'd), *vocab. */
+static float *logits_of(const char *path, int32_t *vocab) {
+  rlm_model *m = NULL;
+  rlm_error err;
+  rlm_status rc = rlm_model_load(&m, path, &err);
+  if (rc) {
+    fprintf(stderr, "  %s: %s\n", path, err.msg);
+    return NULL;
+  }
+  *vocab = rlm_model_vocab_size(m);
+  rlm_session_params p = rlm_session_params_default();
+  p.n_ctx = 64, p.prefill_chunk = 8, p.n_threads = 1; /* chunks cross the gemma window */
+  /* f32 caches: a 16-bit cache rounds K and V, which turns the last-bit
+   * differences of two product orders (the affine kernels' s*sum(q x) +
+   * b*sum(x) against the dense reference's sum(w x)) into whole 16-bit
+   * steps now and then */
+  p.kv_dtype = RLM_DTYPE_F32;
+  rlm_session *s = NULL;
+  float *lg = malloc((size_t)N_IDS * (size_t)*vocab * sizeof *lg);
+  rc = rlm_session_create(&s, m, &p, &err);
+  if (!rc) rc = rlm_session_eval(s, ids, N_IDS, lg, true, &err);
+  if (rc) fprintf(stderr, "  %s: %s\n", path, err.msg);
+  rlm_session_free(s);
+  rlm_model_free(m);
+  if (rc) free(lg);
+  return rc ? NULL : lg;
+}
+
+static int argmax(const float *x, int n) {
+  int b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+/* logits of a and b agree within tol x max|b|, argmax at every position. */
+static void compare(const char *a, const char *b, double tol) {
+  int32_t va = 0, vb = 0;
+  float *la = logits_of(a, &va), *lb = logits_of(b, &vb);
+  CHECK(la && lb);
+  CHECK_EQ(va, vb);
+  if (!la || !lb || va != vb) goto out_free;
+  double maxref = 0, maxdiff = 0;
+  for (size_t i = 0; i < (size_t)N_IDS * (size_t)va; i++) {
+    maxref = fmax(maxref, fabs(lb[i]));
+    maxdiff = fmax(maxdiff, fabs((double)la[i] - lb[i]));
+  }
+  int same = 0;
+  for (int t = 0; t < N_IDS; t++) same += argmax(la + (size_t)t * va, va) == argmax(lb + (size_t)t * va, va);
+  printf("  %-40s max|diff| %.3g = %.3g x max|logit| (%.3g), greedy %d/%d\n", strrchr(a, '/') + 1, maxdiff,
+         maxdiff / maxref, maxref, same, N_IDS);
+  CHECK(maxref > 0.1); /* logits that say something */
+  CHECK(maxdiff <= tol * maxref);
+  CHECK_EQ(same, N_IDS);
+out_free:
+  free(la);
+  free(lb);
+}
+
+static bool have_numpy(void) {
+  char out[1024];
+  if (t_run_cmd(out, sizeof out, "/usr/bin/python3 -c 'import numpy'") == 0) return true;
+  t_skip("/usr/bin/python3 with numpy is needed for the reference weights (%.200s)", out);
+  return false;
+}
+
+/* The tiny models' folders and F16 GGUFs into g_dir (once). */
+static bool make_models(void) {
+  static int made = -1;
+  char out[8192];
+  if (made < 0) {
+    made = t_run_cmd(out, sizeof out, "/usr/bin/python3 '%s/scripts/make_bench_models.py' '%s' tiny-llama "
+                     "tiny-qwen3 tiny-gemma3", g_src, g_dir) == 0;
+    if (!made) fprintf(stderr, "  make_bench_models.py: %s\n", out);
+  }
+  CHECK(made);
+  return made;
+}
+
+/* gguf_to_hf.py's reference folder of file (the model's config.json). */
+static bool make_ref(const char *file, const char *model, char *ref, size_t n) {
+  char out[8192];
+  snprintf(ref, n, "%s/ref-%s", g_dir, strrchr(file, '/') + 1);
+  int rc = t_run_cmd(out, sizeof out, "/usr/bin/python3 '%s/scripts/gguf_to_hf.py' '%s' --config '%s/%s/config.json' -o '%s'",
+                     g_src, file, g_dir, model, ref);
+  if (rc) fprintf(stderr, "  gguf_to_hf.py %s: %s\n", file, out);
+  CHECK_EQ(rc, 0);
+  return rc == 0;
+}
+
+static const char *const models[] = {"tiny-llama", "tiny-qwen3", "tiny-gemma3"};
+
+TEST(f16_files_equal_the_same_weights) {
+  if (!have_numpy() || !make_models()) return;
+  for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+    char file[400], ref[600], orig[400];
+    snprintf(file, sizeof file, "%s/%s-f16.gguf", g_dir, models[i]);
+    if (make_ref(file, models[i], ref, sizeof ref)) compare(file, ref, 1e-5);
+    snprintf(orig, sizeof orig, "%s/%s", g_dir, models[i]);
+    compare(file, orig, 1e-5); /* the bf16 originals: llama's rows, gemma's 1 + w, names */
+  }
+}
+
+/* What llama-quantize made (tests/fixtures/gguf/README.md lists them). */
+TEST(llama_quantize_files_equal_their_dequantized_weights) {
+  if (!have_numpy() || !make_models()) return;
+  static const struct {
+    const char *model, *type;
+  } files[] = {{"tiny-llama", "q8_0"},   {"tiny-llama", "q4_0"},   {"tiny-llama", "q4_k_m"},
+               {"tiny-llama", "q5_k_m"}, {"tiny-qwen3", "q4_k_m"}, {"tiny-gemma3", "q4_k_m"}};
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    char file[400], ref[600];
+    snprintf(file, sizeof file, "%s/tests/fixtures/gguf/%s-%s.gguf", g_src, files[i].model, files[i].type);
+    test_note("%s", file);
+    if (make_ref(file, files[i].model, ref, sizeof ref)) compare(file, ref, 1e-5);
+  }
+}
+
+/* ---- bad metadata --------------------------------------------------------- */
+
+/* A tiny valid llama GGUF, with one key or tensor changed by `variant`. */
+enum { V_OK, V_NO_HIDDEN, V_ARCH, V_HEADS, V_SHAPE, V_TYPE, V_ROPE, V_NO_EMBD };
+
+static void write_variant(const char *path, int variant) {
+  enum { H = 64, V = 8, F = 64 };
+  gw w = {0};
+  const int n_kv = 8, n_t = variant == V_NO_EMBD ? 10 : 11;
+  gw_header(&w, 3, (uint64_t)n_t, (uint64_t)n_kv);
+  gw_kv_str(&w, "general.architecture", variant == V_ARCH ? "gpt-j" : "llama");
+  gw_kv_u32(&w, variant == V_NO_HIDDEN ? "llama.embedding_len" : "llama.embedding_length", H);
+  gw_kv_u32(&w, "llama.feed_forward_length", F);
+  gw_kv_u32(&w, "llama.block_count", 1);
+  gw_kv_u32(&w, "llama.attention.head_count", variant == V_HEADS ? 3 : 4);
+  gw_kv_u32(&w, "llama.attention.head_count_kv", 2);
+  gw_kv_num(&w, "llama.attention.layer_norm_rms_epsilon", GW_F32, rlm__f32_bits(1e-6f), 4);
+  gw_kv_str(&w, "llama.rope.scaling.type", variant == V_ROPE ? "yarn" : "none");
+  struct { const char *name; int nd; uint64_t d0, d1; uint32_t type; } t[11] = {
+      {"token_embd.weight", 2, H, V, GW_T_F32},
+      {"output_norm.weight", 1, H, 1, GW_T_F32},
+      {"blk.0.attn_norm.weight", 1, H, 1, GW_T_F32},
+      {"blk.0.ffn_norm.weight", 1, H, 1, GW_T_F32},
+      {"blk.0.attn_q.weight", 2, H, H, variant == V_TYPE ? 9u /* Q8_1 */ : GW_T_F32},
+      {"blk.0.attn_k.weight", 2, H, H / 2, GW_T_F32},
+      {"blk.0.attn_v.weight", 2, H, H / 2, GW_T_F32},
+      {"blk.0.attn_output.weight", 2, H, variant == V_SHAPE ? H - 1 : H, GW_T_F32},
+      {"blk.0.ffn_gate.weight", 2, H, F, GW_T_F32},
+      {"blk.0.ffn_up.weight", 2, H, F, GW_T_F32},
+      {"blk.0.ffn_down.weight", 2, F, H, GW_T_F32},
+  };
+  const int first = variant == V_NO_EMBD ? 1 : 0;
+  uint64_t off = 0, sizes[11];
+  for (int i = first; i < 11; i++) {
+    const uint64_t dims[2] = {t[i].d0, t[i].d1}, n = dims[0] * (t[i].nd == 2 ? dims[1] : 1);
+    sizes[i] = t[i].type == 9u ? n / 32 * 36 : n * 4; /* Q8_1: 36 bytes a block of 32 */
+    gw_tensor(&w, t[i].name, (uint32_t)t[i].nd, dims, t[i].type, off);
+    off += (sizes[i] + 31) / 32 * 32;
+  }
+  gw_pad(&w, 32);
+  for (int i = first; i < 11; i++) {
+    for (uint64_t j = 0; j < sizes[i] / 4; j++) gw_u32(&w, rlm__f32_bits(0.01f * (float)((j * 7 + (uint64_t)i) % 13) - 0.06f));
+    gw_pad(&w, 32);
+  }
+  FILE *f = fopen(path, "wb");
+  CHECK(f && fwrite(w.p, 1, w.n, f) == w.n);
+  if (f) fclose(f);
+  free(w.p);
+}
+
+TEST(bad_metadata_is_named) {
+  static const struct {
+    int variant;
+    rlm_status want;
+    const char *msg;
+  } cases[] = {
+      {V_NO_HIDDEN, RLM_ERR_FORMAT, "key 'llama.embedding_length' is missing"},
+      {V_ARCH, RLM_ERR_UNSUPPORTED, "general.architecture \"gpt-j\" is not supported"},
+      {V_HEADS, RLM_ERR_FORMAT, "metadata: num_attention_heads 3 is not a multiple of num_key_value_heads 2"},
+      {V_SHAPE, RLM_ERR_FORMAT, "tensor 'blk.0.attn_output.weight' has dims [64, 63]"},
+      {V_TYPE, RLM_ERR_UNSUPPORTED, "tensor 'blk.0.attn_q.weight' has type Q8_1"},
+      {V_ROPE, RLM_ERR_UNSUPPORTED, "key 'llama.rope.scaling.type' is \"yarn\""},
+      {V_NO_EMBD, RLM_ERR_FORMAT, "token_embd.weight"},
+  };
+  char path[400];
+  snprintf(path, sizeof path, "%s/variant.gguf", g_dir);
+  write_variant(path, V_OK);
+  rlm_model *m = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, path, &err), RLM_OK);
+  if (m) CHECK_EQ(rlm_model_vocab_size(m), 8);
+  rlm_model_free(m);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    write_variant(path, cases[i].variant);
+    m = NULL;
+    rlm_status rc = rlm_model_load(&m, path, &err);
+    test_note("variant %d: %s", cases[i].variant, rc ? err.msg : "loaded");
+    CHECK_EQ(rc, cases[i].want);
+    CHECK(m == NULL);
+    CHECK(rc && strstr(err.msg, cases[i].msg) != NULL);
+    CHECK(rc && strstr(err.msg, "variant.gguf") != NULL);
+    CHECK(rc && !strchr(err.msg, '\n'));
+  }
+}
+
+int main(void) {
+  g_src = t_env("RINGLM_SOURCE_DIR");
+  t_tmpdir(g_dir, sizeof g_dir, "gguf-model");
+  RUN(bad_metadata_is_named);
+  RUN(f16_files_equal_the_same_weights);
+  RUN(llama_quantize_files_equal_their_dequantized_weights);
+  return test_summary();
+}
