@@ -178,8 +178,18 @@ static float *ref_tensor(const tspec *t) {
 /* The converted layer's weights as f32 [out][in]. */
 static float *layer_values(const rlm_linear *l) {
   float *out = xmalloc((size_t)(l->out * l->in) * sizeof *out);
-  if (l->quant) rlm__dequantize_rows_ref(&l->q, out); /* sdtype f32: f32 values */
-  else for (int64_t i = 0; i < l->out * l->in; i++) out[i] = rlm__load_f(l->w, l->dtype, i);
+  const rlm_qmat *q = &l->q;
+  const int64_t ng = l->in / (l->quant ? q->group_size : 1);
+  /* q*s + b in f32, as the products compute it (rlm__dequantize_rows_ref
+   * would round it to f16 scales' dtype, MLX's dequantize semantics) */
+  for (int64_t o = 0; l->quant && o < l->out; o++)
+    for (int64_t c = 0; c < l->in; c++) {
+      const int64_t gi = o * ng + c / q->group_size;
+      out[o * l->in + c] = (float)rlm__quant_get(q->wq + o * rlm__quant_row_words(q->cols, q->bits), c, q->bits) *
+                               rlm__load_f(q->scales, q->sdtype, gi) + rlm__load_f(q->biases, q->sdtype, gi);
+    }
+  if (!l->quant)
+    for (int64_t i = 0; i < l->out * l->in; i++) out[i] = rlm__load_f(l->w, l->dtype, i);
   return out;
 }
 
@@ -250,7 +260,9 @@ static void check_pool_same(const rlm_gguf *g, const rlm_gguf_tensor *gt, const 
   if (l->quant && p.quant) {
     const size_t n = (size_t)(l->out * l->in), ng = n / (size_t)l->q.group_size;
     CHECK(!memcmp(p.q.wq, l->q.wq, n * (size_t)l->q.bits / 8));
-    CHECK(!memcmp(p.q.scales, l->q.scales, ng * 4) && !memcmp(p.q.biases, l->q.biases, ng * 4));
+    const size_t sb = ng * rlm_dtype_size(l->q.sdtype);
+    CHECK_EQ(p.q.sdtype, l->q.sdtype);
+    CHECK(!memcmp(p.q.scales, l->q.scales, sb) && !memcmp(p.q.biases, l->q.biases, sb));
   }
   rlm__arena_free(&arena);
 }
@@ -276,7 +288,10 @@ static void check_type(const expect *ex, int64_t rows, int64_t cols, uint64_t se
     if (l.quant) {
       CHECK_EQ(l.q.bits, ex->bits);
       CHECK_EQ(l.q.group_size, ex->group);
-      CHECK_EQ(l.q.sdtype, RLM_DTYPE_F32);
+      /* f16 for the d-and-m types unless a value does not fit; K-quants f32 */
+      CHECK(l.q.sdtype == RLM_DTYPE_F32 || l.q.sdtype == RLM_DTYPE_F16);
+      if (ex->type == RLM_GGML_TYPE_Q4_K || ex->type == RLM_GGML_TYPE_Q5_K || ex->type == RLM_GGML_TYPE_Q6_K)
+        CHECK_EQ(l.q.sdtype, RLM_DTYPE_F32);
       CHECK(rlm__qmat_format_ok(l.q.bits, l.q.group_size));
     }
     float *want = ref_tensor(&t), *got = layer_values(&l);
@@ -320,6 +335,37 @@ static rlm_status convert_named(rlm_gguf *g, const char *name, rlm_error *err) {
   if (rc) CHECK(!l.out && !l.in && !l.quant && !l.w && !l.q.wq); /* zeroed on failure */
   rlm__arena_free(&arena);
   return rc;
+}
+
+/* Q8_0's bias -128 d is an f16 value until it overflows (|d| > 511.75):
+ * f16 scales for a tensor of ordinary d, f32 (exact still) when one block's
+ * d is 1000. */
+TEST(scales_narrow_to_f16_only_when_exact) {
+  uint64_t seed = 7;
+  for (int big = 0; big < 2; big++) {
+    tspec t = rand_tensor("w", RLM_GGML_TYPE_Q8_0, 4, 64, &seed);
+    for (size_t b = 0; b < t.nbytes; b += 34) { /* every d 0.5, one 1000 when big */
+      const uint16_t h = rlm__f32_to_f16(big && b == 34 * 5 ? 1000.0f : 0.5f);
+      memcpy(t.data + b, &h, 2);
+    }
+    gw w = {0};
+    build_image(&w, &t, 1, 0);
+    rlm_gguf *g = open_image(&w);
+    rlm_arena arena;
+    rlm__arena_init(&arena, 0);
+    rlm_linear l;
+    CHECK(g && !rlm__gguf_linear(NULL, &arena, g, rlm__gguf_tensor_find(g, "w"), &l, NULL));
+    if (g) {
+      CHECK_EQ(l.q.sdtype, big ? RLM_DTYPE_F32 : RLM_DTYPE_F16);
+      float *want = ref_tensor(&t), *got = layer_values(&l);
+      int64_t first;
+      CHECK_EQ(count_mismatches(got, want, 4 * 64, &first), 0);
+      free(want), free(got);
+    }
+    rlm__arena_free(&arena);
+    rlm__gguf_free(g);
+    free(w.p), free(t.data);
+  }
 }
 
 TEST(unsupported_and_malformed) {
@@ -545,6 +591,7 @@ TEST(conversion_speed) {
 
 int main(void) {
   RUN(every_type_exact);
+  RUN(scales_narrow_to_f16_only_when_exact);
   RUN(unsupported_and_malformed);
   RUN(unaligned_dense_and_nomem);
   RUN(python_reference_bit_for_bit);

@@ -14,6 +14,8 @@
  */
 #include "model/gguf_quant.h"
 
+#include <stdatomic.h>
+
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gguf_quant.c packs codes byte by byte: little-endian hosts only"
 #endif
@@ -29,6 +31,7 @@ typedef struct gq_format {
   int bits;        /* of the converted codes                 */
   int group;       /* elements per scale and bias            */
   block_fn convert;
+  bool f16;        /* s and b are f16 values (or k * one): try f16 */
 } gq_format;
 
 /* ---- helpers -------------------------------------------------------------- */
@@ -194,14 +197,14 @@ static void conv_q6_k(const uint8_t *blk, uint8_t *codes, float *s, float *b) {
 }
 
 static const gq_format FORMATS[] = {
-    {RLM_GGML_TYPE_Q8_0, 32, 34, 8, 32, conv_q8_0},
-    {RLM_GGML_TYPE_Q4_0, 32, 18, 4, 32, conv_q4_0},
-    {RLM_GGML_TYPE_Q4_1, 32, 20, 4, 32, conv_q4_1},
-    {RLM_GGML_TYPE_Q5_0, 32, 22, 5, 32, conv_q5_0},
-    {RLM_GGML_TYPE_Q5_1, 32, 24, 5, 32, conv_q5_1},
-    {RLM_GGML_TYPE_Q4_K, 256, 144, 4, 32, conv_q4_k},
-    {RLM_GGML_TYPE_Q5_K, 256, 176, 5, 32, conv_q5_k},
-    {RLM_GGML_TYPE_Q6_K, 256, 210, 6, 16, conv_q6_k},
+    {RLM_GGML_TYPE_Q8_0, 32, 34, 8, 32, conv_q8_0, true},
+    {RLM_GGML_TYPE_Q4_0, 32, 18, 4, 32, conv_q4_0, true},
+    {RLM_GGML_TYPE_Q4_1, 32, 20, 4, 32, conv_q4_1, true},
+    {RLM_GGML_TYPE_Q5_0, 32, 22, 5, 32, conv_q5_0, true},
+    {RLM_GGML_TYPE_Q5_1, 32, 24, 5, 32, conv_q5_1, true},
+    {RLM_GGML_TYPE_Q4_K, 256, 144, 4, 32, conv_q4_k, false},
+    {RLM_GGML_TYPE_Q5_K, 256, 176, 5, 32, conv_q5_k, false},
+    {RLM_GGML_TYPE_Q6_K, 256, 210, 6, 16, conv_q6_k, false},
 };
 
 static const gq_format *format_of(rlm_ggml_type type) {
@@ -238,39 +241,71 @@ static rlm_status bind_dense(rlm_arena *arena, const rlm_gguf *g, const rlm_gguf
   return RLM_OK;
 }
 
-/* Blocks [i0, i1) of one conversion (a range of the pool). */
+/* Blocks [i0, i1) of one conversion (a range of the pool), scales and
+ * biases stored as sd (f32, or f16 where every one is an f16 value). */
 typedef struct convert_job {
   const gq_format *f;
   const uint8_t *src;
   uint8_t *codes;
-  float *scales, *biases;
+  void *scales, *biases;
+  rlm_dtype sd;
+  _Atomic bool inexact;  /* f16: some value did not fit; redo in f32 */
 } convert_job;
 
-static void convert_range(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
-  const convert_job *j = ctx;
-  const gq_format *f = j->f;
-  const int64_t spb = f->block / f->group;                       /* scales a block     */
-  const size_t cb = (size_t)f->block * (size_t)f->bits / 8;      /* code bytes a block */
-  for (int64_t i = i0; i < i1; i++)
-    f->convert(j->src + (size_t)i * (size_t)f->bytes, j->codes + (size_t)i * cb, j->scales + i * spb,
-               j->biases + i * spb);
+static void store_sb(convert_job *j, const float *v, int64_t n, void *dst, int64_t at) {
+  if (j->sd == RLM_DTYPE_F32) {
+    memcpy((float *)dst + at, v, (size_t)n * sizeof *v);
+    return;
+  }
+  uint16_t *h = (uint16_t *)dst + at;
+  bool exact = true;
+  for (int64_t k = 0; k < n; k++) {
+    h[k] = rlm__f32_to_f16(v[k]);
+    exact &= rlm__f16_to_f32(h[k]) == v[k]; /* NaN too falls back */
+  }
+  if (!exact) atomic_store(&j->inexact, true);
 }
 
+static void convert_range(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
+  convert_job *j = ctx;
+  const gq_format *f = j->f;
+  const int64_t spb = f->block / f->group;                       /* scales a block (<= 16) */
+  const size_t cb = (size_t)f->block * (size_t)f->bits / 8;      /* code bytes a block     */
+  float s[16], b[16];
+  for (int64_t i = i0; i < i1; i++) {
+    f->convert(j->src + (size_t)i * (size_t)f->bytes, j->codes + (size_t)i * cb, s, b);
+    store_sb(j, s, spb, j->scales, i * spb);
+    store_sb(j, b, spb, j->biases, i * spb);
+  }
+}
+
+/* One pass with scales and biases of dtype sd; false if f16 lost a value. */
+static bool convert_as(rlm_pool *pool, rlm_arena *arena, const rlm_gguf_tensor *t, const gq_format *f,
+                       uint8_t *codes, rlm_dtype sd, rlm_qmat *q, bool *nomem) {
+  const size_t sb_bytes = (size_t)(t->n_elements / f->group) * rlm_dtype_size(sd);
+  convert_job j = {f, t->data, codes, rlm__arena_alloc_aligned(arena, sb_bytes, 64),
+                   rlm__arena_alloc_aligned(arena, sb_bytes, 64), sd, false};
+  if ((*nomem = !j.scales || !j.biases)) return false;
+  rlm__pool_for(pool, t->n_elements / f->block, 64, (double)f->block, convert_range, &j);
+  if (atomic_load(&j.inexact)) return false;
+  *q = (rlm_qmat){(const uint32_t *)codes, j.scales, j.biases, sd, t->dims[1], t->dims[0], f->bits, f->group};
+  return true;
+}
+
+/* f16 scales and biases when they are exactly f16 values (Q8_0, Q4_0,
+ * Q5_0: d and k d, unless k d overflows; Q4_1, Q5_1: d and m), which
+ * saves 1 bit a weight at group 32; else f32. The f16 attempt's arrays
+ * stay in the arena when it fails, which only huge scales cause. */
 static rlm_status convert(rlm_pool *pool, rlm_arena *arena, const rlm_gguf *g, const rlm_gguf_tensor *t,
                           const gq_format *f, rlm_linear *out, rlm_error *err) {
-  const int64_t n_blocks = t->n_elements / f->block;
   const size_t code_bytes = (size_t)(t->n_elements / 32) * (size_t)f->bits * 4;
-  const size_t sb_bytes = (size_t)(t->n_elements / f->group) * sizeof(float);
-  RLM_ASSERT(t->nbytes == (size_t)n_blocks * (size_t)f->bytes);
-  convert_job j = {f, t->data, rlm__arena_alloc_aligned(arena, code_bytes, 64),
-                   rlm__arena_alloc_aligned(arena, sb_bytes, 64),
-                   rlm__arena_alloc_aligned(arena, sb_bytes, 64)};
-  if (!j.codes || !j.scales || !j.biases)
-    return rlm__err_nomem(err, rlm__gguf_path(g), code_bytes + 2 * sb_bytes);
-  rlm__pool_for(pool, n_blocks, 64, (double)f->block, convert_range, &j);
+  RLM_ASSERT(t->nbytes == (size_t)(t->n_elements / f->block) * (size_t)f->bytes);
+  uint8_t *codes = rlm__arena_alloc_aligned(arena, code_bytes, 64);
+  bool nomem = !codes;
+  if (!nomem && !(f->f16 && convert_as(pool, arena, t, f, codes, RLM_DTYPE_F16, &out->q, &nomem)) && !nomem)
+    convert_as(pool, arena, t, f, codes, RLM_DTYPE_F32, &out->q, &nomem);
+  if (nomem) return rlm__err_nomem(err, rlm__gguf_path(g), code_bytes);
   out->quant = true;
-  out->q = (rlm_qmat){(const uint32_t *)j.codes, j.scales, j.biases, RLM_DTYPE_F32,
-                      out->out, out->in, f->bits, f->group};
   RLM_ASSERT(rlm__qmat_format_ok(f->bits, f->group));
   return RLM_OK;
 }

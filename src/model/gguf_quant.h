@@ -26,8 +26,12 @@
  *                                             -> 6-bit g16: s = d sc_k,
  *                                                   b = -32 s
  *
- * Why this is exact: scales and biases are stored in f32 (never f16, whose
- * dequantization rounds q*s in f16). Every s is an f16 (11 significant
+ * Why this is exact: scales and biases are f32 values, stored as f32, or
+ * as f16 where every one of a tensor is exactly an f16 value (Q8_0, Q4_0,
+ * Q5_0: s = d and b = -k d unless k d overflows; Q4_1, Q5_1: d and m),
+ * which only shortens them: products widen them to f32 and compute
+ * q*s + b in f32 (MLX's own dequantize, rlm_dequantize, would round that
+ * to f16, which is why the values are never read through it). Every s is an f16 (11 significant
  * bits) times an integer of at most 7 (6-bit scales; |i8| <= 127, or 128),
  * so s has at most 18 and q*s at most 24 (Q6_K: 18 + 6; Q8_0: 11 + 8):
  * both exact in f32, as are b = -dmin*m and b = -k*s. The one rounding
