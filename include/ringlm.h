@@ -654,6 +654,9 @@ typedef struct rlm_model_info {
   int64_t n_params;           /* matrices (quantized ones unpacked) + 1-D */
   const char *weight_dtype;   /* "f32", "bf16", "f16" or "mlx-affine"     */
   int weight_bits, weight_group; /* MLX quantization of layer 0, or 0     */
+  const char *gguf_types;     /* a GGUF file's tensor types and counts,
+                                 "Q4_K x97, Q6_K x14, F32 x45" (converted
+                                 at load as weight_* say); else NULL     */
   int32_t bos;                /* -1: none                                 */
   int32_t eos[8];
   int n_eos;

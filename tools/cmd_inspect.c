@@ -72,8 +72,10 @@ static int inspect_model(const char *dir, int group, int chunk) {
   printf("model       %s: %d layers, hidden %d, %d heads, vocab %d\n", mi.arch, mi.n_layers,
          mi.hidden, mi.n_heads, mi.vocab);
   printf("parameters  %lld (%.2f M)\n", (long long)mi.n_params, (double)mi.n_params / 1e6);
+  if (mi.gguf_types) printf("GGUF        %s\n", mi.gguf_types);
   if (mi.weight_bits)
-    printf("weights     MLX affine %d-bit, group %d\n", mi.weight_bits, mi.weight_group);
+    printf("weights     MLX affine %d-bit, group %d%s\n", mi.weight_bits, mi.weight_group,
+           mi.gguf_types ? " (layer 0's q_proj, converted exactly)" : "");
   else printf("weights     %s\n", mi.weight_dtype);
   printf("eos ids    ");
   for (int i = 0; i < mi.n_eos; i++) printf(" %d", mi.eos[i]);

@@ -474,8 +474,26 @@ static void make_signature(rlm_model *m) {
            (unsigned long long)hw);
 }
 
+/* "Q4_K x97, Q6_K x14, F32 x45": the types in order of first use. */
+static rlm_status describe_types(rlm_model *m, rlm_error *err) {
+  int count[RLM_GGML_TYPE_COUNT] = {0}, order[RLM_GGML_TYPE_COUNT], n = 0;
+  for (size_t i = 0; i < rlm__gguf_tensor_count(m->gguf); i++) {
+    const int t = (int)rlm__gguf_tensor_at(m->gguf, i)->type;
+    if (!count[t]++) order[n++] = t;
+  }
+  const size_t cap = (size_t)n * 24 + 1;
+  if (!(m->gguf_types = rlm__arena_alloc(&m->arena, cap))) return rlm__err_nomem(err, "model", cap);
+  size_t at = 0;
+  m->gguf_types[0] = 0;
+  for (int k = 0; k < n; k++)
+    at += (size_t)snprintf(m->gguf_types + at, cap - at, "%s%s x%d", k ? ", " : "",
+                           rlm__ggml_type_name((uint32_t)order[k]), count[order[k]]);
+  return RLM_OK;
+}
+
 rlm_status rlm__gguf_model_finish(rlm_model *m, rlm_error *err) {
   rlm_status rc = m->cfg.arch == RLM_ARCH_LLAMA ? apply_rope_freqs(m, err) : RLM_OK;
+  if (!rc) rc = describe_types(m, err);
   if (!rc) make_signature(m);
   return rc;
 }

@@ -124,6 +124,7 @@ void rlm_model_get_info(const rlm_model *m, rlm_model_info *out) {
   const rlm_linear *w = &m->layers[0].wq;
   out->weight_dtype = w->quant ? "mlx-affine" : rlm_dtype_name(w->dtype);
   out->weight_bits = w->quant ? w->q.bits : 0, out->weight_group = w->quant ? w->q.group_size : 0;
+  out->gguf_types = m->gguf_types;
   out->bos = c->bos, out->n_eos = c->n_eos;
   memcpy(out->eos, c->eos, sizeof out->eos);
 }

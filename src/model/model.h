@@ -107,6 +107,7 @@ struct rlm_model {
                                  config values (also a session's) name   */
   rlm_safetensors *st;         /* a Hugging Face folder's weights, or NULL */
   rlm_gguf *gguf;              /* a GGUF file's (gguf_model.c), or NULL    */
+  char *gguf_types;            /* its tensor types and counts (arena)      */
   char signature[96];         /* model_type:config hash:weight table hash */
   rlm_linear embed;           /* [vocab][hidden], rows looked up         */
   rlm_linear lm_head;         /* the embedding when tied                 */
