@@ -14,7 +14,8 @@ build-bench/ (scripts/make_bench_models.py, then `ringlm quantize` and
 `llama-quantize` as printed by --help-models).
 
 Weights: q4 = MLX 4-bit g64 (ringlm) vs Q4_0 (llama.cpp); q8 = MLX 8-bit
-vs Q8_0; f16 = bf16 safetensors vs F16 GGUF. KV: f16 (ringlm: the model's
+vs Q8_0; f16 = bf16 safetensors vs F16 GGUF. --same-file: ringlm runs the
+very GGUF file llama-bench runs (issue 18; q4_k_m is only that way). KV: f16 (ringlm: the model's
 dtype) and 8/4 bits (llama.cpp: q8_0/q4_0 K and V with flash attention,
 which its quantized V cache needs).
 """
@@ -25,7 +26,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GGUF = {"q4": "q4_0", "q8": "q8_0", "f16": "f16"}
+GGUF = {"q4": "q4_0", "q8": "q8_0", "f16": "f16", "q4_k_m": "q4_k_m"}
 RINGLM_DIR = {"q4": "{m}-4bit", "q8": "{m}-8bit", "f16": "{m}"}
 LLAMA_KV = {"f16": "f16", "8": "q8_0", "4": "q4_0"}
 
@@ -104,6 +105,11 @@ def print_bytes(a):
     like shows (issue 16: a 4-bit embedding against Q8_0 inflated a ratio
     by 1.27x)."""
     gguf = os.path.join(a.models, f"{a.model}-{GGUF[a.weights]}.gguf")
+    if a.same_file:
+        lt, lby = gguf_tensor_bytes(gguf)
+        print(f"tensor bytes: {os.path.basename(gguf)} {lt / 1e6:.1f} MB, the same file for both "
+              f"(ringlm converts it at load: see `ringlm inspect -m`)")
+        return lt, lt
     folder = os.path.join(a.models, RINGLM_DIR[a.weights].format(m=a.model))
     lt, lby = gguf_tensor_bytes(gguf)
     rt, rby = safetensors_tensor_bytes(folder)
@@ -143,7 +149,10 @@ def llama(a, test, depth, kv):
 
 
 def ringlm(a, test, depth, kv):
-    d = os.path.join(a.models, RINGLM_DIR[a.weights].format(m=a.model))
+    if a.same_file:
+        d = os.path.join(a.models, f"{a.model}-{GGUF[a.weights]}.gguf")
+    else:
+        d = os.path.join(a.models, RINGLM_DIR[a.weights].format(m=a.model))
     n_p, n_g = (a.p, 0) if test == "pp" else (0, a.n)
     cmd = [a.ringlm, "bench", "-m", d, "-p", str(n_p), "-n", str(n_g), "-d", str(depth), "-t", str(a.threads),
            "-r", str(a.reps), "--json", "--act-bits", str(a.act_bits)]
@@ -173,9 +182,12 @@ def main():
     ap.add_argument("--flash-f16", action="store_true", help="llama.cpp flash attention with f16 KV too")
     ap.add_argument("--json", help="also write the rows to this file")
     ap.add_argument("--bytes-only", action="store_true", help="print the two files' tensor bytes and stop")
+    ap.add_argument("--same-file", action="store_true", help="ringlm runs the GGUF file llama-bench runs")
     ap.add_argument("--llama-commit", default=os.environ.get("LLAMA_CPP_COMMIT"),
                     help="llama.cpp commit to print (default: git of the build's source tree, if it is one)")
     a = ap.parse_args()
+    if a.weights not in RINGLM_DIR and not a.same_file:
+        sys.exit(f"vs_llamacpp: --weights {a.weights} needs --same-file")
     if a.bytes_only:
         print_bytes(a)
         return
@@ -198,7 +210,7 @@ def main():
                                  ratio=rt / lt, llama_rss=lrss, ringlm_rss=rrss))
                 print(f"| {name} | {kv} | {lt:.2f} | {rt:.2f} | {rt / lt:.2f}x | {lrss / 2**20:.0f} | "
                       f"{rrss / 2**20:.0f} |", flush=True)
-    ours = "bf16 safetensors" if a.weights == "f16" else "MLX g64"
+    ours = "the same GGUF" if a.same_file else "bf16 safetensors" if a.weights == "f16" else "MLX g64"
     print(f"\nmodel {a.model}, weights {a.weights} (ringlm {ours} / llama.cpp {GGUF[a.weights]}), "
           f"{a.threads} threads, llama.cpp {commit or '(commit unknown)'}")
     if a.json:

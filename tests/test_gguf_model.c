@@ -30,6 +30,8 @@ enum { N_IDS = 24 };
 static const int32_t ids[N_IDS] = {1, 5, 200, 7, 9, 100, 3, 4, 5, 6, 250, 17,
                                    42, 42, 42, 8, 99, 128, 2, 77, 31, 64, 5, 0};
 
+static int g_act_bits; /* the sessions' act_bits */
+
 /* All positions' logits of ids from the model at path (malloc'd), *vocab. */
 static float *logits_of(const char *path, int32_t *vocab) {
   rlm_model *m = NULL;
@@ -47,6 +49,7 @@ static float *logits_of(const char *path, int32_t *vocab) {
    * b*sum(x) against the dense reference's sum(w x)) into whole 16-bit
    * steps now and then */
   p.kv_dtype = RLM_DTYPE_F32;
+  p.act_bits = g_act_bits;
   rlm_session *s = NULL;
   float *lg = malloc((size_t)N_IDS * (size_t)*vocab * sizeof *lg);
   rc = rlm_session_create(&s, m, &p, &err);
@@ -148,6 +151,34 @@ TEST(llama_quantize_files_equal_their_dequantized_weights) {
   }
 }
 
+/* int8 activations (llama.cpp's way, --act-bits 8) over the native Q4_K
+ * and Q6_K blocks and the converted Q5_0/Q8_0 ones: near the exact
+ * logits (their own bounds are tests/test_kquant.c's and
+ * test_quant_fast.c's; this shows the model routes every kind there with
+ * its scratch). */
+TEST(int8_activations_stay_close) {
+  static const char *const files[] = {"tiny-llama-q4_k_m", "tiny-gemma3-q4_k_m", "tiny-llama-q8_0"};
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    char file[400];
+    snprintf(file, sizeof file, "%s/tests/fixtures/gguf/%s.gguf", g_src, files[i]);
+    int32_t v8 = 0, v0 = 0;
+    g_act_bits = 8;
+    float *a = logits_of(file, &v8);
+    g_act_bits = 0;
+    float *b = logits_of(file, &v0);
+    CHECK(a && b && v8 == v0);
+    double maxref = 0, maxdiff = 0;
+    for (size_t k = 0; a && b && k < (size_t)N_IDS * (size_t)v0; k++) {
+      maxref = fmax(maxref, fabs(b[k]));
+      maxdiff = fmax(maxdiff, fabs((double)a[k] - b[k]));
+    }
+    printf("  %-28s int8 activations: max|diff| %.3g x max|logit|\n", files[i], maxdiff / maxref);
+    CHECK(maxdiff > 0);                /* the int8 path did run */
+    CHECK(maxdiff < 0.05 * maxref);   /* garbage or a wrong kernel is far off */
+    free(a), free(b);
+  }
+}
+
 /* ---- bad metadata --------------------------------------------------------- */
 
 /* A tiny valid llama GGUF, with one key or tensor changed by `variant`. */
@@ -239,5 +270,6 @@ int main(void) {
   RUN(bad_metadata_is_named);
   RUN(f16_files_equal_the_same_weights);
   RUN(llama_quantize_files_equal_their_dequantized_weights);
+  RUN(int8_activations_stay_close);
   return test_summary();
 }

@@ -635,20 +635,23 @@ static rlm_status unsupported(rlm_error *err, const char *what) {
   return rlm__err(err, RLM_ERR_UNSUPPORTED, "device cuda: %s is not supported on the GPU yet", what);
 }
 
-static bool bits_ok(const rlm_linear *l) { return !l->out || !l->quant || l->q.bits == 4 || l->q.bits == 8; }
+static bool bits_ok(const rlm_linear *l) {
+  return !l->out || (!l->kq.blocks && (!l->quant || l->q.bits == 4 || l->q.bits == 8));
+}
 
 /* What this backend cannot run yet, named, before anything is allocated. */
 static rlm_status check_support(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
-  if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj)) return unsupported(err, "an output head not at 4 or 8 bits");
-  if (m->embed.quant && m->embed.q.bits != 2 && m->embed.q.bits != 4 && m->embed.q.bits != 8)
+  if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj))
+    return unsupported(err, "an output head not at 4 or 8 bits (or in GGUF Q4_K/Q6_K blocks)");
+  if (m->embed.kq.blocks || (m->embed.quant && m->embed.q.bits != 2 && m->embed.q.bits != 4 && m->embed.q.bits != 8))
     return unsupported(err, "an embedding not at 2, 4 or 8 bits");
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
     const rlm_linear *ls[RLM_LAYER_LINEARS];
     rlm__layer_linears(L, ls);
     for (int j = 0; j < RLM_LAYER_LINEARS; j++)
-      if (!bits_ok(ls[j])) return unsupported(err, "a linear layer not at 4 or 8 bits");
+      if (!bits_ok(ls[j])) return unsupported(err, "a linear layer not at 4 or 8 bits (or in GGUF Q4_K/Q6_K blocks)");
     bool experts_ok = bits_ok(&L->router);
     for (int e = 0; e < c->n_experts; e++)
       experts_ok = experts_ok && bits_ok(&L->expert_gate_up[e]) && bits_ok(&L->expert_down[e]);

@@ -345,9 +345,18 @@ static rlm_status unpermute_owned(void *p, size_t row_bytes, int64_t heads, int6
 }
 
 /* llama's attn_q / attn_k back in Hugging Face's row order. Dense rows
- * still point into the read-only mapping: they move to the arena. */
+ * and native blocks still point into the read-only mapping: they move to
+ * the arena. */
 static rlm_status unpermute(rlm_model *m, rlm_linear *l, int64_t heads, rlm_error *err) {
   const int64_t hd = l->out / heads;
+  if (l->kq.blocks) {
+    const size_t rb = rlm__kq_row_bytes(l->kq.type, l->kq.cols);
+    void *d = rlm__arena_alloc(&m->arena, (size_t)l->out * rb);
+    if (!d) return rlm__err_nomem(err, "q/k rows", (size_t)l->out * rb);
+    unpermute_rows(d, l->kq.blocks, rb, heads, hd);
+    l->kq.blocks = d;
+    return RLM_OK;
+  }
   if (!l->quant) {
     const size_t rb = (size_t)l->in * rlm_dtype_size(l->dtype);
     void *d = rlm__arena_alloc(&m->arena, (size_t)l->out * rb);
@@ -376,6 +385,19 @@ static bool permuted(const rlm_model *m, const char *hf_prefix, int64_t *heads) 
   return true;
 }
 
+/* Q4_K and Q6_K are computed from their blocks where they lie (quant/
+ * kquant.h: llama.cpp's bytes per weight, 4.5 and 6.56 bits); converted,
+ * they would take 6 and 10 bits (f32 scales; Q6_K's groups of 16 on the
+ * reference kernels). The other types convert to the affine format at
+ * about llama.cpp's size (Q4_0: 5 bits against 4.5, Q8_0: 9 against 8.5)
+ * and its faster many-row kernels. */
+static bool native(const rlm_gguf_tensor *t, rlm_kq_type *kt) {
+  if (t->type == RLM_GGML_TYPE_Q4_K) *kt = RLM_KQ_Q4_K;
+  else if (t->type == RLM_GGML_TYPE_Q6_K) *kt = RLM_KQ_Q6_K;
+  else return false;
+  return t->n_dims == 2 && t->dims[0] % 256 == 0;
+}
+
 rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in, rlm_linear *l,
                                  rlm_error *err) {
   const rlm_gguf_tensor *t;
@@ -385,7 +407,12 @@ rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t ou
     return rlm__err(err, RLM_ERR_FORMAT, "%s: tensor '%s' has dims [%lld, %lld] (%d-D), expected [%lld, %lld] "
                     "(GGUF order: columns first)", rlm__gguf_path(m->gguf), t->name, (long long)t->dims[0],
                     (long long)t->dims[1], t->n_dims, (long long)in, (long long)out);
-  if ((rc = rlm__gguf_linear(NULL, &m->arena, m->gguf, t, l, err))) return rc;
+  rlm_kq_type kt;
+  if (native(t, &kt)) {
+    *l = (rlm_linear){.out = out, .in = in, .kq = {t->data, kt, out, in}};
+  } else if ((rc = rlm__gguf_linear(NULL, &m->arena, m->gguf, t, l, err))) {
+    return rc;
+  }
   int64_t heads;
   return permuted(m, hf_prefix, &heads) ? unpermute(m, l, heads, err) : RLM_OK;
 }

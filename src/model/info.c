@@ -122,7 +122,7 @@ void rlm_model_get_info(const rlm_model *m, rlm_model_info *out) {
   for (int i = 0; i < c->n_layers; i++) out->n_kv_shared += c->kv_donor[i] >= 0;
   out->n_params = count_params(m);
   const rlm_linear *w = &m->layers[0].wq;
-  out->weight_dtype = w->quant ? "mlx-affine" : rlm_dtype_name(w->dtype);
+  out->weight_dtype = w->kq.blocks ? "ggml blocks" : w->quant ? "mlx-affine" : rlm_dtype_name(w->dtype);
   out->weight_bits = w->quant ? w->q.bits : 0, out->weight_group = w->quant ? w->q.group_size : 0;
   out->gguf_types = m->gguf_types;
   out->bos = c->bos, out->n_eos = c->n_eos;

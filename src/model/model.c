@@ -374,6 +374,10 @@ const char *rlm_model_signature(const rlm_model *m) { return m ? m->signature : 
 
 static void linear_arrays(const rlm_linear *l, rlm_model_array_fn fn, void *ctx) {
   if (!l->out) return;
+  if (l->kq.blocks) {
+    fn(ctx, l->kq.blocks, (size_t)l->kq.rows * rlm__kq_row_bytes(l->kq.type, l->kq.cols));
+    return;
+  }
   if (!l->quant) {
     fn(ctx, l->w, (size_t)l->out * (size_t)l->in * rlm_dtype_size(l->dtype));
     return;

@@ -16,6 +16,7 @@
 
 #include "kv/kv.h"
 #include "model/safetensors.h"
+#include "quant/kquant.h"
 
 typedef enum rlm_arch {
   RLM_ARCH_LLAMA, RLM_ARCH_QWEN3, RLM_ARCH_MISTRAL, RLM_ARCH_GEMMA3, RLM_ARCH_GEMMA4
@@ -73,13 +74,15 @@ typedef struct rlm_model_config {
   int n_eos;
 } rlm_model_config;
 
-/* y = x W^T: dense view or MLX triple. */
+/* y = x W^T: dense view, MLX triple, or GGUF blocks computed natively. */
 typedef struct rlm_linear {
   int64_t out, in;
   bool quant;
   rlm_dtype dtype;            /* dense element dtype                     */
   const void *w;              /* dense [out][in]                         */
   rlm_qmat q;                 /* quantized                               */
+  rlm_kqmat kq;               /* GGUF Q4_K/Q6_K blocks when kq.blocks
+                                 (quant false, w NULL): quant/kquant.h   */
 } rlm_linear;
 
 typedef struct rlm_layer {
@@ -270,6 +273,9 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
  * cols % 128 == 0: every 4-bit layer and the 8-bit tied lm_head of an MLX
  * 4-bit checkpoint); scratch: rlm__qmatmul_q8_bytes. */
 void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch);
+/* Bytes of rlm__linear_q8's scratch for m rows of at most cols inputs
+ * (any weight kind). */
+size_t rlm__linear_q8_bytes(int64_t m, int64_t cols);
 /* One row of an embedding (dense or quantized) into f32. */
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out);
 

@@ -91,6 +91,10 @@ void rlm__rope(float *x, int n_heads, int head_dim, const float *cs) {
 
 void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y,
                  float *xsum) {
+  if (l->kq.blocks) {
+    rlm__kq_matmul(pool, &l->kq, x, m, y);
+    return;
+  }
   if (l->quant) {
     rlm__qmatmul(pool, &l->q, x, m, xsum, y);
     return;
@@ -99,11 +103,23 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
 }
 
 void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch) {
+  if (l->kq.blocks) { /* its scratch starts on a 64-byte boundary (rlm__linear_q8_bytes) */
+    rlm__kq_matmul_q8(pool, &l->kq, x, m, (void *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63), y);
+    return;
+  }
   if (l->quant && rlm__q8act_ok(&l->q)) rlm__qmatmul_q8(pool, &l->q, x, m, scratch, y);
   else rlm__linear(pool, l, x, m, y, scratch);
 }
 
+size_t rlm__linear_q8_bytes(int64_t m, int64_t cols) {
+  return RLM_MAX(rlm__qmatmul_q8_bytes(m, cols, 32), rlm__kq_matmul_q8_bytes(m, cols) + 64);
+}
+
 void rlm__embed_row(const rlm_linear *e, int64_t row, float *out) {
+  if (e->kq.blocks) {
+    rlm__kq_dequant_row(&e->kq, row, out);
+    return;
+  }
   if (!e->quant) {
     const char *w = (const char *)e->w + (size_t)row * (size_t)e->in * rlm_dtype_size(e->dtype);
     rlm__convert(w, e->dtype, out, RLM_DTYPE_F32, e->in);

@@ -151,7 +151,7 @@ static rlm_status alloc_scratch(rlm_session *s, rlm_error *err) {
     s->xsum = rlm__malloc(n * in_max * sizeof(float));
     s->moe = rlm__malloc(moe * sizeof(float));
     if (!s->xsum || !s->moe) return rlm__err_nomem(err, "session scratch", n * in_max * 4);
-    size_t q8 = s->p.act_bits == 8 ? rlm__qmatmul_q8_bytes((int64_t)n, (int64_t)in_max, 32) : 0;
+    size_t q8 = s->p.act_bits == 8 ? rlm__linear_q8_bytes((int64_t)n, (int64_t)in_max) : 0;
     if (q8 && !(s->q8 = rlm__malloc(q8))) return rlm__err_nomem(err, "session scratch", q8);
   }
   const size_t R = (size_t)s->p.n_rows;
