@@ -527,8 +527,9 @@ typedef struct rlm_tokenizer rlm_tokenizer;
  * RLM_ERR_FORMAT for malformed JSON or a missing model (or malformed GGUF
  * metadata), RLM_ERR_UNSUPPORTED for a component ringlm does not implement
  * (or a GGUF tokenizer model or pre-tokenizer it does not know), and
- * RLM_ERR_NOT_FOUND for a GGUF file without tokenizer.ggml.model; the
- * message names the file and the component or key. */
+ * RLM_ERR_NOT_FOUND for a GGUF file without a tokenizer
+ * (tokenizer.ggml.model absent or "none"); the message names the file and
+ * the component or key. */
 RLM_API rlm_status rlm_tokenizer_load(rlm_tokenizer **out, const char *path,
                                       rlm_error *err);
 RLM_API void rlm_tokenizer_free(rlm_tokenizer *t);

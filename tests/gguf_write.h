@@ -3,7 +3,9 @@
  * independent of the reader under test: raw little-endian fields appended
  * to a growing buffer, so a test can write any file, valid or not, one
  * field at a time. gw_model() writes a whole valid file with keys of every
- * type and tensors of several types. Header-only; out of memory exits. */
+ * type and tensors of several types; gw_kvs collects keys whose count is
+ * known only at the end (test_gguf_tok's vocabularies). Header-only; out
+ * of memory exits. */
 #ifndef RLM_GGUF_WRITE_H
 #define RLM_GGUF_WRITE_H
 
@@ -80,6 +82,9 @@ static inline void gw_kv_str(gw *w, const char *key, const char *v) {
   gw_key(w, key, GW_STR);
   gw_str(w, v);
 }
+static inline void gw_kv_bool(gw *w, const char *key, int v) {
+  gw_kv_num(w, key, GW_BOOL, v ? 1 : 0, 1);
+}
 /* An array's element type and length; the caller writes the elements. */
 static inline void gw_arr(gw *w, uint32_t type, uint64_t n) {
   gw_u32(w, type);
@@ -102,6 +107,25 @@ static inline void gw_pad(gw *w, uint64_t align) {
     const uint64_t gap = align - w->n % align;
     gw_bytes(w, zero, (size_t)(gap > 256 ? 256 : gap));
   }
+}
+
+/* ---- keys first, header after ------------------------------------------- */
+
+/* Keys written one by one (with gw_kv_* or gw_key + value into .w), each
+ * counted with gw_kvs_next(), then gw_kvs_file() writes a file of them and
+ * no tensors. */
+typedef struct gw_kvs {
+  gw w;
+  uint64_t n;
+} gw_kvs;
+
+static inline gw *gw_kvs_next(gw_kvs *k) {
+  k->n++;
+  return &k->w;
+}
+static inline void gw_kvs_file(const gw_kvs *k, gw *out) {
+  gw_header(out, 3, 0, k->n);
+  gw_bytes(out, k->w.p, k->w.n);
 }
 
 /* ---- a whole valid file ------------------------------------------------- */

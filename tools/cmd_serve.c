@@ -50,6 +50,8 @@ static bool parse_size(const char *flag, const char *s, int64_t *out) {
 
 /* The bytes of the folder's weight files (*.safetensors). */
 static int64_t weights_bytes(const char *dir) {
+  struct stat f;
+  if (!stat(dir, &f) && S_ISREG(f.st_mode)) return (int64_t)f.st_size; /* a GGUF file */
   DIR *d = opendir(dir);
   int64_t n = 0;
   for (struct dirent *e; d && (e = readdir(d));) {
@@ -121,7 +123,8 @@ static int serve(model_opts *o, model_ctx *c, const int64_t sizes[2]) {
   int rc = make_config(o, c, sizes, &cfg, kv, sizeof kv);
   if (rc) return rc;
   if (!c->tok) {
-    fprintf(stderr, "ringlm: serve: %s has no tokenizer.json; the server needs one\n", o->dir);
+    fprintf(stderr, "ringlm: serve: %s has no tokenizer.json (nor a GGUF vocabulary); the server "
+            "needs one\n", o->dir);
     return CLI_FAIL;
   }
   rlm_chat_template *t = NULL;

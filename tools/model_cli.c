@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- the table ------------------------------------------------------------ */
@@ -503,11 +504,23 @@ static bool has_tokenizer(const char *dir) {
   return access(p, R_OK) == 0;
 }
 
+/* The model's tokenizer: a folder's tokenizer.json or a GGUF file's
+ * vocabulary; none (c->tok NULL) where the model has none and the command
+ * can do without (ids only). */
+static int open_tokenizer(const model_opts *o, model_ctx *c, bool need_tok) {
+  rlm_error err = {0};
+  struct stat st;
+  const bool file = !stat(o->dir, &st) && S_ISREG(st.st_mode);
+  if (!file && !need_tok && !has_tokenizer(o->dir)) return CLI_OK;
+  rlm_status rc = rlm_tokenizer_load(&c->tok, o->dir, &err);
+  if (rc == RLM_ERR_NOT_FOUND && file && !need_tok) return CLI_OK;
+  return rc ? cli_fail(&err) : CLI_OK;
+}
+
 int mcli_open(const model_opts *o, model_ctx *c, bool need_tok) {
   rlm_error err = {0};
   memset(c, 0, sizeof *c);
-  if ((need_tok || has_tokenizer(o->dir)) && rlm_tokenizer_load(&c->tok, o->dir, &err))
-    return cli_fail(&err);
+  if (open_tokenizer(o, c, need_tok)) return CLI_FAIL;
   if (rlm_model_load(&c->m, o->dir, &err) || rlm_session_create(&c->s, c->m, &o->sp, &err) ||
       (o->draft_dir && (rlm_model_load(&c->dm, o->draft_dir, &err) ||
                         rlm_session_create(&c->ds, c->dm, &o->sp, &err)))) {
@@ -566,7 +579,7 @@ int mcli_prompt_ids(const model_opts *o, const model_ctx *c, int32_t **ids, size
   if (o->ids_arg) return cli_parse_ids(o->cmd, o->ids_arg, ids, n) ? CLI_OK : CLI_USAGE;
   const char *what = o->file ? cli_path_name(o->file) : "--prompt";
   if (!c->tok) {
-    fprintf(stderr, "ringlm: %s: no tokenizer.json, so %s cannot be encoded (use --ids)\n", o->dir,
+    fprintf(stderr, "ringlm: %s: no tokenizer.json (nor a GGUF vocabulary), so %s cannot be encoded (use --ids)\n", o->dir,
             what);
     return CLI_FAIL;
   }

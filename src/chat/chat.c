@@ -7,6 +7,8 @@
  * eos_token, pad_token and unk_token from tokenizer_config.json (when
  * set), the caller's extra variables (which may override them), tools and
  * documents (None unless given), messages and add_generation_prompt.
+ * (From a GGUF file, gguf_tok.c sets bos_token and eos_token from the
+ * token ids, as llama.cpp does.)
  */
 #include "chat/jinja.h"
 
@@ -56,20 +58,38 @@ static rlm_status compile(rlm_chat_template *t, const char *src, size_t len, con
   return rc;
 }
 
-rlm_status rlm_chat_template_parse(rlm_chat_template **out, const char *src, size_t len,
-                                   rlm_error *err) {
+rlm_status rlm__chat_template_parse_named(rlm_chat_template **out, const char *src, size_t len,
+                                          const char *what, rlm_error *err) {
   if (!out) return rlm__err(err, RLM_ERR_INVALID, "rlm_chat_template_parse: out is NULL");
   *out = NULL;
   if (!src && len) return rlm__err(err, RLM_ERR_INVALID, "rlm_chat_template_parse: src is NULL");
   rlm_chat_template *t = template_new(err);
   if (!t) return RLM_ERR_NOMEM;
-  rlm_status rc = compile(t, src ? src : "", len, "chat template", err);
+  rlm_status rc = compile(t, src ? src : "", len, what, err);
   if (rc) {
     rlm_chat_template_free(t);
     return rc;
   }
   *out = t;
   return RLM_OK;
+}
+
+rlm_status rlm_chat_template_parse(rlm_chat_template **out, const char *src, size_t len,
+                                   rlm_error *err) {
+  return rlm__chat_template_parse_named(out, src, len, "chat template", err);
+}
+
+rlm_status rlm__chat_template_set_special(rlm_chat_template *t, const char *name, const char *s, size_t n,
+                                          rlm_error *err) {
+  for (int i = 0; i < N_SPECIAL; i++) {
+    if (strcmp(k_special[i], name)) continue;
+    char *copy = rlm__arena_strndup(&t->arena, s, n);
+    if (!copy) return rlm__err_nomem(err, "special token", n);
+    t->special[i] = copy;
+    t->special_n[i] = n;
+    return RLM_OK;
+  }
+  return rlm__err(err, RLM_ERR_INVALID, "chat template: '%s' is not a special-token variable", name);
 }
 
 /* ------------------------------------------------------------------------
@@ -154,7 +174,9 @@ static rlm_status load_config(const char *path, json_t **out, rlm_error *err) {
   return rlm__err(err, RLM_ERR_FORMAT, "%s: not a JSON object", path);
 }
 
-rlm_status rlm_chat_template_load(rlm_chat_template **out, const char *dir, rlm_error *err) {
+/* rlm_chat_template_load (src/model/gguf_tok.c) for what is not a GGUF
+ * file. */
+rlm_status rlm__chat_template_load_hf(rlm_chat_template **out, const char *dir, rlm_error *err) {
   if (!out) return rlm__err(err, RLM_ERR_INVALID, "rlm_chat_template_load: out is NULL");
   *out = NULL;
   if (!dir) return rlm__err(err, RLM_ERR_INVALID, "rlm_chat_template_load: dir is NULL");

@@ -478,4 +478,19 @@ rlm_status rlm__jj_test_apply(jj_ctx *cx, int id, jj_value v, const jj_args *a, 
 extern const jj_filter_entry rlm__jj_seq_filters[];
 extern const size_t rlm__jj_n_seq_filters;
 
+/* ------------------------------------------------------------------------
+ * chat.c's entry points for the model layer, whose gguf_tok.c defines the
+ * public rlm_chat_template_load (a GGUF file, else a folder).
+ * ---------------------------------------------------------------------- */
+/* rlm_chat_template_load for a model folder. */
+rlm_status rlm__chat_template_load_hf(rlm_chat_template **out, const char *dir, rlm_error *err);
+/* rlm_chat_template_parse with `what` naming the source in messages. */
+rlm_status rlm__chat_template_parse_named(rlm_chat_template **out, const char *src, size_t len,
+                                          const char *what, rlm_error *err);
+/* Sets a special-token variable passed to every render: name is
+ * "bos_token", "eos_token", "pad_token" or "unk_token" (others are
+ * RLM_ERR_INVALID); the text is copied. */
+rlm_status rlm__chat_template_set_special(rlm_chat_template *t, const char *name, const char *s, size_t n,
+                                          rlm_error *err);
+
 #endif /* RLM_JINJA_H */

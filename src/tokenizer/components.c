@@ -193,6 +193,16 @@ static rlm_status add_split(rlm_tokenizer *t, const json_t *pat, bool is_regex, 
   return rc;
 }
 
+rlm_status rlm__tok_add_regex_split(rlm_tokenizer *t, const char *re, rlm_error *err) {
+  if (t->n_splits == TOK_MAX_STEPS) return too_many(t, "pre-tokenizer", err);
+  tok_split *s = &t->splits[t->n_splits];
+  rlm_status rc = compile_regex(t, re, strlen(re), &s->re, err);
+  if (rc) return rc;
+  s->behavior = TOK_SPLIT_ISOLATED;
+  t->n_splits++;
+  return RLM_OK;
+}
+
 /* GPT-2's pattern: ByteLevel with use_regex splits with it first. */
 static const char gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";

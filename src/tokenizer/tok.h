@@ -16,12 +16,13 @@
  * (tok_piece.out), so detokenizing is concatenation plus the UTF-8 repair
  * rules of decode.c.
  *
- * Files: tokenizer.c (load, vocab, added tokens, config), components.c
+ * Files: tokenizer.c (load, vocab, added tokens, config), vocab.c (the
+ * same tokenizer built from a GGUF vocabulary, see vocab.h), components.c
  * (normalizer / pre-tokenizer / post-processor / decoder from JSON),
  * hash.c (the maps), encode.c (the pipeline above), bpe.c (the merge
  * loop), nfc.c (Unicode NFC), decode.c (detokenize, stream), utf8.c.
  *
- * Everything here is immutable after rlm_tokenizer_load; per-call scratch
+ * Everything here is immutable once built; per-call scratch
  * lives in a tok_ctx on the caller's stack, so one tokenizer serves many
  * threads.
  */
@@ -142,7 +143,7 @@ typedef struct tok_split {
 #define TOK_MAX_STEPS 16
 
 struct rlm_tokenizer {
-  char *path;                /* the tokenizer.json read, for messages    */
+  char *path;                /* the tokenizer.json (or GGUF) read, for messages */
   rlm_arena arena;           /* every string below                       */
   int32_t n_vocab;           /* largest id + 1                           */
   tok_piece *pieces;         /* [n_vocab]                                */
@@ -192,6 +193,18 @@ struct rlm_tokenizer {
 
   int32_t bos, eos;          /* -1: none                                 */
 };
+
+/* tokenizer.c, shared with vocab.c (which builds a tokenizer from a GGUF
+ * vocabulary rather than from JSON): an empty tokenizer (no tokens, byte
+ * map set, bos/eos/unk -1) whose messages name `path`; the added-token
+ * tries; and, once pieces[].text/flags are filled, each piece's decoded
+ * out and the byte-level initial symbols. */
+rlm_status rlm__tok_create(rlm_tokenizer **out, const char *path, rlm_error *err);
+rlm_status rlm__tok_trie_init(tok_trie *tr, rlm_error *err);
+rlm_status rlm__tok_trie_insert(tok_trie *tr, const char *s, size_t n, int32_t idx, rlm_error *err);
+rlm_status rlm__tok_finish_pieces(rlm_tokenizer *t, rlm_error *err);
+/* components.c: appends an Isolated Split by regex re (NUL-terminated). */
+rlm_status rlm__tok_add_regex_split(rlm_tokenizer *t, const char *re, rlm_error *err);
 
 /* PCRE2 allocator hooks over rlm__malloc (components.c). */
 pcre2_general_context *rlm__tok_pcre_context(void);

@@ -1,4 +1,6 @@
-/* tokenizer.c -- loading a Hugging Face tokenizer.json: the BPE model
+/* tokenizer.c -- loading a Hugging Face tokenizer.json (the public
+ * rlm_tokenizer_load, in src/model/gguf_tok.c, sends everything that is
+ * not a GGUF file here, to rlm__tokenizer_load_hf): the BPE model
  * (vocab, merges), the added tokens and their tries, the per-id decoded
  * pieces, and bos/eos from tokenizer_config.json. See tok.h for the
  * pipeline and what is supported; the components (normalizer, ...) are
@@ -9,6 +11,7 @@
  * we do not implement.
  */
 #include "tokenizer/tok.h"
+#include "tokenizer/vocab.h" /* rlm__tokenizer_load_hf */
 
 #include <jansson.h>
 #include <stdio.h>
@@ -158,7 +161,7 @@ static rlm_status load_model(rlm_tokenizer *t, const json_t *m, rlm_error *err) 
 /* ------------------------------------------------------------------------
  * Added tokens and their tries.
  * ---------------------------------------------------------------------- */
-static rlm_status trie_init(tok_trie *tr, rlm_error *err) {
+rlm_status rlm__tok_trie_init(tok_trie *tr, rlm_error *err) {
   tr->cap_nodes = 64;
   tr->n_nodes = 1;
   tr->empty = true;
@@ -173,7 +176,7 @@ static void trie_free(tok_trie *tr) {
   rlm__tok_u64map_free(&tr->edges);
 }
 
-static rlm_status trie_insert(tok_trie *tr, const char *s, size_t n, int32_t idx, rlm_error *err) {
+rlm_status rlm__tok_trie_insert(tok_trie *tr, const char *s, size_t n, int32_t idx, rlm_error *err) {
   int32_t node = 0;
   tr->first[(uint8_t)s[0]] = true;
   for (size_t i = 0; i < n; i++) {
@@ -220,7 +223,8 @@ static rlm_status parse_added(rlm_tokenizer *t, const json_t *a, tok_added *out,
 
 static rlm_status load_added(rlm_tokenizer *t, const json_t *arr, rlm_error *err) {
   rlm_status rc;
-  if ((rc = trie_init(&t->trie_raw, err)) || (rc = trie_init(&t->trie_norm, err))) return rc;
+  if ((rc = rlm__tok_trie_init(&t->trie_raw, err)) || (rc = rlm__tok_trie_init(&t->trie_norm, err)))
+    return rc;
   if (!arr || json_is_null(arr)) return RLM_OK;
   if (!json_is_array(arr)) return rlm__err(err, RLM_ERR_FORMAT, "%s: \"added_tokens\" is not an array", t->path);
   size_t n = json_array_size(arr);
@@ -230,8 +234,8 @@ static rlm_status load_added(rlm_tokenizer *t, const json_t *arr, rlm_error *err
     tok_added *ad = &t->added[i];
     if ((rc = parse_added(t, json_array_get(arr, i), ad, err))) return rc;
     t->n_added++;
-    if (ad->len && (rc = trie_insert(ad->normalized ? &t->trie_norm : &t->trie_raw, ad->content,
-                                     ad->len, (int32_t)i, err)))
+    if (ad->len && (rc = rlm__tok_trie_insert(ad->normalized ? &t->trie_norm : &t->trie_raw,
+                                              ad->content, ad->len, (int32_t)i, err)))
       return rc;
   }
   return RLM_OK;
@@ -314,6 +318,18 @@ static rlm_status piece_out(rlm_tokenizer *t, tok_piece *p, rlm_error *err) {
   return RLM_OK;
 }
 
+rlm_status rlm__tok_finish_pieces(rlm_tokenizer *t, rlm_error *err) {
+  for (int32_t id = 0; id < t->n_vocab; id++) {
+    rlm_status rc = t->pieces[id].text ? piece_out(t, &t->pieces[id], err) : RLM_OK;
+    if (rc) return rc;
+  }
+  for (int b = 0; b < 256; b++) { /* the initial symbols of byte-level BPE */
+    char u[4];
+    t->byte_sym[b] = rlm__tok_strmap_get(&t->vocab, u, rlm__utf8_encode(t->byte_cp[b], u));
+  }
+  return RLM_OK;
+}
+
 static rlm_status build_pieces(rlm_tokenizer *t, rlm_error *err) {
   t->pieces = rlm__calloc((size_t)RLM_MAX(t->n_vocab, 1), sizeof *t->pieces);
   if (!t->pieces) return rlm__err_nomem(err, "token table", (size_t)t->n_vocab);
@@ -326,15 +342,7 @@ static rlm_status build_pieces(rlm_tokenizer *t, rlm_error *err) {
     t->pieces[a->id] = (tok_piece){.text = a->content, .text_len = a->len,
                                    .flags = a->special ? TOK_PIECE_SPECIAL : 0};
   }
-  for (int32_t id = 0; id < t->n_vocab; id++) {
-    rlm_status rc = t->pieces[id].text ? piece_out(t, &t->pieces[id], err) : RLM_OK;
-    if (rc) return rc;
-  }
-  for (int b = 0; b < 256; b++) { /* the initial symbols of byte-level BPE */
-    char u[4];
-    t->byte_sym[b] = rlm__tok_strmap_get(&t->vocab, u, rlm__utf8_encode(t->byte_cp[b], u));
-  }
-  return RLM_OK;
+  return rlm__tok_finish_pieces(t, err);
 }
 
 /* ------------------------------------------------------------------------
@@ -392,23 +400,35 @@ static rlm_status build(rlm_tokenizer *t, const json_t *j, const char *dir, rlm_
   return load_config(t, dir, err);
 }
 
-rlm_status rlm_tokenizer_load(rlm_tokenizer **out, const char *path, rlm_error *err) {
-  if (!out) return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenizer_load: out is NULL");
-  *out = NULL;
-  if (!path) return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenizer_load: path is NULL");
+rlm_status rlm__tok_create(rlm_tokenizer **out, const char *path, rlm_error *err) {
   rlm_tokenizer *t = rlm__calloc(1, sizeof *t);
   if (!t) return rlm__err_nomem(err, "tokenizer", sizeof *t);
   rlm__arena_init(&t->arena, 1 << 20);
   init_byte_map(t);
   t->unk_id = t->bos = t->eos = -1;
-  const char *dir = rlm__path_is_dir(path) ? path : NULL;
-  t->path = dir ? rlm__path_join(dir, "tokenizer.json") : rlm__strdup(path);
+  t->path = rlm__strdup(path);
   if (!t->path) {
     rlm_tokenizer_free(t);
     return rlm__err_nomem(err, "path", strlen(path));
   }
+  *out = t;
+  return RLM_OK;
+}
+
+/* rlm_tokenizer_load (src/model/gguf_tok.c) for what is not a GGUF file. */
+rlm_status rlm__tokenizer_load_hf(rlm_tokenizer **out, const char *path, rlm_error *err) {
+  if (!out) return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenizer_load: out is NULL");
+  *out = NULL;
+  if (!path) return rlm__err(err, RLM_ERR_INVALID, "rlm_tokenizer_load: path is NULL");
+  const char *dir = rlm__path_is_dir(path) ? path : NULL;
+  char *file = dir ? rlm__path_join(dir, "tokenizer.json") : rlm__strdup(path);
+  if (!file) return rlm__err_nomem(err, "path", strlen(path));
+  rlm_tokenizer *t = NULL;
+  rlm_status rc = rlm__tok_create(&t, file, err);
+  rlm__free(file);
+  if (rc) return rc;
   json_t *j = NULL;
-  rlm_status rc = rlm__json_load_file(t->path, &j, err);
+  rc = rlm__json_load_file(t->path, &j, err);
   if (!rc) rc = build(t, j, dir, err);
   rlm__json_free(j);
   if (rc) {
