@@ -1,5 +1,5 @@
 /* bench_kquant.c -- products straight over GGUF blocks (quant/kquant.h):
- * y[m][rows] = x[m][cols] W^T for Q4_K, Q6_K and Q8_0 matrices of random
+ * y[m][rows] = x[m][cols] W^T for Q4_K, Q5_K, Q6_K, Q8_0 and Q5_0 matrices of random
  * blocks, on Gemma-3-1B-like shapes, beside the MLX 4-bit g32 (bf16
  * scales) int8 path (rlm__qmatmul_q8) on the same shape.
  *
@@ -21,12 +21,13 @@
  * the MLX ones), so that they come from memory rather than the caches
  * (this machine's L3 holds 480 MB: N copies should exceed it).
  *
- * --head: the two tied heads above; --llama: Llama-3.2-1B's shapes.
+ * --head: the two tied heads above; --llama: Llama-3.2-1B's shapes; --q5:
+ * the Q5_0 and Q5_K shapes only.
  *
  * --isa NAME times that kernel table (default: the CPU's fastest); the
  * mlx4 column is always the default path.
  *
- * usage: bench_kquant [--reps N] [--threads N] [-m M1,M2,...] [--head | --llama] [--cold N]
+ * usage: bench_kquant [--reps N] [--threads N] [-m M1,M2,...] [--head | --llama | --q5] [--cold N]
  *                     [--isa ref|avx2|avx512vnni]
  */
 #include "bench.h"
@@ -44,6 +45,17 @@ static const shape SHAPES[] = {
     {"Q4_K gate 6912x1024", RLM_KQ_Q4_K, 6912, 1024},
     {"Q6_K down 1152x6912", RLM_KQ_Q6_K, 1152, 6912},
     {"Q8_0 gate 6912x1152", RLM_KQ_Q8_0, 6912, 1152},
+    {"Q5_0 gate/up 6912x1152", RLM_KQ_Q5_0, 6912, 1152},
+    {"Q5_0 1152x6912", RLM_KQ_Q5_0, 1152, 6912},
+};
+
+/* --q5: the Q5_0 shapes (Gemma 3's gate/up as llama.cpp's Q4_K_M stores
+ * them, and the transposed shape) and Q5_K ones (Q5_K_M files). */
+static const shape Q5[] = {
+    {"Q5_0 gate/up 6912x1152", RLM_KQ_Q5_0, 6912, 1152},
+    {"Q5_0 1152x6912", RLM_KQ_Q5_0, 1152, 6912},
+    {"Q5_K down 1152x6912", RLM_KQ_Q5_K, 1152, 6912},
+    {"Q5_K gate 6912x1024", RLM_KQ_Q5_K, 6912, 1024},
 };
 
 /* Llama-3.2-1B Q4_K_M (hidden 2048: every K shape fits): q/o, gate/up,
@@ -81,7 +93,7 @@ static rlm_kqmat make_mat(const shape *s, uint64_t *rng) {
     uint8_t *blk = p + b * bb;
     if (s->type == RLM_KQ_Q6_K) memcpy(blk + 208, &d, 2);
     else memcpy(blk, &d, 2);
-    if (s->type == RLM_KQ_Q4_K) memcpy(blk + 2, &d, 2);
+    if (s->type == RLM_KQ_Q4_K || s->type == RLM_KQ_Q5_K) memcpy(blk + 2, &d, 2);
   }
   return (rlm_kqmat){p, s->type, s->rows, s->cols};
 }
@@ -184,6 +196,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "-m") && i + 1 < argc) n_m = parse_list(argv[++i], ms, 16);
     else if (!strcmp(argv[i], "--head")) head = 1;
     else if (!strcmp(argv[i], "--llama")) head = 2;
+    else if (!strcmp(argv[i], "--q5")) head = 3;
     else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
       const char *isa = argv[++i];
       g_kern = !strcmp(isa, "ref") ? &rlm__kq_kernels_ref : !strcmp(isa, "avx2") ? rlm__kq_kernels_avx2()
@@ -193,7 +206,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--cold") && i + 1 < argc) copies = atoi(argv[++i]);
     else n_m = 0;
     if (n_m == 0) {
-      fprintf(stderr, "usage: %s [--reps N] [--threads N] [-m M1,M2,...] [--head | --llama] [--cold N] [--isa ref|avx2|avx512vnni]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--reps N] [--threads N] [-m M1,M2,...] [--head | --llama | --q5] [--cold N] [--isa ref|avx2|avx512vnni]\n", argv[0]);
       return 2;
     }
   }
@@ -208,9 +221,10 @@ int main(int argc, char **argv) {
   printf("bench_kquant: kernels %s, %d thread(s), median of %d, %d cop%s; streaming read %.1f GB/s (1 thread)\n",
          g_kern->name, threads, reps, copies, copies > 1 ? "ies" : "y", bench_read((size_t)256 << 20, 5));
   uint64_t rng = 42;
-  const shape *list = head == 1 ? HEADS : head == 2 ? LLAMA : SHAPES;
+  const shape *list = head == 1 ? HEADS : head == 2 ? LLAMA : head == 3 ? Q5 : SHAPES;
   const int n = head == 1 ? (int)(sizeof HEADS / sizeof *HEADS)
-                : head == 2 ? (int)(sizeof LLAMA / sizeof *LLAMA) : (int)(sizeof SHAPES / sizeof *SHAPES);
+                : head == 2 ? (int)(sizeof LLAMA / sizeof *LLAMA)
+                : head == 3 ? (int)(sizeof Q5 / sizeof *Q5) : (int)(sizeof SHAPES / sizeof *SHAPES);
   for (int s = 0; s < n; s++) bench_shape(&list[s], ms, n_m, pool, reps, copies, &rng);
   rlm__pool_free(pool);
   return 0;

@@ -15,12 +15,14 @@
 #error "kquant.c reads ggml blocks in place: little-endian hosts only"
 #endif
 
-int rlm__kq_block(rlm_kq_type t) { return t == RLM_KQ_Q8_0 ? 32 : 256; }
+int rlm__kq_block(rlm_kq_type t) { return t == RLM_KQ_Q8_0 || t == RLM_KQ_Q5_0 ? 32 : 256; }
 
 int rlm__kq_block_bytes(rlm_kq_type t) {
   switch (t) {
   case RLM_KQ_Q4_K: return (int)sizeof(rlm_block_q4_k);
   case RLM_KQ_Q6_K: return (int)sizeof(rlm_block_q6_k);
+  case RLM_KQ_Q5_0: return (int)sizeof(rlm_block_q5_0);
+  case RLM_KQ_Q5_K: return (int)sizeof(rlm_block_q5_k);
   default: return (int)sizeof(rlm_block_q8_0);
   }
 }
@@ -47,6 +49,23 @@ static void dequant_q4_k(const uint8_t *blk, float *out) {
   }
 }
 
+/* Q5_K's 5-bit code of element e (0..255): Q4_K's nibble, bit j of qh[l]. */
+static int q5_k_code(const uint8_t *blk, int e) {
+  const int j = e / 32, l = e % 32;
+  return (blk[48 + 32 * (j / 2) + l] >> (4 * (j & 1)) & 15) | (blk[16 + l] >> j & 1) << 4;
+}
+
+/* Q5_K block -> 256 floats: (d sc_j) q - (dmin m_j), as Q4_K. */
+static void dequant_q5_k(const uint8_t *blk, float *out) {
+  const float d = rlm__kq_f16(blk), dmin = rlm__kq_f16(blk + 2);
+  for (int j = 0; j < 8; j++) {
+    int sc, mn;
+    rlm__kq_scale_min(blk + 4, j, &sc, &mn);
+    const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+    for (int l = 0; l < 32; l++) out[32 * j + l] = d1 * (float)q5_k_code(blk, 32 * j + l) - m1;
+  }
+}
+
 /* Q6_K's 6-bit code of element e (0..255) of a block. */
 static int q6_code(const uint8_t *blk, int e) {
   const int h = e / 128, i = e % 128 / 32, l = e % 32;
@@ -68,10 +87,24 @@ static void dequant_q8_0(const uint8_t *blk, float *out) {
   for (int e = 0; e < 32; e++) out[e] = (float)(int8_t)blk[2 + e] * d;
 }
 
+/* Q5_0's 5-bit code of element l (0..31) of a block. */
+static int q5_0_code(const uint8_t *blk, int l) {
+  const uint32_t qh = (uint32_t)blk[2] | (uint32_t)blk[3] << 8 | (uint32_t)blk[4] << 16 | (uint32_t)blk[5] << 24;
+  return (blk[6 + l % 16] >> (4 * (l / 16)) & 15) | (int)(qh >> l & 1) << 4;
+}
+
+/* Q5_0 block -> 32 floats: (q - 16) d (exact: 5 bits times an f16). */
+static void dequant_q5_0(const uint8_t *blk, float *out) {
+  const float d = rlm__kq_f16(blk);
+  for (int l = 0; l < 32; l++) out[l] = (float)(q5_0_code(blk, l) - 16) * d;
+}
+
 static void dequant_block(rlm_kq_type t, const uint8_t *blk, float *out) {
   switch (t) {
   case RLM_KQ_Q4_K: dequant_q4_k(blk, out); break;
   case RLM_KQ_Q6_K: dequant_q6_k(blk, out); break;
+  case RLM_KQ_Q5_0: dequant_q5_0(blk, out); break;
+  case RLM_KQ_Q5_K: dequant_q5_k(blk, out); break;
   default: dequant_q8_0(blk, out); break;
   }
 }
@@ -138,15 +171,22 @@ void rlm__kq_quantize_ref(rlm_kq_type t, const float *x, int64_t cols, void *row
     const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
     const int64_t s = rlm__kq_xblock(t, b);
     int isum[2] = {0, 0}; /* per half of 16 */
+    int q[32];
     for (int i = 0; i < 32; i++) {
-      const int q = (int)lrintf(p[i] * inv);
-      xq[32 * s + i] = (int8_t)q;
-      isum[i / 16] += q;
+      q[i] = (int)lrintf(p[i] * inv);
+      xq[rlm__kq_xpos(t, cols, 32 * b + i)] = (int8_t)q[i];
+      isum[i / 16] += q[i];
+    }
+    dd[b] = d;
+    if (t == RLM_KQ_Q5_0) {
+      const int32_t corr = -16 * (isum[0] + isum[1]);
+      dx16[b] = d;
+      memcpy(aux + b, &corr, 4);
+      continue;
     }
     for (int l = 0; l < 8; l++) dx16[s / 2 * 16 + s % 2 * 8 + l] = d;
-    dd[b] = d;
     float *a = aux + b / 8 * 16;
-    if (t == RLM_KQ_Q4_K) {
+    if (t == RLM_KQ_Q4_K || t == RLM_KQ_Q5_K) {
       if (b % 8 == 0) memset(a, 0, 8 * sizeof *a);
       a[8 + b % 8] = -rlm__kq_block_sum(p);
     } else if (t == RLM_KQ_Q6_K) {
@@ -158,8 +198,8 @@ void rlm__kq_quantize_ref(rlm_kq_type t, const float *x, int64_t cols, void *row
 }
 
 /* Element e's code in a scratch row for weights of type t. */
-static int xcode(rlm_kq_type t, const void *row, int64_t e) {
-  return ((const int8_t *)row)[32 * rlm__kq_xblock(t, e / 32) + e % 32];
+static int xcode(rlm_kq_type t, const void *row, int64_t cols, int64_t e) {
+  return ((const int8_t *)row)[rlm__kq_xpos(t, cols, e)];
 }
 
 /* One output of the int8 product (the formulas of kquant.h), in order. */
@@ -174,7 +214,25 @@ static float dot_q4_k(const uint8_t *p, int64_t cols, const void *xr) {
       rlm__kq_scale_min(blk + 4, j, &sc, &mn);
       int32_t isum = 0;
       for (int l = 0; l < 32; l++)
-        isum += (blk[16 + 32 * (j / 2) + l] >> (4 * (j & 1)) & 15) * xcode(RLM_KQ_Q4_K, xr, sb * 256 + 32 * j + l);
+        isum += (blk[16 + 32 * (j / 2) + l] >> (4 * (j & 1)) & 15) * xcode(RLM_KQ_Q4_K, xr, cols, sb * 256 + 32 * j + l);
+      acc += d * (float)sc * (dd[sb * 8 + j] * (float)isum);
+      acc += dmin * (float)mn * aux[sb * 16 + 8 + j];
+    }
+  }
+  return acc;
+}
+
+static float dot_q5_k(const uint8_t *p, int64_t cols, const void *xr) {
+  const float *dd = rlm__kq_d((void *)xr, cols), *aux = rlm__kq_aux((void *)xr, cols);
+  float acc = 0;
+  for (int64_t sb = 0; sb < cols / 256; sb++) {
+    const uint8_t *blk = p + sb * 176;
+    const float d = rlm__kq_f16(blk), dmin = rlm__kq_f16(blk + 2);
+    for (int j = 0; j < 8; j++) {
+      int sc, mn;
+      rlm__kq_scale_min(blk + 4, j, &sc, &mn);
+      int32_t isum = 0;
+      for (int l = 0; l < 32; l++) isum += q5_k_code(blk, 32 * j + l) * xcode(RLM_KQ_Q5_K, xr, cols, sb * 256 + 32 * j + l);
       acc += d * (float)sc * (dd[sb * 8 + j] * (float)isum);
       acc += dmin * (float)mn * aux[sb * 16 + 8 + j];
     }
@@ -191,7 +249,7 @@ static float dot_q6_k(const uint8_t *p, int64_t cols, const void *xr) {
     for (int k = 0; k < 16; k++) {
       int32_t isum = 0;
       for (int l = 0; l < 16; l++)
-        isum += (q6_code(blk, 16 * k + l) - 32) * xcode(RLM_KQ_Q6_K, xr, sb * 256 + 16 * k + l);
+        isum += (q6_code(blk, 16 * k + l) - 32) * xcode(RLM_KQ_Q6_K, xr, cols, sb * 256 + 16 * k + l);
       acc += d * (float)((const int8_t *)blk)[192 + k] * (dd[sb * 8 + k / 2] * (float)isum);
     }
   }
@@ -204,7 +262,19 @@ static float dot_q8_0(const uint8_t *p, int64_t cols, const void *xr) {
   for (int64_t b = 0; b < cols / 32; b++) {
     const uint8_t *blk = p + b * 34;
     int32_t isum = 0;
-    for (int l = 0; l < 32; l++) isum += (int8_t)blk[2 + l] * xcode(RLM_KQ_Q8_0, xr, b * 32 + l);
+    for (int l = 0; l < 32; l++) isum += (int8_t)blk[2 + l] * xcode(RLM_KQ_Q8_0, xr, cols, b * 32 + l);
+    acc += rlm__kq_f16(blk) * (dd[b] * (float)isum);
+  }
+  return acc;
+}
+
+static float dot_q5_0(const uint8_t *p, int64_t cols, const void *xr) {
+  const float *dd = rlm__kq_d((void *)xr, cols);
+  float acc = 0;
+  for (int64_t b = 0; b < cols / 32; b++) {
+    const uint8_t *blk = p + b * 22;
+    int32_t isum = 0;
+    for (int l = 0; l < 32; l++) isum += (q5_0_code(blk, l) - 16) * xcode(RLM_KQ_Q5_0, xr, cols, b * 32 + l);
     acc += rlm__kq_f16(blk) * (dd[b] * (float)isum);
   }
   return acc;
@@ -221,6 +291,8 @@ static void mm_q8_ref(const rlm_kqmat *w, const void *scratch, size_t stride, in
       switch (w->type) {
       case RLM_KQ_Q4_K: v = dot_q4_k(p, w->cols, xr); break;
       case RLM_KQ_Q6_K: v = dot_q6_k(p, w->cols, xr); break;
+      case RLM_KQ_Q5_0: v = dot_q5_0(p, w->cols, xr); break;
+      case RLM_KQ_Q5_K: v = dot_q5_k(p, w->cols, xr); break;
       default: v = dot_q8_0(p, w->cols, xr); break;
       }
       y[i * w->rows + o] = v;
