@@ -3,7 +3,7 @@
 # the tiny models' F16 GGUF files (scripts/make_bench_models.py, which
 # tests/test_gguf_model.c runs again at test time for the folders, the F16
 # files and their config.json). Only these quantized files are committed
-# (about 1.7 MB in all); the test's references come from
+# (about 2.5 MB in all); the test's references come from
 # scripts/gguf_to_hf.py.
 #
 #   scripts/make_gguf_fixtures.sh LLAMA_BIN_DIR
@@ -22,7 +22,7 @@ trap 'rm -rf "$tmp"' EXIT
 /usr/bin/python3 scripts/make_bench_models.py "$tmp" tiny-llama tiny-qwen3 tiny-gemma3
 dest=tests/fixtures/gguf
 mkdir -p "$dest"
-for spec in tiny-llama:Q8_0 tiny-llama:Q4_0 tiny-llama:Q4_K_M tiny-llama:Q5_K_M tiny-qwen3:Q4_K_M tiny-gemma3:Q4_K_M; do
+for spec in tiny-llama:Q8_0 tiny-llama:Q4_0 tiny-llama:Q5_0 tiny-llama:Q4_K_M tiny-llama:Q5_K_M tiny-qwen3:Q4_K_M tiny-gemma3:Q4_K_M; do
   model=${spec%%:*} type=${spec#*:}
   out="$dest/$model-$(echo "$type" | tr 'A-Z' 'a-z').gguf"
   if ! "$quantize" "$tmp/$model-f16.gguf" "$out" "$type" >"$tmp/log" 2>&1; then

@@ -5,7 +5,7 @@
  * greedy token at every position. The files are the tiny models of
  * scripts/make_bench_models.py: their F16 GGUF, written at test time by
  * that script, and what llama.cpp's llama-quantize made of it (Q8_0, Q4_0,
- * Q4_K_M, Q5_K_M: tests/fixtures/gguf/, by scripts/make_gguf_fixtures.sh).
+ * Q5_0, Q4_K_M, Q5_K_M: tests/fixtures/gguf/, by scripts/make_gguf_fixtures.sh).
  * The reference folder of each comes from scripts/gguf_to_hf.py, which
  * dequantizes with scripts/gguf_ref.py (written from the format's
  * documentation, sharing nothing with the C loader) and puts names, llama's
@@ -141,7 +141,7 @@ TEST(llama_quantize_files_equal_their_dequantized_weights) {
   if (!have_numpy() || !make_models()) return;
   static const struct {
     const char *model, *type;
-  } files[] = {{"tiny-llama", "q8_0"},   {"tiny-llama", "q4_0"},   {"tiny-llama", "q4_k_m"},
+  } files[] = {{"tiny-llama", "q8_0"},   {"tiny-llama", "q4_0"},   {"tiny-llama", "q5_0"}, {"tiny-llama", "q4_k_m"},
                {"tiny-llama", "q5_k_m"}, {"tiny-qwen3", "q4_k_m"}, {"tiny-gemma3", "q4_k_m"}};
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     char file[400], ref[600];
@@ -157,7 +157,8 @@ TEST(llama_quantize_files_equal_their_dequantized_weights) {
  * test_quant_fast.c's; this shows the model routes every kind there with
  * its scratch). */
 TEST(int8_activations_stay_close) {
-  static const char *const files[] = {"tiny-llama-q4_k_m", "tiny-gemma3-q4_k_m", "tiny-llama-q8_0"};
+  static const char *const files[] = {"tiny-llama-q4_k_m", "tiny-gemma3-q4_k_m", "tiny-llama-q8_0",
+                                      "tiny-llama-q5_0"};
   for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
     char file[400];
     snprintf(file, sizeof file, "%s/tests/fixtures/gguf/%s.gguf", g_src, files[i]);

@@ -385,17 +385,20 @@ static bool permuted(const rlm_model *m, const char *hf_prefix, int64_t *heads) 
   return true;
 }
 
-/* Q4_K and Q6_K are computed from their blocks where they lie (quant/
- * kquant.h: llama.cpp's bytes per weight, 4.5 and 6.56 bits); converted,
- * they would take 6 and 10 bits (f32 scales; Q6_K's groups of 16 on the
- * reference kernels). The other types convert to the affine format at
- * about llama.cpp's size (Q4_0: 5 bits against 4.5, Q8_0: 9 against 8.5)
- * and its faster many-row kernels. */
+/* Q4_K, Q5_K, Q6_K and Q5_0 are computed from their blocks where they
+ * lie (quant/kquant.h: llama.cpp's bytes per weight, 4.5, 5.5, 6.56 and
+ * 5.5 bits); converted, they would take 6, 7, 10 and 6 bits (f32 scales;
+ * Q6_K's groups of 16 on the reference kernels; 5-bit codes have no int8
+ * kernel in the affine format). The others convert to the affine format
+ * at about llama.cpp's size (Q4_0: 5 bits against 4.5, Q8_0: 9 against
+ * 8.5) and its many-row kernels. */
 static bool native(const rlm_gguf_tensor *t, rlm_kq_type *kt) {
   if (t->type == RLM_GGML_TYPE_Q4_K) *kt = RLM_KQ_Q4_K;
+  else if (t->type == RLM_GGML_TYPE_Q5_K) *kt = RLM_KQ_Q5_K;
   else if (t->type == RLM_GGML_TYPE_Q6_K) *kt = RLM_KQ_Q6_K;
+  else if (t->type == RLM_GGML_TYPE_Q5_0) *kt = RLM_KQ_Q5_0;
   else return false;
-  return t->n_dims == 2 && t->dims[0] % 256 == 0;
+  return t->n_dims == 2 && t->dims[0] % rlm__kq_block(*kt) == 0;
 }
 
 rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in, rlm_linear *l,
