@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* The smallest a key can be (length, 1 byte, type, a 1-byte value) and a
  * tensor info (length, 1 byte, n_dims, one dim, type, offset): bounds on
@@ -644,6 +646,13 @@ static rlm_status gguf_create(rlm_gguf **out, rlm_error *err) {
   g->alignment = GGUF_DEFAULT_ALIGNMENT;
   *out = g;
   return RLM_OK;
+}
+
+void rlm__gguf_drop_pages(const rlm_gguf *g, const rlm_gguf_tensor *t) {
+  if (g->borrowed || !t->nbytes) return;
+  const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), p = (uintptr_t)t->data;
+  const uintptr_t a = (p + page - 1) & ~(page - 1), b = (p + t->nbytes) & ~(page - 1);
+  if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: failure changes nothing */
 }
 
 void rlm__gguf_free(rlm_gguf *g) {

@@ -196,6 +196,13 @@ const rlm_gguf_tensor *rlm__gguf_tensor_find(const rlm_gguf *g, const char *name
 rlm_status rlm__gguf_tensor_get(const rlm_gguf *g, const char *name, const rlm_gguf_tensor **out,
                                 rlm_error *err);
 
+/* Drops the resident pages that only t's data covers (whole pages inside
+ * it) from a mapped file, after a caller has copied what it needs (the
+ * model's converted weights): its RSS then holds the copy alone. The data
+ * stays readable (the pages come back from the file on access); nothing
+ * for an image in memory. */
+void rlm__gguf_drop_pages(const rlm_gguf *g, const rlm_gguf_tensor *t);
+
 /* Typed getters: RLM_ERR_NOT_FOUND if the key is absent, RLM_ERR_FORMAT
  * if it holds another type ("<file>: key 'k' is int32, expected uint32");
  * *out is untouched on failure. */

@@ -415,6 +415,8 @@ rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t ou
     *l = (rlm_linear){.out = out, .in = in, .kq = {t->data, kt, out, in}};
   } else if ((rc = rlm__gguf_linear(NULL, &m->arena, m->gguf, t, l, err))) {
     return rc;
+  } else if (l->quant) {
+    rlm__gguf_drop_pages(m->gguf, t); /* converted: only the copy is read from now on */
   }
   int64_t heads;
   return permuted(m, hf_prefix, &heads) ? unpermute(m, l, heads, err) : RLM_OK;
