@@ -413,7 +413,7 @@ rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t ou
   rlm_kq_type kt;
   if (native(t, &kt)) {
     *l = (rlm_linear){.out = out, .in = in, .kq = {t->data, kt, out, in}};
-  } else if ((rc = rlm__gguf_linear(NULL, &m->arena, m->gguf, t, l, err))) {
+  } else if ((rc = rlm__gguf_linear(m->load_pool, &m->arena, m->gguf, t, l, err))) {
     return rc;
   } else if (l->quant) {
     rlm__gguf_drop_pages(m->gguf, t); /* converted: only the copy is read from now on */

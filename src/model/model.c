@@ -334,10 +334,13 @@ rlm_status rlm_model_load(rlm_model **out, const char *dir, rlm_error *err) {
   if (!m) return rlm__err_nomem(err, "model", sizeof *m);
   rlm__arena_init(&m->arena, 1 << 16);
   rlm_status rc;
-  if (rlm__gguf_sniff(dir)) {
-    rc = rlm__gguf_model_open(m, dir, err);
+  if (rlm__gguf_sniff(dir)) { /* conversions split over the shared workers */
+    rc = rlm__pool_acquire(&m->load_pool, 0, err);
+    if (!rc) rc = rlm__gguf_model_open(m, dir, err);
     if (!rc) rc = bind_all(m, err);
     if (!rc) rc = rlm__gguf_model_finish(m, err);
+    rlm__pool_release(m->load_pool);
+    m->load_pool = NULL;
   } else {
     m->config_path = rlm__path_join(dir, "config.json");
     rc = m->config_path ? RLM_OK : rlm__err_nomem(err, "path", strlen(dir));

@@ -111,6 +111,8 @@ struct rlm_model {
   rlm_safetensors *st;         /* a Hugging Face folder's weights, or NULL */
   rlm_gguf *gguf;              /* a GGUF file's (gguf_model.c), or NULL    */
   char *gguf_types;            /* its tensor types and counts (arena)      */
+  rlm_pool *load_pool;         /* the shared workers while a GGUF file
+                                  converts (model.c's load), else NULL   */
   char signature[96];         /* model_type:config hash:weight table hash */
   rlm_linear embed;           /* [vocab][hidden], rows looked up         */
   rlm_linear lm_head;         /* the embedding when tied                 */
