@@ -109,7 +109,20 @@
 
 #define RLM_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")))
 #define RLM_AVX2 __attribute__((target("avx2,fma,f16c")))
+/* Tiles are forced inline into the per-N functions (N then a constant);
+ * under clang's ASan that instrumentation of the huge bodies took clang
+ * over 6 minutes for this file, so there the compiler decides (the same
+ * code, slower; scripts/fuzz.sh builds it so). */
+#if defined(__clang__) && defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define RLM_KQ_NO_FORCED_INLINE
+#endif
+#endif
+#ifdef RLM_KQ_NO_FORCED_INLINE
+#define RLM_INLINE inline
+#else
 #define RLM_INLINE inline __attribute__((always_inline))
+#endif
 
 enum { KT = 8, OUT_BLOCK = 128, IN_BLOCK = 16 }; /* tile inputs; blocking as qdot.c */
 #ifndef KQ_PREFETCH
@@ -543,25 +556,42 @@ RLM_VNNI __attribute__((noinline)) static void kq8_rows_x1(const rlm_kqmat *w, i
     for (int64_t o = ob; o < oe; o++) q80_tile(w, o, xr, 1, y, i0);
 }
 
+/* The arguments of every rows function (the int8 ones read quantized
+ * input rows xr, the f32 ones x). */
+#define KQ_ROWS_ARGS const rlm_kqmat *w, int64_t ob, int64_t oe, const char *const *xr, float *y, int64_t i0
+#define F32_ROWS_ARGS const rlm_kqmat *w, int64_t ob, int64_t oe, const float *x, float *y, int64_t i0
+
 /* Rows [ob, oe) against N inputs, N a constant (accumulators in
- * registers); one function per type and N, as qdot.c's ROWS_XN. */
-#define KQ_ROWS_XN(N)                                                                                           \
-  RLM_VNNI __attribute__((noinline)) static void kq8_rows_x##N(const rlm_kqmat *w, int64_t ob, int64_t oe,      \
-                                                               const char *const *xr, float *y, int64_t i0) {  \
-    if (w->type == RLM_KQ_Q8_0) {                                                                               \
-      for (int64_t o = ob; o < oe; o++) q80_tile(w, o, xr, N, y, i0);                                           \
-    } else if (w->type == RLM_KQ_Q5_0) {                                                                        \
-      q50_rows(w, ob, oe, xr, N, y, i0);                                                                        \
-    } else if (w->type == RLM_KQ_Q4_K) {                                                                        \
-      const kconst kc = kconst_of(true);                                                                        \
-      for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, true, false, &kc, y, i0);                         \
-    } else if (w->type == RLM_KQ_Q5_K) {                                                                        \
-      const kconst kc = kconst_of(true);                                                                        \
-      for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, true, true, &kc, y, i0);                          \
-    } else {                                                                                                    \
-      const kconst kc = kconst_of(false);                                                                       \
-      for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, false, false, &kc, y, i0);                        \
-    }                                                                                                           \
+ * registers): one non-inlined function per type and N, as qdot.c's
+ * ROWS_XN, each holding one tile body (five in one function took clang
+ * -O1 with ASan over 8 minutes to compile), and a switch over the type. */
+#define KQ_ROWS_XN(N)                                                                                                \
+  RLM_VNNI __attribute__((noinline)) static void kq8_q80_x##N(KQ_ROWS_ARGS) {                                        \
+    for (int64_t o = ob; o < oe; o++) q80_tile(w, o, xr, N, y, i0);                                                  \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void kq8_q50_x##N(KQ_ROWS_ARGS) {                                        \
+    q50_rows(w, ob, oe, xr, N, y, i0);                                                                               \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void kq8_q4k_x##N(KQ_ROWS_ARGS) {                                        \
+    const kconst kc = kconst_of(true);                                                                               \
+    for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, true, false, &kc, y, i0);                                \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void kq8_q5k_x##N(KQ_ROWS_ARGS) {                                        \
+    const kconst kc = kconst_of(true);                                                                               \
+    for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, true, true, &kc, y, i0);                                 \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void kq8_q6k_x##N(KQ_ROWS_ARGS) {                                        \
+    const kconst kc = kconst_of(false);                                                                              \
+    for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, false, false, &kc, y, i0);                               \
+  }                                                                                                                  \
+  static void kq8_rows_x##N(KQ_ROWS_ARGS) {                                                                          \
+    switch (w->type) {                                                                                               \
+    case RLM_KQ_Q8_0: kq8_q80_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    case RLM_KQ_Q5_0: kq8_q50_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    case RLM_KQ_Q4_K: kq8_q4k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    case RLM_KQ_Q5_K: kq8_q5k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    default: kq8_q6k_x##N(w, ob, oe, xr, y, i0); break;                                                              \
+    }                                                                                                                \
   }
 KQ_ROWS_XN(2)
 KQ_ROWS_XN(3)
@@ -710,19 +740,30 @@ RLM_VNNI static RLM_INLINE void f32_tile(const rlm_kqmat *w, int64_t o, const fl
   }
 }
 
-#define F32_ROWS_XN(N)                                                                                          \
-  RLM_VNNI __attribute__((noinline)) static void f32_rows_x##N(const rlm_kqmat *w, int64_t ob, int64_t oe,       \
-                                                               const float *x, float *y, int64_t i0) {         \
-    if (w->type == RLM_KQ_Q4_K)                                                                                 \
-      for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q4_K, y, i0);                               \
-    else if (w->type == RLM_KQ_Q6_K)                                                                            \
-      for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q6_K, y, i0);                              \
-    else if (w->type == RLM_KQ_Q5_0)                                                                            \
-      for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q5_0, y, i0);                              \
-    else if (w->type == RLM_KQ_Q5_K)                                                                            \
-      for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q5_K, y, i0);                               \
-    else                                                                                                        \
-      for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q8_0, y, i0);                               \
+#define F32_ROWS_XN(N)                                                                                               \
+  RLM_VNNI __attribute__((noinline)) static void f32_q4k_x##N(F32_ROWS_ARGS) {                                       \
+    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q4_K, y, i0);                                      \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void f32_q6k_x##N(F32_ROWS_ARGS) {                                       \
+    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q6_K, y, i0);                                      \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void f32_q50_x##N(F32_ROWS_ARGS) {                                       \
+    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q5_0, y, i0);                                      \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void f32_q5k_x##N(F32_ROWS_ARGS) {                                       \
+    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q5_K, y, i0);                                      \
+  }                                                                                                                  \
+  RLM_VNNI __attribute__((noinline)) static void f32_q80_x##N(F32_ROWS_ARGS) {                                       \
+    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q8_0, y, i0);                                      \
+  }                                                                                                                  \
+  static void f32_rows_x##N(F32_ROWS_ARGS) {                                                                         \
+    switch (w->type) {                                                                                               \
+    case RLM_KQ_Q4_K: f32_q4k_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    case RLM_KQ_Q6_K: f32_q6k_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    case RLM_KQ_Q5_0: f32_q50_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    case RLM_KQ_Q5_K: f32_q5k_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    default: f32_q80_x##N(w, ob, oe, x, y, i0); break;                                                               \
+    }                                                                                                                \
   }
 F32_ROWS_XN(1)
 F32_ROWS_XN(2)
@@ -997,19 +1038,30 @@ RLM_AVX2 static RLM_INLINE void q50_tile2(const rlm_kqmat *w, int64_t o, const c
   for (int k = 0; k < n; k++) y[(i0 + k) * w->rows + o] = hsum256(a[k]) + tail[k];
 }
 
-#define KQ2_ROWS_XN(N)                                                                                          \
-  RLM_AVX2 __attribute__((noinline)) static void kq2_rows_x##N(const rlm_kqmat *w, int64_t ob, int64_t oe,      \
-                                                               const char *const *xr, float *y, int64_t i0) {  \
-    if (w->type == RLM_KQ_Q8_0)                                                                                 \
-      for (int64_t o = ob; o < oe; o++) q80_tile2(w, o, xr, N, y, i0);                                          \
-    else if (w->type == RLM_KQ_Q5_0)                                                                            \
-      for (int64_t o = ob; o < oe; o++) q50_tile2(w, o, xr, N, y, i0);                                          \
-    else if (w->type == RLM_KQ_Q4_K)                                                                            \
-      for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, true, false, y, i0);                              \
-    else if (w->type == RLM_KQ_Q5_K)                                                                            \
-      for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, true, true, y, i0);                               \
-    else                                                                                                        \
-      for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, false, false, y, i0);                             \
+#define KQ2_ROWS_XN(N)                                                                                               \
+  RLM_AVX2 __attribute__((noinline)) static void kq2_q80_x##N(KQ_ROWS_ARGS) {                                        \
+    for (int64_t o = ob; o < oe; o++) q80_tile2(w, o, xr, N, y, i0);                                                 \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void kq2_q50_x##N(KQ_ROWS_ARGS) {                                        \
+    for (int64_t o = ob; o < oe; o++) q50_tile2(w, o, xr, N, y, i0);                                                 \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void kq2_q4k_x##N(KQ_ROWS_ARGS) {                                        \
+    for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, true, false, y, i0);                                     \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void kq2_q5k_x##N(KQ_ROWS_ARGS) {                                        \
+    for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, true, true, y, i0);                                      \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void kq2_q6k_x##N(KQ_ROWS_ARGS) {                                        \
+    for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, false, false, y, i0);                                    \
+  }                                                                                                                  \
+  static void kq2_rows_x##N(KQ_ROWS_ARGS) {                                                                          \
+    switch (w->type) {                                                                                               \
+    case RLM_KQ_Q8_0: kq2_q80_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    case RLM_KQ_Q5_0: kq2_q50_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    case RLM_KQ_Q4_K: kq2_q4k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    case RLM_KQ_Q5_K: kq2_q5k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
+    default: kq2_q6k_x##N(w, ob, oe, xr, y, i0); break;                                                              \
+    }                                                                                                                \
   }
 KQ2_ROWS_XN(1)
 KQ2_ROWS_XN(2)
@@ -1126,19 +1178,30 @@ RLM_AVX2 static RLM_INLINE void f32_tile2(const rlm_kqmat *w, int64_t o, const f
   }
 }
 
-#define F32_2_ROWS_XN(N)                                                                                        \
-  RLM_AVX2 __attribute__((noinline)) static void f32_2_rows_x##N(const rlm_kqmat *w, int64_t ob, int64_t oe,     \
-                                                                 const float *x, float *y, int64_t i0) {       \
-    if (w->type == RLM_KQ_Q4_K)                                                                                 \
-      for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q4_K, y, i0);                              \
-    else if (w->type == RLM_KQ_Q6_K)                                                                            \
-      for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q6_K, y, i0);                              \
-    else if (w->type == RLM_KQ_Q5_0)                                                                            \
-      for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q5_0, y, i0);                              \
-    else if (w->type == RLM_KQ_Q5_K)                                                                            \
-      for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q5_K, y, i0);                              \
-    else                                                                                                        \
-      for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q8_0, y, i0);                              \
+#define F32_2_ROWS_XN(N)                                                                                             \
+  RLM_AVX2 __attribute__((noinline)) static void f32_2_q4k_x##N(F32_ROWS_ARGS) {                                     \
+    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q4_K, y, i0);                                     \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void f32_2_q6k_x##N(F32_ROWS_ARGS) {                                     \
+    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q6_K, y, i0);                                     \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void f32_2_q50_x##N(F32_ROWS_ARGS) {                                     \
+    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q5_0, y, i0);                                     \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void f32_2_q5k_x##N(F32_ROWS_ARGS) {                                     \
+    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q5_K, y, i0);                                     \
+  }                                                                                                                  \
+  RLM_AVX2 __attribute__((noinline)) static void f32_2_q80_x##N(F32_ROWS_ARGS) {                                     \
+    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q8_0, y, i0);                                     \
+  }                                                                                                                  \
+  static void f32_2_rows_x##N(F32_ROWS_ARGS) {                                                                       \
+    switch (w->type) {                                                                                               \
+    case RLM_KQ_Q4_K: f32_2_q4k_x##N(w, ob, oe, x, y, i0); break;                                                    \
+    case RLM_KQ_Q6_K: f32_2_q6k_x##N(w, ob, oe, x, y, i0); break;                                                    \
+    case RLM_KQ_Q5_0: f32_2_q50_x##N(w, ob, oe, x, y, i0); break;                                                    \
+    case RLM_KQ_Q5_K: f32_2_q5k_x##N(w, ob, oe, x, y, i0); break;                                                    \
+    default: f32_2_q80_x##N(w, ob, oe, x, y, i0); break;                                                             \
+    }                                                                                                                \
   }
 F32_2_ROWS_XN(1)
 F32_2_ROWS_XN(2)

@@ -3,9 +3,12 @@
  * read, so ASan sees any pointer past the buffer. Every key is read back:
  * found by name, rendered through the public call (which walks strings,
  * numbers and nested arrays), through the typed getter of its type, and
- * element by element if it is an array. */
+ * element by element if it is an array. Then the vocabulary and the chat
+ * template are built from the metadata (model/gguf_tok.c), and a built
+ * tokenizer encodes and decodes a short text. */
 #include "fuzz.h"
 #include "model/gguf.h"
+#include "model/gguf_tok.h"
 
 static volatile uint8_t g_sink;
 
@@ -58,9 +61,27 @@ static void touch(const rlm_gguf *g) {
   }
 }
 
+/* The tokenizer.* keys as a tokenizer and a template: any status, no crash. */
+static void vocabulary(const rlm_gguf *g) {
+  rlm_tokenizer *tok = NULL;
+  if (!rlm__gguf_tokenizer(g, &tok, NULL)) {
+    int32_t ids[64];
+    size_t n = 0, len = 0;
+    char text[256];
+    if (!rlm_tokenize(tok, "The jury said <s> 42 \xc3\xa9t\xc3\xa9.", 20, true, ids, 64, &n, NULL))
+      (void)rlm_detokenize(tok, ids, n, false, text, sizeof text, &len, NULL);
+    rlm_tokenizer_free(tok);
+  }
+  rlm_chat_template *t = NULL;
+  if (!rlm__gguf_chat_template(g, &t, NULL)) rlm_chat_template_free(t);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   rlm_gguf *g = NULL;
-  if (!rlm__gguf_open_memory(&g, "fuzz", data, size, NULL)) touch(g);
+  if (!rlm__gguf_open_memory(&g, "fuzz", data, size, NULL)) {
+    touch(g);
+    vocabulary(g);
+  }
   rlm__gguf_free(g);
   return 0;
 }

@@ -5,13 +5,51 @@
  *                          that the rings wrap
  *   make_seeds --gguf DIR  corpus/gguf: small valid GGUF files
  *                          (tests/gguf_write.h): a v3 and a v2 model, a
- *                          vocabulary without tensors, tensors without keys */
+ *                          vocabulary without tensors, tensors without keys,
+ *                          and a valid gpt2 and llama vocabulary */
 #include "fuzz.h"
 #include "fuzz_kv.h"
 #include "../gguf_write.h"
 
+/* A string array key. */
+static void str_array(gw *w, const char *key, const char *const *v, int n) {
+  gw_key(w, key, GW_ARR);
+  gw_arr(w, GW_STR, (uint64_t)n);
+  for (int i = 0; i < n; i++) gw_str(w, v[i]);
+}
+
+/* A small valid vocabulary of each kind llama.cpp writes, with a chat
+ * template, so that the fuzzer starts inside the vocabulary builder:
+ * gpt2 (byte-level tokens, merges) and llama (SentencePiece pieces with
+ * scores and byte tokens). */
+static void vocab_seed(gw *w, bool spm) {
+  static const char *const bpe[] = {"t", "h", "e", "\xc4\xa0", "th", "the", "\xc4\xa0the", "<|eot|>"};
+  static const char *const merges[] = {"t h", "th e", "\xc4\xa0 the"};
+  static const char *const pieces[] = {"<unk>", "<s>", "</s>", "<0x41>", "\xe2\x96\x81", "t", "h", "e",
+                                       "th", "the", "\xe2\x96\x81the"};
+  const int n = spm ? 11 : 8;
+  gw_header(w, 3, 0, 8);
+  gw_kv_str(w, "tokenizer.ggml.model", spm ? "llama" : "gpt2");
+  gw_kv_str(w, "tokenizer.ggml.pre", spm ? "default" : "llama-bpe");
+  str_array(w, "tokenizer.ggml.tokens", spm ? pieces : bpe, n);
+  gw_key(w, "tokenizer.ggml.token_type", GW_ARR);
+  gw_arr(w, GW_I32, (uint64_t)n);
+  for (int i = 0; i < n; i++) gw_u32(w, spm ? (i < 3 ? (i ? 3u : 2u) : i == 3 ? 6u : 1u) : (i == 7 ? 3u : 1u));
+  if (spm) {
+    gw_key(w, "tokenizer.ggml.scores", GW_ARR);
+    gw_arr(w, GW_F32, (uint64_t)n);
+    for (int i = 0; i < n; i++) gw_u32(w, rlm__f32_bits(-(float)i));
+  } else {
+    str_array(w, "tokenizer.ggml.merges", merges, 3);
+  }
+  gw_kv_u32(w, "tokenizer.ggml.bos_token_id", spm ? 1 : 7);
+  gw_kv_u32(w, "tokenizer.ggml.eos_token_id", spm ? 2 : 7);
+  gw_kv_str(w, "tokenizer.chat_template",
+            "{% for m in messages %}{{ bos_token + m['role'] + ': ' + m['content'] + eos_token }}{% endfor %}");
+}
+
 static int gguf_seeds(const char *dir) {
-  gw w[4] = {{0}};
+  gw w[6] = {{0}};
   gw_model(&w[0], 3, 0, NULL);
   gw_model(&w[1], 2, 64, NULL);
   gw_header(&w[2], 3, 0, 2);
@@ -26,8 +64,11 @@ static int gguf_seeds(const char *dir) {
   gw_tensor(&w[3], "b", 1, dims, GW_T_F16, 96);
   gw_pad(&w[3], 32);
   for (int i = 0; i < 160; i++) gw_u8(&w[3], (uint8_t)i);
-  static const char *const names[] = {"model_v3", "model_v2_align64", "vocab_only", "tensors_only"};
-  for (int i = 0; i < 4; i++) {
+  vocab_seed(&w[4], false);
+  vocab_seed(&w[5], true);
+  static const char *const names[] = {"model_v3", "model_v2_align64", "vocab_only", "tensors_only", "vocab_gpt2",
+                                      "vocab_spm"};
+  for (int i = 0; i < 6; i++) {
     if (!fuzz_write(dir, names[i], w[i].p, w[i].n)) return 1;
     free(w[i].p);
   }
