@@ -19,7 +19,20 @@
  * mat-vec: m rows at the same cost would be the ideal). "layer" sums one
  * layer's products (gate/up counted twice, k/v twice).
  *
+ * --heads M1,M2,... (default 1,8) times the tied embedding / lm_head
+ * shapes whose 6-bit g64 weights the int8 path for 6 bits exists for
+ * (Llama 3.2 1B 128256 x 2048, Qwen 3 0.6B 151936 x 1024, bf16 scales),
+ * each as 6-bit weights on both paths and as 4- and 8-bit ones on the
+ * int8 path (the same shape, for comparison): microseconds per product
+ * and GB/s of weight bytes read (codes + scales + biases), next to one
+ * thread's streaming-read rate of as many bytes (bench_read), the floor
+ * a one-row decode product is held to; at one thread the 6-bit int8
+ * product is timed through the AVX2 kernels too. The codes are random bits, not a
+ * quantized matrix: speed does not depend on their values, and quantizing
+ * 300M values would take longer than the timing.
+ *
  * usage: bench_qmm [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...]
+ *                  [--heads M1,M2,...]
  */
 #include "bench.h"
 #include "quant/quant.h"
@@ -92,6 +105,87 @@ static double time_product(qmm_case *c, rlm_pool *pool, bool q8, int reps) {
   return median(t, reps);
 }
 
+/* A head-sized matrix of random codes (bits, g64, bf16 scales near 0.01,
+ * biases near 0) and m rows of x, without quantizing (see the top). */
+static void head_make(qmm_case *c, int64_t rows, int64_t cols, int bits, int64_t m) {
+  const int g = 64;
+  const int64_t ng = cols / g;
+  uint64_t rng = 7;
+  const size_t nw = (size_t)(rows * rlm__quant_row_words(cols, bits)), ns = (size_t)(rows * ng);
+  uint32_t *wq = xmalloc(nw * 4);
+  uint16_t *sc = xmalloc(ns * 2), *bi = xmalloc(ns * 2);
+  for (size_t i = 0; i < nw; i++) wq[i] = (uint32_t)rng_next(&rng);
+  for (size_t i = 0; i < ns; i++) {
+    const float s = 0.01f * (1.0f + 0.5f * rng_float(&rng)), b = 0.3f * rng_float(&rng);
+    rlm__convert(&s, RLM_DTYPE_F32, sc + i, RLM_DTYPE_BF16, 1);
+    rlm__convert(&b, RLM_DTYPE_F32, bi + i, RLM_DTYPE_BF16, 1);
+  }
+  c->w = (rlm_qmat){wq, sc, bi, RLM_DTYPE_BF16, rows, cols, bits, g};
+  c->m = m;
+  c->x = xmalloc((size_t)(m * cols) * sizeof *c->x);
+  for (int64_t i = 0; i < m * cols; i++) c->x[i] = rng_float(&rng);
+  c->xsum = xmalloc((size_t)(m * ng) * sizeof *c->xsum);
+  c->y = xmalloc((size_t)(m * rows) * sizeof *c->y);
+  c->scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* Seconds per one-thread product through the AVX2 kernels called directly
+ * (6 bits; what a CPU without AVX-512 VNNI runs), median of reps. */
+static double time_avx2(qmm_case *c, int reps) {
+  double t[64];
+  const int64_t cols = c->w.cols;
+  const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
+  float *xsum = (float *)((char *)c->scratch + (size_t)c->m * stride);
+  for (int r = 0; r < reps; r++) {
+    double t0 = now_s();
+    rlm__group_sums(c->x, c->m, cols, c->w.group_size, xsum);
+    for (int64_t i = 0; i < c->m; i++)
+      rlm__q8act_quantize_w6_avx2(c->x + i * cols, cols, (char *)c->scratch + (size_t)i * stride);
+    if (c->m == 1) rlm__qmv_q8_avx2(&c->w, c->scratch, xsum, 0, c->w.rows, c->y);
+    else rlm__qmm_q8_avx2(&c->w, c->scratch, stride, xsum, c->m, 0, c->w.rows, c->y);
+    t[r] = now_s() - t0;
+  }
+  return median(t, reps);
+}
+#endif
+
+/* The --heads table (see the top). */
+static void heads(rlm_pool *pool, const int64_t *ms, int n_m, int reps, int threads) {
+  static const struct {
+    const char *name;
+    int64_t rows, cols;
+  } H[] = {{"llama3.2-1b 128256x2048", 128256, 2048}, {"qwen3-0.6b 151936x1024", 151936, 1024}};
+  static const int BITS[] = {6, 4, 8};
+  printf("bench_qmm --heads: g64 bf16 scales, %d thread(s), median of %d; us per product, GB/s of weight bytes\n",
+         threads, reps);
+  for (int h = 0; h < 2; h++) {
+    const double b6 = (double)H[h].rows * ((double)H[h].cols * 6 / 8 + (double)(H[h].cols / 64) * 4);
+    printf("  %s: one thread streams %.0f MB at %.1f GB/s\n", H[h].name, b6 / 1e6, bench_read((size_t)b6, 5));
+    for (int k = 0; k < n_m; k++)
+      for (int bi = 0; bi < 3; bi++) {
+        qmm_case c;
+        head_make(&c, H[h].rows, H[h].cols, BITS[bi], ms[k]);
+        const double bytes = (double)H[h].rows * ((double)H[h].cols * BITS[bi] / 8 + (double)(H[h].cols / 64) * 4);
+        const double tq = time_product(&c, pool, true, reps);
+        printf("    %d-bit m=%-2lld int8 %9.0f us %6.1f GB/s", BITS[bi], (long long)ms[k], tq * 1e6, bytes / tq / 1e9);
+        if (BITS[bi] == 6) {
+          const double te = time_product(&c, pool, false, reps);
+          printf("   f32 path %9.0f us %6.1f GB/s   int8 %.2fx", te * 1e6, bytes / te / 1e9, te / tq);
+#if defined(__x86_64__) || defined(__i386__)
+          if (threads == 1 && rlm__cpu_avx2()) {
+            const double ta = time_avx2(&c, reps);
+            printf("   avx2 int8 %9.0f us %6.1f GB/s", ta * 1e6, bytes / ta / 1e9);
+          }
+#endif
+        }
+        printf("\n");
+        fflush(stdout);
+        case_free(&c);
+      }
+  }
+}
+
 /* "1,2,4" -> ms[]; returns the count (at most SWEEP_MAX, each >= 1). */
 static int parse_list(const char *s, int64_t *ms) {
   int n = 0;
@@ -129,17 +223,20 @@ static void sweep(rlm_pool *pool, const int64_t *ms, int n_m, int reps) {
 }
 
 int main(int argc, char **argv) {
-  int reps = 5, threads = 1, n_sweep = 0;
-  int64_t m = 512, ms[SWEEP_MAX];
+  int reps = 5, threads = 1, n_sweep = 0, n_heads = 0;
+  int64_t m = 512, ms[SWEEP_MAX], mh[SWEEP_MAX];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "-m") && i + 1 < argc) m = atoll(argv[++i]);
     else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--sweep"))
       n_sweep = parse_list(i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "1,2,4,8,16", ms);
+    else if (!strcmp(argv[i], "--heads"))
+      n_heads = parse_list(i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "1,8", mh);
     else n_sweep = -1;
-    if (n_sweep < 0 || (!strcmp(argv[i], "--sweep") && n_sweep == 0)) {
-      fprintf(stderr, "usage: %s [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...]\n", argv[0]);
+    if (n_sweep < 0 || (!strcmp(argv[i], "--sweep") && n_sweep == 0) || (!strcmp(argv[i], "--heads") && n_heads == 0)) {
+      fprintf(stderr, "usage: %s [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...] [--heads M1,M2,...]\n",
+              argv[0]);
       return 2;
     }
   }
@@ -149,6 +246,11 @@ int main(int argc, char **argv) {
   if (threads > 1 && rlm__pool_create(&pool, threads, NULL)) {
     fprintf(stderr, "bench_qmm: cannot create a pool of %d threads\n", threads);
     return 1;
+  }
+  if (n_heads > 0) {
+    heads(pool, mh, n_heads, reps, threads);
+    rlm__pool_free(pool);
+    return 0;
   }
   if (n_sweep > 0) {
     printf("bench_qmm --sweep: 4-bit (head: 8-bit) g64 bf16 scales, exact path, %d thread(s), "

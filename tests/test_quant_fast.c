@@ -10,6 +10,11 @@
  *             entries of y outside [o0, o1) untouched; every batched-decode
  *             m = 2..16 for 4 and 8 bits. A negative control
  *             shows one wrong code in the largest shape breaks that bound.
+ *   int8:     qdot.c's 4-, 6- and 8-bit products with int8 activations:
+ *             every kernel this CPU has (the dispatched one and AVX2 called
+ *             directly) against the scalar reference, the reference within
+ *             the activation-rounding bound of the exact product, and 6-bit
+ *             controls showing one wrong code breaks either check.
  *
  * A table the CPU lacks is reported as skipped, not passed. Randomised
  * cases print their seed; RINGLM_TEST_SEED=<n> replays with another base.
@@ -451,32 +456,73 @@ static void run_table(const char *name, const rlm_quant_kernels *k) {
   t_run_isa(name, k != NULL, tests, N_OF(tests));
 }
 
-/* ---- 4- and 8-bit weights x int8 activations (qdot.c) --------------------- */
+/* ---- 4-, 6- and 8-bit weights x int8 activations (qdot.c) ----------------- */
+
+static const int Q8_BITS[] = {4, 6, 8};
 
 /* One row's quantized x in the layout for w's bits, the dispatched way. */
 static void q8act_quantize_for(const rlm_qmat *w, const float *x, void *out) {
   if (w->bits == 8) rlm__q8act_quantize_w8(x, w->cols, out);
+  else if (w->bits == 6) rlm__q8act_quantize_w6(x, w->cols, out);
   else rlm__q8act_quantize(x, w->cols, out);
 }
 
-/* The fastest kernel (VNNI or AVX2 for 4 bits, AVX2 for 8) against its
- * scalar reference (same integer sums, float rounding apart), and both
- * against the exact float product within what int8 activations can cost
- * (qdot.c's error contract): per element at most half a step, d/2, of its
- * block (d = max|x| / 127), so |y_q8 - y| <= sum_g |s| sum d_b/2 q_j +
- * rounding. Row ranges leave poison outside; both widths, every scale
- * dtype and group size; a column count of one and of many chunks. */
+/* The mat-vec kernels under test for w's bits: the dispatched one (VNNI or
+ * AVX2 where the CPU has them) and, where it differs, AVX2 called
+ * directly; returns how many (the rest of fn[] unset). */
+static int qmv_q8_kernels(int bits, rlm__qmv_q8_fn fn[2], const char *name[2]) {
+  int n = 0;
+  fn[n] = rlm__qmv_q8_kernel(bits), name[n++] = "dispatched";
+#if defined(__x86_64__) || defined(__i386__)
+  if (rlm__cpu_avx2() && fn[0] != rlm__qmv_q8_avx2) fn[n] = rlm__qmv_q8_avx2, name[n++] = "avx2";
+#endif
+  return n;
+}
+
+static int qmm_q8_kernels(int bits, rlm__qmm_q8_fn fn[2], const char *name[2]) {
+  int n = 0;
+  fn[n] = rlm__qmm_q8_kernel(bits), name[n++] = "dispatched";
+#if defined(__x86_64__) || defined(__i386__)
+  if (rlm__cpu_avx2() && fn[0] != rlm__qmm_q8_avx2) fn[n] = rlm__qmm_q8_avx2, name[n++] = "avx2";
+#endif
+  return n;
+}
+
+/* qdot.c's activation-rounding bound for y[o] (codes times half a block
+ * step, plus the rounding of x * inv), from w's codes and scales. */
+static double q8_bound(const rlm_qmat *w, const float *x, int64_t o) {
+  const uint32_t *wr = w->wq + o * rlm__quant_row_words(w->cols, w->bits);
+  double bound = 0;
+  for (int64_t c = 0; c < w->cols; c++) {
+    double amax = 0;
+    for (int k = 0; k < 32; k++) amax = fmax(amax, fabs((double)x[c / 32 * 32 + k]));
+    const int64_t gs = o * (w->cols / w->group_size) + c / w->group_size;
+    bound += fabs((double)rlm__load_f(w->scales, w->sdtype, gs)) * rlm__quant_get(wr, c, w->bits) *
+             (amax / 127.0 / 2 + amax * 1e-6);
+  }
+  return bound;
+}
+
+/* The fastest kernels (4 and 6 bits: VNNI, or AVX2; 8: AVX2; and AVX2
+ * called directly) against the scalar reference (same integer sums, float
+ * rounding apart), and the reference against the exact float product
+ * within what int8 activations can cost (qdot.c's error contract): per
+ * element at most half a step, d/2, of its block (d = max|x| / 127), so
+ * |y_q8 - y| <= sum_g |s| sum d_b/2 q_j + rounding. Row ranges leave poison
+ * outside; every width, scale dtype and group size; a column count of one
+ * and of many chunks. */
 TEST(qmatvec_int8_activations) {
   static const int64_t COLS[] = {128, 384, 1152};
-  static const int Q8_BITS[] = {4, 8};
   double worst_fast = 0, worst_bound = 0;
-  for (int bi = 0; bi < 2; bi++)
+  for (int bi = 0; bi < N_OF(Q8_BITS); bi++)
     for (int ci = 0; ci < 3; ci++)
       for (int gi = 0; gi < 3; gi++)
         for (int di = 0; di < 3; di++) {
           const int64_t rows = 37, cols = COLS[ci];
           const int bits = Q8_BITS[bi];
-          const rlm__qmv_q8_fn fast = rlm__qmv_q8_kernel(bits);
+          rlm__qmv_q8_fn fast[2];
+          const char *fname[2];
+          const int n_fast = qmv_q8_kernels(bits, fast, fname);
           test_qmat t;
           qmat_make(&t, rows, cols, bits, GROUPS[gi], DTYPES[di], &g_seed);
           float *x = make_x(1, cols, &g_seed), *yr = xmalloc(rows * sizeof *yr), *yf = xmalloc(rows * sizeof *yf);
@@ -485,36 +531,30 @@ TEST(qmatvec_int8_activations) {
           CHECK(rlm__q8act_ok(&t.w));
           rlm__group_sums(x, 1, cols, GROUPS[gi], xsum);
           q8act_quantize_for(&t.w, x, scratch);
-          poison(yf, rows);
           rlm__qmv_q8_ref(&t.w, scratch, xsum, 0, rows, yr);
-          fast(&t.w, scratch, xsum, 3, rows - 2, yf);
           rlm__qmatmul_ref(&t.w, x, xsum, 1, 0, rows, ye);
           int bad = 0;
-          for (int64_t o = 0; o < rows; o++) {
-            double scale = error_scale(&t.w, x, o);
-            if (o < 3 || o >= rows - 2) {
-              bad += !is_poison(yf + o);
-              continue;
+          for (int f = 0; f < n_fast; f++) {
+            poison(yf, rows);
+            fast[f](&t.w, scratch, xsum, 3, rows - 2, yf);
+            for (int64_t o = 0; o < rows; o++) {
+              if (o < 3 || o >= rows - 2) {
+                bad += !is_poison(yf + o);
+                continue;
+              }
+              double ef = fabs((double)yf[o] - yr[o]) / error_scale(&t.w, x, o);
+              worst_fast = fmax(worst_fast, ef);
+              bad += ef > REL_TOL;
             }
-            double ef = fabs((double)yf[o] - yr[o]) / scale;
-            worst_fast = fmax(worst_fast, ef);
-            bad += ef > REL_TOL;
-            /* the activation-rounding bound, from the codes and block scales */
-            const uint32_t *wr = t.w.wq + o * rlm__quant_row_words(cols, bits);
-            double bound = 0;
-            for (int64_t c = 0; c < cols; c++) {
-              double amax = 0;
-              for (int k = 0; k < 32; k++) amax = fmax(amax, fabs((double)x[c / 32 * 32 + k]));
-              const int64_t gs = o * (cols / GROUPS[gi]) + c / GROUPS[gi];
-              bound += fabs((double)rlm__load_f(t.w.scales, t.w.sdtype, gs)) * rlm__quant_get(wr, c, bits) *
-                       (amax / 127.0 / 2 + amax * 1e-6);
-            }
-            double eb = fabs((double)yr[o] - ye[o]);
-            worst_bound = fmax(worst_bound, eb / (bound + 1e-4 * scale));
-            bad += eb > bound + 1e-4 * scale;
           }
-          test_note("bits %d cols %lld group %d dtype %s", bits, (long long)cols, GROUPS[gi],
-                    rlm_dtype_name(DTYPES[di]));
+          for (int64_t o = 0; o < rows; o++) { /* the activation-rounding bound */
+            const double bound = q8_bound(&t.w, x, o) + 1e-4 * error_scale(&t.w, x, o);
+            double eb = fabs((double)yr[o] - ye[o]);
+            worst_bound = fmax(worst_bound, eb / bound);
+            bad += eb > bound;
+          }
+          test_note("bits %d cols %lld group %d dtype %s, %s%s", bits, (long long)cols, GROUPS[gi],
+                    rlm_dtype_name(DTYPES[di]), fname[0], n_fast > 1 ? " + avx2" : "");
           CHECK_EQ(bad, 0);
           free(scratch), free(xsum), free(ye), free(yf), free(yr), free(x);
           qmat_free(&t);
@@ -523,9 +563,78 @@ TEST(qmatvec_int8_activations) {
          REL_TOL, worst_bound);
 }
 
-/* Quantizing activations: the dispatched versions write the definitions'
- * bytes (codes, per-lane scales, block scales; both layouts), including
- * all-zero blocks and blocks with one huge element. */
+/* Both checks above must be able to fail for 6-bit weights, whose codes
+ * straddle bytes: (a) one code off by one, in the largest shape and at a
+ * typical x, moves the fast kernel's result (given the wrong weights) by
+ * more than REL_TOL of the error scale from the reference's on the right
+ * ones -- a decode that misreads one code is caught; (b) with x zero but
+ * in one block, the code at that block's largest element moved by 32 or
+ * more moves the int8 product outside the activation-rounding bound (which
+ * is then at most 32 * 63 |s| max|x| / 254, a quarter of the move). */
+TEST(int8_w6_catches_one_wrong_code) {
+  uint64_t rng = g_seed + 6;
+  test_qmat t;
+  qmat_make(&t, 4, 128 * 33, 6, 64, RLM_DTYPE_F32, &rng);
+  const int64_t cols = t.w.cols, words = rlm__quant_row_words(cols, 6);
+  float *x = make_x(1, cols, &rng), xsum[128 * 33 / 64], y[4], y_bad[4], ye[4];
+  void *scratch = xmalloc(rlm__q8act_bytes(cols));
+  const int64_t c = 128 * 20 + 77; /* straddles words: bits 462..467 of its 3-word unit */
+  double mean_abs = 0;
+  for (int64_t j = 0; j < cols; j++) mean_abs += fabs((double)x[j]) / (double)cols;
+  x[c] = (float)(4.0 * mean_abs);
+  rlm__group_sums(x, 1, cols, 64, xsum);
+  rlm__q8act_quantize_w6(x, cols, scratch);
+  rlm__qmv_q8_ref(&t.w, scratch, xsum, 0, 4, y);
+  uint32_t *wq = t.wq;
+  for (int64_t r = 0; r < 4; r++) { /* code +1, or -1 at the top: rewrite its 6 bits */
+    const uint32_t q = rlm__quant_get(wq + r * words, c, 6), nq = q == 63 ? 62u : q + 1;
+    for (int b = 0; b < 6; b++) {
+      const int64_t bit = c * 6 + b;
+      uint32_t *wd = wq + r * words + bit / 32;
+      *wd = (*wd & ~(1u << (bit % 32))) | (((nq >> b) & 1u) << (bit % 32));
+    }
+    CHECK_EQ((int)rlm__quant_get(wq + r * words, c, 6), (int)nq);
+  }
+  rlm__qmv_q8_kernel(6)(&t.w, scratch, xsum, 0, 4, y_bad);
+  for (int64_t r = 0; r < 4; r++) {
+    test_note("row %lld: y %.9g, one code off %.9g", (long long)r, y[r], y_bad[r]);
+    CHECK(fabs((double)y_bad[r] - y[r]) > REL_TOL * error_scale(&t.w, x, r));
+  }
+  free(scratch), free(x);
+  qmat_free(&t);
+  /* (b): one chunk, 4 rows, the exact product on the right weights */
+  qmat_make(&t, 4, 128, 6, 64, RLM_DTYPE_F32, &rng);
+  x = make_x(1, 128, &rng);
+  for (int64_t j = 0; j < 128; j++) x[j] = j / 32 == 1 ? x[j] : 0.0f; /* block 1 only */
+  scratch = xmalloc(rlm__q8act_bytes(128));
+  int64_t big = 32;
+  for (int64_t j = 33; j < 64; j++) big = fabsf(x[j]) > fabsf(x[big]) ? j : big;
+  rlm__group_sums(x, 1, 128, 64, xsum);
+  rlm__qmatmul_ref(&t.w, x, xsum, 1, 0, 4, ye);
+  double bound[4];
+  for (int64_t r = 0; r < 4; r++) bound[r] = q8_bound(&t.w, x, r) + 1e-4 * error_scale(&t.w, x, r);
+  for (int64_t r = 0; r < 4; r++) {
+    const uint32_t q = rlm__quant_get(t.wq + r * (128 * 6 / 32), big, 6), nq = q < 32 ? 63u : 0u;
+    for (int b = 0; b < 6; b++) {
+      const int64_t bit = big * 6 + b;
+      uint32_t *wd = t.wq + r * (128 * 6 / 32) + bit / 32;
+      *wd = (*wd & ~(1u << (bit % 32))) | (((nq >> b) & 1u) << (bit % 32));
+    }
+  }
+  rlm__q8act_quantize_w6(x, 128, scratch);
+  rlm__qmv_q8_kernel(6)(&t.w, scratch, xsum, 0, 4, y_bad);
+  for (int64_t r = 0; r < 4; r++) {
+    test_note("row %lld: exact %.9g, int8 with a code moved %.9g, bound %.3g", (long long)r, ye[r], y_bad[r],
+              bound[r]);
+    CHECK(fabs((double)y_bad[r] - ye[r]) > bound[r]);
+  }
+  free(scratch), free(x);
+  qmat_free(&t);
+}
+
+/* Quantizing activations: the dispatched versions and the AVX2 ones write
+ * the definitions' bytes (codes, per-lane scales, block scales; all three
+ * layouts), including all-zero blocks and blocks with one huge element. */
 TEST(q8act_quantize_matches_ref) {
   const int64_t cols = 1152;
   const size_t n4 = (size_t)cols + (size_t)(cols / 128) * 16 * 4 + (size_t)(cols / 32) * 4;
@@ -534,30 +643,54 @@ TEST(q8act_quantize_matches_ref) {
   for (int i = 0; i < 32; i++) x[64 + i] = 0.0f;   /* a zero block: d = 0 */
   x[200] = 3e4f, x[300] = -1e-30f, x[301] = 1e-38f; /* one dominant element, tiny ones */
   unsigned char *a = xmalloc(rlm__q8act_bytes(cols)), *b = xmalloc(rlm__q8act_bytes(cols));
-  memset(a, 0xa5, n4), memset(b, 0x5a, n4);
-  rlm__q8act_quantize(x, cols, a);
-  rlm__q8act_quantize_ref(x, cols, b);
-  CHECK(memcmp(a, b, n4) == 0);
-  memset(a, 0xa5, n8), memset(b, 0x5a, n8);
-  rlm__q8act_quantize_w8(x, cols, a);
-  rlm__q8act_quantize_w8_ref(x, cols, b);
-  CHECK(memcmp(a, b, n8) == 0);
+  typedef void (*quantize_fn)(const float *, int64_t, void *);
+  struct {
+    quantize_fn fast, ref;
+    size_t n;
+    const char *name;
+  } q[6] = {{rlm__q8act_quantize, rlm__q8act_quantize_ref, n4, "nibble"},
+            {rlm__q8act_quantize_w6, rlm__q8act_quantize_w6_ref, n4, "half-block"},
+            {rlm__q8act_quantize_w8, rlm__q8act_quantize_w8_ref, n8, "quad"}};
+  int nq = 3;
+#if defined(__x86_64__) || defined(__i386__)
+  if (rlm__cpu_avx2()) {
+    q[nq++] = (__typeof__(q[0])){rlm__q8act_quantize_avx2, rlm__q8act_quantize_ref, n4, "nibble avx2"};
+    q[nq++] = (__typeof__(q[0])){rlm__q8act_quantize_w6_avx2, rlm__q8act_quantize_w6_ref, n4, "half-block avx2"};
+    q[nq++] = (__typeof__(q[0])){rlm__q8act_quantize_w8_avx2, rlm__q8act_quantize_w8_ref, n8, "quad avx2"};
+  }
+#endif
+  for (int k = 0; k < nq; k++) {
+    memset(a, 0xa5, q[k].n), memset(b, 0x5a, q[k].n);
+    q[k].fast(x, cols, a);
+    q[k].ref(x, cols, b);
+    test_note("%s", q[k].name);
+    CHECK(memcmp(a, b, q[k].n) == 0);
+  }
+  /* the half-block layout's positions are a permutation of each chunk */
+  unsigned char seen[128] = {0};
+  for (int64_t e = 0; e < 128; e++) seen[rlm__q8act_w6_pos(e)]++;
+  for (int e = 0; e < 128; e++) CHECK_EQ(seen[e], 1);
+  CHECK_EQ(rlm__q8act_w6_pos(128 + 32 * 2 + 17), 128 + 64 + 32 + 1);
   free(a), free(b), free(x);
 }
 
-/* Many input rows (prefill, batched decode): the fastest kernel for each
- * width (4 bits: VNNI tiles of 2 rows x up to 4 inputs, or AVX2 1 x 8;
- * 8 bits: AVX2 1 x 8) against the reference, with m from 2 (a
- * verification pass's sizes) and not a multiple of 4 or 8, an odd
- * number of output rows, groups of 32, 64, 128; and the pooled entry
- * point against it too. */
+/* Many input rows (prefill, batched decode) and one: the fastest kernel
+ * for each width (4 and 6 bits: VNNI tiles of 2 rows x up to 8 inputs, or
+ * AVX2 1 x 8; 8 bits: VNNI or AVX2 1 x 8) and the AVX2 one called
+ * directly, against the reference, with m from 1 (and 2, a verification
+ * pass's sizes) and not a multiple of 4 or 8, an odd number of output
+ * rows, groups of 32, 64, 128; and the pooled entry point against it too. */
 TEST(qmatmul_int8_activations) {
   const int64_t rows = 29, cols = 384;
-  static const int64_t M[] = {2, 3, 5, 7, 8, 13};
-  for (int bits = 4; bits <= 8; bits += 4)
+  static const int64_t M[] = {1, 2, 3, 5, 7, 8, 13};
+  for (int bi = 0; bi < N_OF(Q8_BITS); bi++)
     for (int mi = 0; mi < (int)(sizeof M / sizeof *M); mi++)
       for (int g = 32; g <= 128; g *= 2) {
         const int64_t m = M[mi];
+        const int bits = Q8_BITS[bi];
+        rlm__qmm_q8_fn fast[2];
+        const char *fname[2];
+        const int n_fast = qmm_q8_kernels(bits, fast, fname);
         test_qmat t;
         qmat_make(&t, rows, cols, bits, g, RLM_DTYPE_BF16, &g_seed);
         float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr);
@@ -569,22 +702,65 @@ TEST(qmatmul_int8_activations) {
         rlm__group_sums(x, m, cols, g, xsum);
         for (int64_t i = 0; i < m; i++) q8act_quantize_for(&t.w, x + i * cols, scratch + i * stride);
         rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
-        poison(yf, m * rows);
-        rlm__qmm_q8_kernel(bits)(&t.w, scratch, stride, xsum, m, 2, rows - 2, yf); /* odd count: an edge row */
-        rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
         int bad = 0;
+        for (int f = 0; f < n_fast; f++) {
+          poison(yf, m * rows);
+          fast[f](&t.w, scratch, stride, xsum, m, 2, rows - 2, yf); /* odd count: an edge row */
+          for (int64_t i = 0; i < m; i++)
+            for (int64_t o = 0; o < rows; o++) {
+              float v = yf[i * rows + o], r = yr[i * rows + o];
+              bad += (o < 2 || o >= rows - 2) ? !is_poison(&v)
+                                              : fabs((double)v - r) > REL_TOL * error_scale(&t.w, x + i * cols, o);
+            }
+        }
+        rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, yp);
         for (int64_t i = 0; i < m; i++)
-          for (int64_t o = 0; o < rows; o++) {
-            double scale = error_scale(&t.w, x + i * cols, o);
-            float f = yf[i * rows + o], r = yr[i * rows + o];
-            bad += (o < 2 || o >= rows - 2) ? !is_poison(&f) : fabs((double)f - r) > REL_TOL * scale;
-            bad += fabs((double)yp[i * rows + o] - r) > REL_TOL * scale;
-          }
-        test_note("bits %d m %lld group %d", bits, (long long)m, g);
+          for (int64_t o = 0; o < rows; o++)
+            bad += fabs((double)yp[i * rows + o] - yr[i * rows + o]) > REL_TOL * error_scale(&t.w, x + i * cols, o);
+        test_note("bits %d m %lld group %d, %s%s", bits, (long long)m, g, fname[0], n_fast > 1 ? " + avx2" : "");
         CHECK_EQ(bad, 0);
         free(scratch), free(yp), free(yf), free(yr), free(x);
         qmat_free(&t);
       }
+}
+
+/* The tied heads this path exists for, at a slice of their real width
+ * (6-bit g64 bf16: Llama 3.2 1B's 2048 columns, Qwen 3 0.6B's 1024):
+ * many chunks per row, every kernel, m = 1 and a verification pass's 5. */
+TEST(int8_w6_head_shapes) {
+  static const int64_t COLS[] = {1024, 2048};
+  static const int64_t M[] = {1, 5};
+  for (int ci = 0; ci < 2; ci++)
+    for (int mi = 0; mi < 2; mi++) {
+      const int64_t rows = 67, cols = COLS[ci], m = M[mi];
+      rlm__qmm_q8_fn fast[2];
+      const char *fname[2];
+      const int n_fast = qmm_q8_kernels(6, fast, fname);
+      rlm__qmv_q8_fn mv[2];
+      qmv_q8_kernels(6, mv, fname);
+      test_qmat t;
+      qmat_make(&t, rows, cols, 6, 64, RLM_DTYPE_BF16, &g_seed);
+      float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
+      const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
+      char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, 64));
+      float *xsum = (float *)(scratch + m * stride);
+      rlm__group_sums(x, m, cols, 64, xsum);
+      for (int64_t i = 0; i < m; i++) rlm__q8act_quantize_w6(x + i * cols, cols, scratch + i * stride);
+      rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
+      int bad = 0;
+      for (int f = 0; f < 2 * n_fast; f++) {
+        if (f >= n_fast && m != 1) break;
+        if (f < n_fast) fast[f](&t.w, scratch, stride, xsum, m, 0, rows, yf);
+        else mv[f - n_fast](&t.w, scratch, xsum, 0, rows, yf);
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t o = 0; o < rows; o++)
+            bad += fabs((double)yf[i * rows + o] - yr[i * rows + o]) > REL_TOL * error_scale(&t.w, x + i * cols, o);
+      }
+      test_note("cols %lld m %lld", (long long)cols, (long long)m);
+      CHECK_EQ(bad, 0);
+      free(scratch), free(yf), free(yr), free(x);
+      qmat_free(&t);
+    }
 }
 
 int main(void) {
@@ -596,8 +772,10 @@ int main(void) {
   run_table("avx2", rlm__quant_kernels_avx2());
   run_table("avx512", rlm__quant_kernels_avx512());
   RUN(qmatvec_int8_activations);
+  RUN(int8_w6_catches_one_wrong_code);
   RUN(q8act_quantize_matches_ref);
   RUN(qmatmul_int8_activations);
+  RUN(int8_w6_head_shapes);
   printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
          REL_TOL);
   return test_summary();

@@ -1,4 +1,4 @@
-/* qdot.c -- 4- and 8-bit MLX affine weights times int8 activations, the
+/* qdot.c -- 4-, 6- and 8-bit MLX affine weights times int8 activations, the
  * integer inner loop llama.cpp uses (its Q8_0 activations), for decode.
  *
  * The activation row x is quantized per block of 32: d_b = max|x| / 127,
@@ -8,7 +8,7 @@
  *        + sum_g b_og * xsum_g          (xsum from the float x, exact)
  *
  * so only the activations are approximated; the weights are used exactly.
- * THE ERROR CONTRACT, the same for both bit widths: element i is off by at
+ * THE ERROR CONTRACT, the same for every bit width: element i is off by at
  * most half a step of its block, |x_i - d_b xq_i| <= d_b / 2 (plus the
  * rounding of x_i * (127 / max|x|)), so
  *
@@ -16,10 +16,10 @@
  *
  * with y_exact the product of the dequantized weights and the f32 x
  * (rlm__qmatmul_ref). Since s_g code_i = w_i - b_g, the bound reads the
- * same for both widths in terms of the weights: sum_i |w_i - b_g| d_b / 2.
- * tests/test_quant_fast.c checks it for both.
+ * same for every width in terms of the weights: sum_i |w_i - b_g| d_b / 2.
+ * tests/test_quant_fast.c checks it for all three.
  *
- * The codes are the same for both widths; where they are stored is not,
+ * The codes are the same for every width; where they are stored is not,
  * since each kernel wants them in the order of its decoded weights:
  *
  *   4-bit weights ("nibble layout"): x is processed in chunks of 128
@@ -44,6 +44,27 @@
  *   one float scale vector (d_j s_g(j)) serves 4 blocks.
  *     scratch: int16 xq[cols] | float d[cols/32]
  *
+ *   6-bit weights ("half-block layout", rlm__q8act_w6_pos): MLX packs 4
+ *   codes in 3 bytes (LSB first), so a chunk of 128 is 96 bytes and each
+ *   half block of 16 codes is 12 whole bytes. A half block decodes in one
+ *   128-bit lane: two byte shuffles give each int32 lane its 3 bytes twice
+ *   over, a per-word shift puts codes 0, 2 in bytes 0, 2 and codes 1, 3 in
+ *   bytes 1, 3 (codes 0..3 of the lane: stream bits 0-5, 6-11, 12-17,
+ *   18-23 of its 3 bytes), a byte blend and an AND with 63 finish it: 16
+ *   u8 codes in element order. Lane L of the two registers R = 0, 1 of a
+ *   chunk is given half R of block L (12 bytes at 24 L + 12 R), so x is
+ *   stored per chunk as [blk0 0-15 | blk1 0-15 | blk2 0-15 | blk3 0-15 |
+ *   blk0 16-31 | ... | blk3 16-31] (int8): element i of block j at 64 *
+ *   (i / 16) + 16 * j + i % 16. Then int32 lane l of both registers (and of
+ *   their vpdpbusd sum) holds block l / 4, as in the nibble layout, whose
+ *   per-lane d (xd16) and block scales are reused unchanged; the 4-bit
+ *   kernels run with only the weight decode swapped. AVX2 reads 256 bits
+ *   (32 codes, two half blocks) a register and pairs positions 32h.. with
+ *   64 + 32h.. as its 4-bit kernel does: the same lane map again.
+ *   u8 codes <= 63 times |xq| <= 127: vpmaddubsw pairs reach 16002 and two
+ *   of them added 32004, inside int16.
+ *     scratch: int8 xq[cols] | float xd16[cols/128][16] | float d[cols/32]
+ *
  * The scalar reference computes the same sums in the natural order; the
  * fast kernels agree with it to float rounding (the tests bound both).
  * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI, and
@@ -63,8 +84,9 @@
 #endif
 
 size_t rlm__q8act_bytes(int64_t cols) {
-  /* nibble layout: xq (cols bytes) + xd16 (16 floats per 128-chunk) + d (a
-   * float per block); quad layout: xq (2 cols bytes) + d. The larger. */
+  /* nibble and half-block layouts: xq (cols bytes) + xd16 (16 floats per
+   * 128-chunk) + d (a float per block); quad layout: xq (2 cols bytes) + d.
+   * The larger. */
   const size_t d = (size_t)(cols / 32) * sizeof(float);
   const size_t nibble = (size_t)cols + (size_t)(cols / 128) * 16 * sizeof(float) + d;
   const size_t quad = 2 * (size_t)cols + d;
@@ -72,7 +94,7 @@ size_t rlm__q8act_bytes(int64_t cols) {
 }
 
 bool rlm__q8act_ok(const rlm_qmat *w) {
-  return (w->bits == 4 || w->bits == 8) && w->group_size >= 32 && w->cols % 128 == 0;
+  return (w->bits == 4 || w->bits == 6 || w->bits == 8) && w->group_size >= 32 && w->cols % 128 == 0;
 }
 
 /* Per block of 32: d and the int8 codes, into the chunk layout. The
@@ -140,6 +162,59 @@ void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch) {
 
 void rlm__q8act_quantize_ref(const float *x, int64_t cols, void *scratch) { q8act_quantize_ref(x, cols, scratch); }
 
+/* Per block of 32: d and the codes as above, in the half-block layout; xd16
+ * and d as in the nibble layout. The definition; the SIMD versions write
+ * the same bytes. */
+void rlm__q8act_quantize_w6_ref(const float *x, int64_t cols, void *scratch) {
+  int8_t *xq = scratch;
+  float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
+  for (int64_t b = 0; b < cols / 32; b++) {
+    float amax = 0;
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+    d[b] = amax / 127.0f;
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int i = 0; i < 32; i++) xq[rlm__q8act_w6_pos(b * 32 + i)] = (int8_t)lrintf(x[b * 32 + i] * inv);
+  }
+  for (int64_t c = 0; c < cols / 128; c++)
+    for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/* q8act_quantize_avx512's operations; a block's two halves of 16 narrowed
+ * to bytes and stored 64 apart. */
+RLM_VNNI static void q8act_quantize_w6_avx512(const float *x, int64_t cols, void *scratch) {
+  int8_t *xq = scratch;
+  float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
+  for (int64_t c = 0; c < cols / 128; c++) {
+    for (int b = 0; b < 4; b++) {
+      const float *p = x + c * 128 + b * 32;
+      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+      d[c * 4 + b] = amax / 127.0f;
+      const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+      _mm_storeu_si128((__m128i *)(xq + c * 128 + b * 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
+      _mm_storeu_si128((__m128i *)(xq + c * 128 + 64 + b * 16),
+                       _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+    }
+    for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
+  }
+}
+#endif
+
+void rlm__q8act_quantize_w6(const float *x, int64_t cols, void *scratch) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (rlm__cpu_avx512_vnni()) {
+    q8act_quantize_w6_avx512(x, cols, scratch);
+    return;
+  }
+  if (rlm__cpu_avx2()) {
+    rlm__q8act_quantize_w6_avx2(x, cols, scratch);
+    return;
+  }
+#endif
+  rlm__q8act_quantize_w6_ref(x, cols, scratch);
+}
+
 /* Per block of 32: d and the codes as above, the codes as int16 in the
  * quad layout. The definition; rlm__q8act_quantize_w8_avx2 writes the
  * same bytes. */
@@ -165,9 +240,10 @@ void rlm__q8act_quantize_w8(const float *x, int64_t cols, void *scratch) {
   rlm__q8act_quantize_w8_ref(x, cols, scratch);
 }
 
-/* Element e's code of row o (4 or 8 bits, MLX order: LSB first). */
+/* Element e's code of row o (4, 6 or 8 bits, MLX order: LSB first). */
 static int code_of(const rlm_qmat *w, int64_t o, int64_t e) {
   const uint8_t *row = (const uint8_t *)w->wq + o * (w->cols * w->bits / 8);
+  if (w->bits == 6) return (int)rlm__quant_get(w->wq + o * rlm__quant_row_words(w->cols, 6), e, 6);
   if (w->bits == 8) return row[e];
   return (row[e / 2] >> (4 * (e % 2))) & 15;
 }
@@ -175,11 +251,13 @@ static int code_of(const rlm_qmat *w, int64_t o, int64_t e) {
 /* Element e's activation code in the layout for w's bits. */
 static int xcode_of(const rlm_qmat *w, const void *scratch, int64_t e) {
   if (w->bits == 8) return ((const int16_t *)scratch)[rlm__q8act_w8_pos(e)];
+  if (w->bits == 6) return ((const int8_t *)scratch)[rlm__q8act_w6_pos(e)];
   const int64_t c = e / 128, k = e % 128;
   return ((const int8_t *)scratch)[c * 128 + (k % 2 ? 64 + k / 2 : k / 2)];
 }
 
-/* The block scales d [cols/32] in the layout for w's bits. */
+/* The block scales d [cols/32] in the layout for w's bits (4 and 6: the
+ * same place). */
 static const float *block_scales(const rlm_qmat *w, const void *scratch) {
   const int64_t cols = w->cols;
   if (w->bits == 8) return (const float *)((const char *)scratch + 2 * cols);
@@ -243,10 +321,46 @@ RLM_VNNI static inline __m512 unpacked_dot(__m512i lo, __m512i hi, const int8_t 
   return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(xq + 64)));
 }
 
+/* 16 6-bit codes per 128-bit lane, 12 bytes each (the 4 bytes above
+ * ignored), to 16 u8 codes in element order: int32 lane t gets its group of
+ * 3 bytes as [b0 b0 b1 b2] (a) and [b0 b1 b2 b2] (b); a's words shifted
+ * right by 0 and 4 leave codes 0 and 2 in bytes 0 and 2, b's shifted left
+ * by 2 and 6 codes 1 and 3 in bytes 1 and 3. */
+RLM_VNNI static inline __m512i w6_codes16(__m512i v) {
+  const __m512i sa = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 0, 1, 2, 3, 3, 4, 5, 6, 6, 7, 8, 9, 9, 10, 11));
+  const __m512i sb = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 2, 3, 4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11));
+  const __m512i a = _mm512_srlv_epi16(_mm512_shuffle_epi8(v, sa), _mm512_set1_epi32(4 << 16));
+  const __m512i b = _mm512_sllv_epi16(_mm512_shuffle_epi8(v, sb), _mm512_set1_epi32(2 | 6 << 16));
+  return _mm512_and_si512(_mm512_mask_blend_epi8(0xAAAAAAAAAAAAAAAAull, a, b), _mm512_set1_epi8(63));
+}
+
+/* A chunk of 128 weights of one row (row bytes r, chunk c) as the two
+ * registers its activation layout pairs with x[0..63] and x[64..127]: 4
+ * bits (nibble layout: low, high nibbles) or 6 (half-block layout: lane L
+ * of register R gets half R of block L, the 12 bytes at 24 L + 12 R, by
+ * one two-source dword permute of the 96 bytes; loads stay inside them). */
+RLM_VNNI static inline __attribute__((always_inline)) void chunk_codes(const uint8_t *r, int64_t c, const int bits,
+                                                                        __m512i *lo, __m512i *hi) {
+  if (bits == 6) {
+    const uint8_t *p = r + c * 96;
+    const __m512i a = _mm512_loadu_si512(p), b = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)(p + 64)));
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 2, 6, 7, 8, 8, 12, 13, 14, 14, 18, 19, 20, 20);
+    const __m512i i1 = _mm512_setr_epi32(3, 4, 5, 5, 9, 10, 11, 11, 15, 16, 17, 17, 21, 22, 23, 23);
+    *lo = w6_codes16(_mm512_permutex2var_epi32(a, i0, b));
+    *hi = w6_codes16(_mm512_permutex2var_epi32(a, i1, b));
+    return;
+  }
+  const __m512i v = _mm512_loadu_si512(r + c * 64), low = _mm512_set1_epi8(15);
+  *lo = _mm512_and_si512(v, low);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+}
+
 /* One chunk of 128 weights of one row against the quantized x. */
-RLM_VNNI static inline __m512 chunk_dot(const uint8_t *wp, const int8_t *xq, __m512i low) {
-  __m512i v = _mm512_loadu_si512(wp);
-  return unpacked_dot(_mm512_and_si512(v, low), _mm512_and_si512(_mm512_srli_epi16(v, 4), low), xq);
+RLM_VNNI static inline __attribute__((always_inline)) __m512 chunk_dot(const uint8_t *r, int64_t c, const int8_t *xq,
+                                                                        const int bits) {
+  __m512i lo, hi;
+  chunk_codes(r, c, bits, &lo, &hi);
+  return unpacked_dot(lo, hi, xq + c * 128);
 }
 
 /* Sums each of a[0..3] across its lanes: y4[k] = total of a[k]. One
@@ -277,16 +391,27 @@ RLM_VNNI static inline void bias_xn(const rlm_qmat *w, int64_t o, int64_t ng, co
  * prefetchers follow (interleaving rows chunk by chunk made several short
  * streams they did not: 4 rows 10.7 vs 16.7 tok/s, 2 rows 13.8 vs 24.1).
  * Four rows' accumulators are kept, the bias term folded into the lanes,
- * and the four totals reduced together; leftover rows one by one. */
-RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
-                                 int64_t o1, float *y) {
+ * and the four totals reduced together; leftover rows one by one. bits:
+ * 4 or 6 (chunk_codes). */
+/* 6 bits: rows ahead prefetched into L2 as a row is read, as qdot_avx2.c's
+ * w8_row does. The decode's extra instructions left the hardware
+ * prefetchers behind: on the Llama 3.2 1B head (128256 x 2048, one
+ * thread, Sapphire Rapids VM) none 8.2 GB/s, 4 rows 10.8, 8 11.4-12.2, 16
+ * 10.5; one thread's plain streaming read 14-15. tile_rxn does the same
+ * for its R rows: m = 2 39 -> 23 ms, m = 8 64 -> 35 ms on that head
+ * (qdot_avx2.c's tile_w4 for 6 bits: m = 2 63 -> 25 ms). */
+enum { PF_ROWS = 8 };
+
+RLM_VNNI static inline __attribute__((always_inline)) void qmv_rows(const rlm_qmat *w, const void *scratch,
+                                                                     const float *xsum, int64_t o0, int64_t o1,
+                                                                     float *y, const int bits) {
   const int8_t *xq = scratch;
-  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols / 2;
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols * bits / 8;
   const float *xd16 = (const float *)((const char *)scratch + cols);
   const int per = 128 / w->group_size ? 128 / w->group_size : 1; /* groups in a chunk */
   _Alignas(64) int32_t lanes[16];
   for (int l = 0; l < 16; l++) lanes[l] = (l / 4) * 32 / w->group_size;
-  const __m512i idx = _mm512_load_si512(lanes), low = _mm512_set1_epi8(15);
+  const __m512i idx = _mm512_load_si512(lanes);
   const __mmask8 mask = (__mmask8)((1u << per) - 1);
   int64_t o = o0;
   for (; o + 4 <= o1; o += 4) {
@@ -294,11 +419,17 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
       const uint8_t *r = (const uint8_t *)w->wq + (o + k) * rb;
+      const bool ahead = bits == 6 && o + k + PF_ROWS < w->rows;
       a[k] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; c++)
-        a[k] = _mm512_fmadd_ps(chunk_dot(r + c * 64, xq + c * 128, low),
+      for (int64_t c = 0; c < chunks; c++) {
+        if (ahead) {
+          _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96), _MM_HINT_T1);
+          _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96 + 64), _MM_HINT_T1);
+        }
+        a[k] = _mm512_fmadd_ps(chunk_dot(r, c, xq, bits),
                                _mm512_mul_ps(chunk_scales(w, (o + k) * ng + c * per, mask, idx),
                                              _mm512_loadu_ps(xd16 + c * 16)), a[k]);
+      }
       bias_x1(w, o + k, ng, xsum, &a[k]);
     }
     reduce4(a[0], a[1], a[2], a[3], y + o);
@@ -307,12 +438,22 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
     const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
     __m512 a0 = _mm512_setzero_ps();
     for (int64_t c = 0; c < chunks; c++)
-      a0 = _mm512_fmadd_ps(chunk_dot(r0 + c * 64, xq + c * 128, low),
+      a0 = _mm512_fmadd_ps(chunk_dot(r0, c, xq, bits),
                            _mm512_mul_ps(chunk_scales(w, o * ng + c * per, mask, idx),
                                          _mm512_loadu_ps(xd16 + c * 16)), a0);
     bias_x1(w, o, ng, xsum, &a0);
     y[o] = _mm512_reduce_add_ps(a0);
   }
+}
+
+RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
+                                 int64_t o1, float *y) {
+  qmv_rows(w, scratch, xsum, o0, o1, y, 4);
+}
+
+RLM_VNNI static void qmv_w6_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
+                                 int64_t o1, float *y) {
+  qmv_rows(w, scratch, xsum, o0, o1, y, 6);
 }
 
 enum { QT = 8 }; /* inputs of a register tile at most */
@@ -344,26 +485,32 @@ RLM_VNNI static inline __attribute__((always_inline)) void tile_store(const rlm_
  * Tiles of 8 inputs rather than 4 unpack each weight chunk and widen its
  * scales once for 8 inputs: Gemma-3-1B's 6912 x 1152 at m = 8 892 us
  * against 952, m = 5 545 against 760; prefill 512 of that shape (2
- * threads) 156-158 tok/s against 138-150. */
+ * threads) 156-158 tok/s against 138-150. bits (4 or 6) picks the weight
+ * decode (chunk_codes); the rest is shared. */
 RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qmat *w, int64_t o, const int R,
                                                                    const int8_t *const *xq, const float *const *xs,
                                                                    const int n, __m512i idx, __mmask8 mask, float *y,
-                                                                   int64_t i0) {
-  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
+                                                                   int64_t i0, const int bits) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols * bits / 8;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
-  const uint8_t *r0 = (const uint8_t *)w->wq + o * (cols / 2);
-  const __m512i low = _mm512_set1_epi8(15), z = _mm512_setzero_si512();
+  const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
+  const __m512i z = _mm512_setzero_si512();
   __m512 a0[QT], a1[QT];
   for (int k = 0; k < QT; k++) a0[k] = a1[k] = _mm512_setzero_ps();
+  const bool ahead = bits == 6 && o + PF_ROWS + R <= w->rows;
   for (int64_t c = 0; c < chunks; c++) {
-    const __m512i v0 = _mm512_loadu_si512(r0 + c * 64);
-    const __m512i lo0 = _mm512_and_si512(v0, low), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low);
+    __m512i lo0, hi0;
+    if (ahead) /* the R rows PF_ROWS on: 96 R contiguous bytes a chunk */
+      for (int k = 0; k < R; k++) {
+        _mm_prefetch((const char *)(r0 + (PF_ROWS + k) * rb + c * 96), _MM_HINT_T1);
+        _mm_prefetch((const char *)(r0 + (PF_ROWS + k) * rb + c * 96 + 64), _MM_HINT_T1);
+      }
+    chunk_codes(r0, c, bits, &lo0, &hi0);
     const __m512 sc0 = chunk_scales(w, o * ng + c * per, mask, idx);
     __m512i lo1 = lo0, hi1 = hi0;
     __m512 sc1 = sc0;
     if (R == 2) {
-      const __m512i v1 = _mm512_loadu_si512(r0 + cols / 2 + c * 64);
-      lo1 = _mm512_and_si512(v1, low), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low);
+      chunk_codes(r0 + rb, c, bits, &lo1, &hi1);
       sc1 = chunk_scales(w, (o + 1) * ng + c * per, mask, idx);
     }
 #pragma GCC unroll 8
@@ -384,34 +531,38 @@ RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qm
 }
 
 /* Output rows [ob, oe) against N <= QT input rows, in tiles of 2 rows; one
- * function per N (not inlined into the blocking loop: inlined there, the
- * tiles' registers were allocated together and the 4-input one
- * spilled its accumulators, 1.25x slower). */
-#define ROWS_XN(N)                                                                                          \
-  RLM_VNNI __attribute__((noinline)) static void rows_x##N(const rlm_qmat *w, int64_t ob, int64_t oe,           \
-                                                          const int8_t *const *xq, const float *const *xs,   \
-                                                          __m512i idx, __mmask8 mask, float *y, int64_t i0) { \
-    int64_t o = ob;                                                                                         \
-    for (; o + 2 <= oe; o += 2) tile_rxn(w, o, 2, xq, xs, N, idx, mask, y, i0);                             \
-    if (o < oe) tile_rxn(w, o, 1, xq, xs, N, idx, mask, y, i0);                                             \
+ * function per N and weight width B (not inlined into the blocking loop:
+ * inlined there, the tiles' registers were allocated together and the
+ * 4-input one spilled its accumulators, 1.25x slower). */
+typedef void (*rows_fn)(const rlm_qmat *w, int64_t ob, int64_t oe, const int8_t *const *xq, const float *const *xs,
+                        __m512i idx, __mmask8 mask, float *y, int64_t i0);
+#define ROWS_XN(B, N)                                                                                        \
+  RLM_VNNI __attribute__((noinline)) static void rows_w##B##_x##N(const rlm_qmat *w, int64_t ob, int64_t oe,   \
+                                                                 const int8_t *const *xq,                     \
+                                                                 const float *const *xs, __m512i idx,         \
+                                                                 __mmask8 mask, float *y, int64_t i0) {       \
+    int64_t o = ob;                                                                                          \
+    for (; o + 2 <= oe; o += 2) tile_rxn(w, o, 2, xq, xs, N, idx, mask, y, i0, B);                           \
+    if (o < oe) tile_rxn(w, o, 1, xq, xs, N, idx, mask, y, i0, B);                                           \
   }
-ROWS_XN(1)
-ROWS_XN(2)
-ROWS_XN(3)
-ROWS_XN(4)
-ROWS_XN(5)
-ROWS_XN(6)
-ROWS_XN(7)
-ROWS_XN(8)
+#define ROWS_ALL(B)                                                                                          \
+  ROWS_XN(B, 1) ROWS_XN(B, 2) ROWS_XN(B, 3) ROWS_XN(B, 4) ROWS_XN(B, 5) ROWS_XN(B, 6) ROWS_XN(B, 7)           \
+  ROWS_XN(B, 8)                                                                                              \
+  static const rows_fn rows_w##B[QT] = {rows_w##B##_x1, rows_w##B##_x2, rows_w##B##_x3, rows_w##B##_x4,      \
+                                        rows_w##B##_x5, rows_w##B##_x6, rows_w##B##_x7, rows_w##B##_x8};
+ROWS_ALL(4)
+ROWS_ALL(6)
 
 enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
 
 /* m input rows (stride bytes apart in scratch), outputs y [m][rows].
  * Blocked so both sides stay in cache: QMM_OUT_BLOCK weight rows (tens of
  * KB, L2) against QMM_IN_BLOCK quantized inputs (L1); inside, 2 x 4
- * register tiles of 2 weight rows and up to QT inputs (tile_rxn). */
+ * register tiles of 2 weight rows and up to QT inputs (tile_rxn). 4- or
+ * 6-bit weights (their activation layouts share the lane map). */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
+  const rows_fn *rows = w->bits == 6 ? rows_w6 : rows_w4;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   const int64_t ng = w->cols / w->group_size;
   _Alignas(64) int32_t lanes[16];
@@ -427,16 +578,7 @@ RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t 
         const int8_t *xq[QT];
         const float *xs[QT];
         for (int k = 0; k < n; k++) xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
-        switch (n) {
-        case 1: rows_x1(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        case 2: rows_x2(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        case 3: rows_x3(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        case 4: rows_x4(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        case 5: rows_x5(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        case 6: rows_x6(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        case 7: rows_x7(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        default: rows_x8(w, ob, oe, xq, xs, idx, mask, y, i0); break;
-        }
+        rows[n - 1](w, ob, oe, xq, xs, idx, mask, y, i0);
       }
     }
   }
@@ -551,8 +693,8 @@ rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
   if (bits == 8 && rlm__cpu_avx512_vnni()) return qmm_w8_rows;
   if (bits == 8 && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
-  if (bits == 4 && rlm__cpu_avx512_vnni()) return qmm_q8_rows;
-  if (bits == 4 && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
+  if ((bits == 4 || bits == 6) && rlm__cpu_avx512_vnni()) return qmm_q8_rows;
+  if ((bits == 4 || bits == 6) && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
 #endif
   return rlm__qmm_q8_ref;
 }
@@ -561,7 +703,8 @@ rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
   if (bits == 8 && rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
   if (bits == 4 && rlm__cpu_avx512_vnni()) return qmv_q8_rows;
-  if (bits == 4 && rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
+  if (bits == 6 && rlm__cpu_avx512_vnni()) return qmv_w6_rows;
+  if ((bits == 4 || bits == 6) && rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
 #endif
   return rlm__qmv_q8_ref;
 }

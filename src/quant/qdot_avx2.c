@@ -1,6 +1,7 @@
 /* qdot_avx2.c -- the AVX2 versions of qdot.c's int8-activation kernels,
  * for x86 CPUs without AVX-512 VNNI: llama.cpp's Q4_0 x Q8_0 inner loop on
- * 256-bit registers for 4-bit MLX weights, and an 8-bit-weight one.
+ * 256-bit registers for 4-bit MLX weights, the same for 6-bit ones, and an
+ * 8-bit-weight one.
  *
  * 4-BIT WEIGHTS. Same sums as rlm__qmv_q8_ref, same activation layout
  * (qdot.c's nibble layout): a chunk of 128 elements is 64 packed weight
@@ -19,6 +20,17 @@
  * (32 int8 MACs per instruction pair; exact integers, so the results match
  * the reference to float summation order). The bias term, sum_g b_og *
  * xsum_g, is folded into the lanes before the one reduction.
+ *
+ * 6-BIT WEIGHTS (the tied embedding / lm_head of MLX 4-bit Llama 3.2 and
+ * Qwen 3 checkpoints). qdot.c's half-block layout puts x so that the 4-bit
+ * loop runs unchanged once a half chunk is decoded into the same two
+ * registers: lo, positions 32h.. (half 0 of blocks 2h, 2h + 1), and hi,
+ * positions 64 + 32h.. (their halves 1). Each 128-bit lane is 16 codes,
+ * 12 bytes loaded 16 wide (the last one from 4 bytes earlier, so no load
+ * passes the chunk's 96 bytes); w6_codes32 spreads them to bytes with two
+ * vpshufb, a word blend of a shift (codes 0, 2) and a vpmullw by 4 and 64
+ * (codes 1, 3: AVX2 has no per-word variable shift), and masks. Codes <=
+ * 63, so vpmaddubsw cannot saturate (qdot.c).
  *
  * 8-BIT WEIGHTS (the tied lm_head / embedding of MLX 4-bit checkpoints,
  * and every layer of 8-bit ones). vpmaddubsw would saturate: a pair of u8
@@ -99,6 +111,69 @@ RLM_AVX2 void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scrat
   }
   for (int64_t c = 0; c < cols / 128; c++)
     for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
+}
+
+/* Quantizing one activation row for 6-bit weights: as for 4 bits, but each
+ * block's codes kept in element order, its halves of 16 stored 64 apart
+ * (qdot.c's half-block layout). */
+RLM_AVX2 void rlm__q8act_quantize_w6_avx2(const float *x, int64_t cols, void *scratch) {
+  int8_t *xq = scratch;
+  float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* packs interleave the 128-bit lanes */
+  for (int64_t b = 0; b < cols / 32; b++) {
+    __m256i c4[4];
+    block_codes(x + b * 32, &d[b], c4);
+    const __m256i q01 = _mm256_packs_epi32(c4[0], c4[1]), q23 = _mm256_packs_epi32(c4[2], c4[3]);
+    const __m256i q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(q01, q23), order); /* elements 0..31 */
+    int8_t *c = xq + (b / 4) * 128 + (b % 4) * 16;
+    _mm_storeu_si128((__m128i *)c, _mm256_castsi256_si128(q));
+    _mm_storeu_si128((__m128i *)(c + 64), _mm256_extracti128_si256(q, 1));
+  }
+  for (int64_t c = 0; c < cols / 128; c++)
+    for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
+}
+
+/* 32 6-bit codes to u8 in element order: 16 from the 12 bytes at lo + sh
+ * (low 128-bit lane), 16 from hi + sh (high lane); sh = 0 or 4. Per int32
+ * lane, its 3 bytes as [b0 b0 b1 b2] (a: words shifted right by 0 and 4,
+ * codes 0 and 2 in bytes 0 and 2) and [b0 b1 b2 b2] (b: words times 4 and
+ * 64, codes 1 and 3 in bytes 1 and 3). */
+RLM_AVX2 static RLM_INLINE __m256i w6_codes32(const uint8_t *lo, const uint8_t *hi, const int sh) {
+  const __m256i sa = _mm256_add_epi8(_mm256_setr_epi8(0, 0, 1, 2, 3, 3, 4, 5, 6, 6, 7, 8, 9, 9, 10, 11, 0, 0, 1, 2, 3,
+                                                      3, 4, 5, 6, 6, 7, 8, 9, 9, 10, 11),
+                                     _mm256_set1_epi8((char)sh));
+  const __m256i sb = _mm256_add_epi8(_mm256_setr_epi8(0, 1, 2, 2, 3, 4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11, 0, 1, 2, 2, 3,
+                                                      4, 5, 5, 6, 7, 8, 8, 9, 10, 11, 11),
+                                     _mm256_set1_epi8((char)sh));
+  const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)lo)),
+                                            _mm_loadu_si128((const __m128i *)hi), 1);
+  const __m256i a = _mm256_shuffle_epi8(v, sa), b = _mm256_shuffle_epi8(v, sb);
+  const __m256i e = _mm256_blend_epi16(a, _mm256_srli_epi16(a, 4), 0xAA);
+  const __m256i o = _mm256_mullo_epi16(b, _mm256_set1_epi32(4 | 64 << 16));
+  return _mm256_or_si256(_mm256_and_si256(e, _mm256_set1_epi32(0x003F003F)),
+                         _mm256_and_si256(o, _mm256_set1_epi32(0x3F003F00)));
+}
+
+/* Half h of chunk c of a row (bytes r) as the codes half_dot pairs with x
+ * positions 32h.. (lo) and 64 + 32h.. (hi): 4 bits, the low and high
+ * nibbles of 32 bytes; 6 bits, the half-block layout's halves (lane L of
+ * lo: half 0 of block 2h + L, 12 bytes at 24 (2h + L); of hi: its half 1). */
+RLM_AVX2 static RLM_INLINE void half_codes(const uint8_t *r, int64_t c, int h, const int bits, __m256i *lo,
+                                           __m256i *hi) {
+  if (bits == 6) {
+    const uint8_t *p = r + c * 96;
+    if (h == 0) {
+      *lo = w6_codes32(p, p + 24, 0);
+      *hi = w6_codes32(p + 12, p + 36, 0);
+    } else {
+      *lo = w6_codes32(p + 48, p + 72, 0);
+      *hi = w6_codes32(p + 56, p + 80, 4); /* from 4 early: bytes 84..95 end the chunk */
+    }
+    return;
+  }
+  const __m256i v = _mm256_loadu_si256((const __m256i *)(r + c * 64 + 32 * h)), low = _mm256_set1_epi8(15);
+  *lo = _mm256_and_si256(v, low);
+  *hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
 }
 
 /* Lane k of half h reads group (2h + k/4) * 32 / G of the chunk's own. */
@@ -189,25 +264,36 @@ RLM_AVX2 static RLM_INLINE float hsum(__m256 a) {
   return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
+/* Rows ahead that w8_row prefetches (into L2) as it reads a row, chunk
+ * by chunk: the mat-vec streams the weights from DRAM (the lm_head is
+ * 302 MB), and this measured 12.5 -> 15.5 GB/s against 16 rows ahead
+ * (13) or 4 (13.5), none 12.5 (65536 x 1152). row_dot does the same for
+ * 6-bit weights. */
+enum { W8_PREFETCH_ROWS = 8 };
+
 /* Row o against one quantized x: the lane partial sums, bias folded in;
  * *tail gets the bias tail. Two accumulators, one per half, so the FMAs
- * do not wait on each other. */
+ * do not wait on each other. bits: 4 or 6 (half_codes). */
 RLM_AVX2 static RLM_INLINE __m256 row_dot(const rlm_qmat *w, int64_t o, const int8_t *xq, const float *xsum,
-                                          lane_groups l, float *tail) {
+                                          lane_groups l, float *tail, const int bits) {
   const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
-  const uint8_t *r = (const uint8_t *)w->wq + o * (cols / 2);
+  const uint8_t *r = (const uint8_t *)w->wq + o * (cols * bits / 8);
   const float *xd16 = (const float *)(xq + cols);
-  const __m256i low = _mm256_set1_epi8(15);
+  const bool ahead = bits == 6 && o + W8_PREFETCH_ROWS < w->rows; /* as w8_row does, for the 6-bit heads */
   __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
   for (int64_t c = 0; c < chunks; c++) {
-    const __m256i v0 = _mm256_loadu_si256((const __m256i *)(r + c * 64));
-    const __m256i v1 = _mm256_loadu_si256((const __m256i *)(r + c * 64 + 32));
     const int8_t *x = xq + c * 128;
+    if (ahead) {
+      _mm_prefetch((const char *)(r + W8_PREFETCH_ROWS * (cols * 6 / 8) + c * 96), _MM_HINT_T1);
+      _mm_prefetch((const char *)(r + W8_PREFETCH_ROWS * (cols * 6 / 8) + c * 96 + 64), _MM_HINT_T1);
+    }
     __m256 s0, s1;
+    __m256i lo0, hi0, lo1, hi1;
     chunk_ws(w, o, ng, c, l, &s0, &s1);
-    const __m256 d0 = half_dot(_mm256_and_si256(v0, low), _mm256_and_si256(_mm256_srli_epi16(v0, 4), low), x, x + 64);
-    const __m256 d1 =
-        half_dot(_mm256_and_si256(v1, low), _mm256_and_si256(_mm256_srli_epi16(v1, 4), low), x + 32, x + 96);
+    half_codes(r, c, 0, bits, &lo0, &hi0);
+    half_codes(r, c, 1, bits, &lo1, &hi1);
+    const __m256 d0 = half_dot(lo0, hi0, x, x + 64);
+    const __m256 d1 = half_dot(lo1, hi1, x + 32, x + 96);
     a0 = _mm256_fmadd_ps(d0, _mm256_mul_ps(s0, _mm256_loadu_ps(xd16 + c * 16)), a0);
     a1 = _mm256_fmadd_ps(d1, _mm256_mul_ps(s1, _mm256_loadu_ps(xd16 + c * 16 + 8)), a1);
   }
@@ -217,24 +303,35 @@ RLM_AVX2 static RLM_INLINE __m256 row_dot(const rlm_qmat *w, int64_t o, const in
 }
 
 /* Decode (m = 1): row after row, so the weights are one sequential stream
- * (qdot.c measured why); four rows reduced together. */
-RLM_AVX2 static void qmv_w4(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
-                            float *y) {
+ * (qdot.c measured why); four rows reduced together. 4- or 6-bit. */
+RLM_AVX2 static RLM_INLINE void qmv_w46(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
+                                        int64_t o1, float *y, const int bits) {
   const int8_t *xq = scratch;
   const lane_groups l = lane_groups_of(w->group_size);
   int64_t o = o0;
   for (; o + 4 <= o1; o += 4) {
     float t[4], s[4];
-    const __m256 a0 = row_dot(w, o, xq, xsum, l, &t[0]), a1 = row_dot(w, o + 1, xq, xsum, l, &t[1]);
-    const __m256 a2 = row_dot(w, o + 2, xq, xsum, l, &t[2]), a3 = row_dot(w, o + 3, xq, xsum, l, &t[3]);
+    const __m256 a0 = row_dot(w, o, xq, xsum, l, &t[0], bits), a1 = row_dot(w, o + 1, xq, xsum, l, &t[1], bits);
+    const __m256 a2 = row_dot(w, o + 2, xq, xsum, l, &t[2], bits);
+    const __m256 a3 = row_dot(w, o + 3, xq, xsum, l, &t[3], bits);
     _mm_storeu_ps(s, hsum4(a0, a1, a2, a3));
     for (int k = 0; k < 4; k++) y[o + k] = s[k] + t[k];
   }
   for (; o < o1; o++) {
     float t;
-    const __m256 a = row_dot(w, o, xq, xsum, l, &t);
+    const __m256 a = row_dot(w, o, xq, xsum, l, &t, bits);
     y[o] = hsum(a) + t;
   }
+}
+
+RLM_AVX2 static void qmv_w4(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                            float *y) {
+  qmv_w46(w, scratch, xsum, o0, o1, y, 4);
+}
+
+RLM_AVX2 static void qmv_w6(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
+                            float *y) {
+  qmv_w46(w, scratch, xsum, o0, o1, y, 6);
 }
 
 /* ---- 8-bit weights -------------------------------------------------- */
@@ -326,12 +423,6 @@ RLM_AVX2 static RLM_INLINE __m256 w8_scales(const rlm_qmat *w, int64_t o, int64_
   return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), l.idx);
 }
 
-/* Rows ahead that w8_row prefetches (into L2) as it reads a row, chunk
- * by chunk: the mat-vec streams the weights from DRAM (the lm_head is
- * 302 MB), and this measured 12.5 -> 15.5 GB/s against 16 rows ahead
- * (13) or 4 (13.5), none 12.5 (65536 x 1152). */
-enum { W8_PREFETCH_ROWS = 8 };
-
 /* Row o against one quantized x (codes xq, block scales d): the lane
  * partial sums, bias folded in; *tail gets the bias tail. */
 RLM_AVX2 static RLM_INLINE __m256 w8_row(const rlm_qmat *w, int64_t o, const int16_t *xq, const float *d,
@@ -378,29 +469,35 @@ RLM_AVX2 static void qmv_w8(const rlm_qmat *w, const void *scratch, const float 
 RLM_AVX2 void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                                float *y) {
   if (w->bits == 8) qmv_w8(w, scratch, xsum, o0, o1, y);
+  else if (w->bits == 6) qmv_w6(w, scratch, xsum, o0, o1, y);
   else qmv_w4(w, scratch, xsum, o0, o1, y);
 }
 
-/* ---- m rows, both widths -------------------------------------------- */
+/* ---- m rows, all widths --------------------------------------------- */
 
 enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16, QMM_TILE = 8 };
 
 /* Output row o against n <= QMM_TILE input rows (xq[k]: the nibble
- * layout), each half chunk decoded once for the n; n a constant where it
- * is inlined (row_xn), so the accumulators stay in registers. */
+ * layout, or for 6 bits the half-block one), each half chunk decoded once
+ * for the n; n a constant where it is inlined (row_xn), so the
+ * accumulators stay in registers. */
 RLM_AVX2 static RLM_INLINE void tile_w4(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs,
-                                        int n, lane_groups l, float *y, int64_t i0) {
+                                        int n, lane_groups l, float *y, int64_t i0, const int bits) {
   const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
-  const uint8_t *r = (const uint8_t *)w->wq + o * (cols / 2);
-  const __m256i low = _mm256_set1_epi8(15);
+  const uint8_t *r = (const uint8_t *)w->wq + o * (cols * bits / 8);
   __m256 a[QMM_TILE];
   for (int k = 0; k < n; k++) a[k] = _mm256_setzero_ps();
+  const bool ahead = bits == 6 && o + W8_PREFETCH_ROWS < w->rows; /* qdot.c: PF_ROWS */
   for (int64_t c = 0; c < chunks; c++) {
     __m256 s[2];
+    if (ahead) {
+      _mm_prefetch((const char *)(r + W8_PREFETCH_ROWS * (cols * 6 / 8) + c * 96), _MM_HINT_T1);
+      _mm_prefetch((const char *)(r + W8_PREFETCH_ROWS * (cols * 6 / 8) + c * 96 + 64), _MM_HINT_T1);
+    }
     chunk_ws(w, o, ng, c, l, &s[0], &s[1]);
     for (int h = 0; h < 2; h++) {
-      const __m256i v = _mm256_loadu_si256((const __m256i *)(r + c * 64 + 32 * h));
-      const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      __m256i lo, hi;
+      half_codes(r, c, h, bits, &lo, &hi);
       for (int k = 0; k < n; k++) {
         const int8_t *x = (const int8_t *)xq[k] + c * 128 + 32 * h;
         const __m256 xd = _mm256_loadu_ps((const float *)(xq[k] + cols) + c * 16 + 8 * h);
@@ -466,7 +563,8 @@ typedef struct tile_lanes {
 RLM_AVX2 static RLM_INLINE void tile_1xn(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs,
                                          int n, tile_lanes l, float *y, int64_t i0) {
   if (w->bits == 8) tile_w8(w, o, xq, xs, n, l.l8, y, i0);
-  else tile_w4(w, o, xq, xs, n, l.l4, y, i0);
+  else if (w->bits == 6) tile_w4(w, o, xq, xs, n, l.l4, y, i0, 6);
+  else tile_w4(w, o, xq, xs, n, l.l4, y, i0, 4);
 }
 
 /* One output row against n <= QMM_TILE input rows, n made a constant. */

@@ -157,11 +157,12 @@ const rlm_quant_kernels *rlm__quant_kernels(void);
 void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
                   float *xsum, float *y);
 
-/* ---- qdot.c: 4- and 8-bit weights x int8 activations (decode, approximate) */
-/* Scratch bytes for one quantized activation row of `cols`, in either
- * layout (qdot.c: the nibble one for 4-bit weights, the quad one for 8). */
+/* ---- qdot.c: 4-, 6- and 8-bit weights x int8 activations (decode, approximate) */
+/* Scratch bytes for one quantized activation row of `cols`, in any of the
+ * layouts (qdot.c: the nibble one for 4-bit weights, the half-block one
+ * for 6, the quad one for 8). */
 size_t rlm__q8act_bytes(int64_t cols);
-/* Whether w can take int8 activations (4- or 8-bit, G >= 32, cols a
+/* Whether w can take int8 activations (4-, 6- or 8-bit, G >= 32, cols a
  * multiple of 128). */
 bool rlm__q8act_ok(const rlm_qmat *w);
 /* For 4-bit weights: x [cols] -> int8 blocks of 32 with their scales, in
@@ -177,13 +178,23 @@ static inline int64_t rlm__q8act_w8_pos(int64_t e) {
   const int64_t i = e % 32, j = (e % 128) / 32;
   return e / 128 * 128 + 16 * ((i % 16) / 2) + 8 * (i / 16) + 2 * j + i % 2;
 }
+/* For 6-bit weights: the same codes as int8 in the half-block layout, then
+ * the nibble layout's per-lane and block scales. */
+void rlm__q8act_quantize_w6(const float *x, int64_t cols, void *scratch);
+void rlm__q8act_quantize_w6_ref(const float *x, int64_t cols, void *scratch); /* the definition */
+/* Where element e's code sits in the half-block layout (int8 index):
+ * element i of block j of a chunk of 128 at 64 * (i / 16) + 16 * j + i % 16. */
+static inline int64_t rlm__q8act_w6_pos(int64_t e) {
+  const int64_t i = e % 32, j = (e % 128) / 32;
+  return e / 128 * 128 + 64 * (i / 16) + 16 * j + i % 16;
+}
 typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                int64_t o1, float *y);
-/* The reference for both widths: scratch in the layout for w->bits. */
+/* The reference for all widths: scratch in the layout for w->bits. */
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y);
-/* The fastest for weights of `bits` (4: AVX-512 VNNI, else AVX2; 8: AVX2;
- * the m-row one for 8: AVX-512 VNNI, else AVX2) or the reference. */
+/* The fastest for weights of `bits` (4 and 6: AVX-512 VNNI, else AVX2; 8:
+ * AVX2; the m-row one for 8: AVX-512 VNNI, else AVX2) or the reference. */
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits);
 /* m rows: row i's quantized x at scratch + i * stride; y [m][rows]. */
 typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
@@ -192,8 +203,9 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
                      int64_t o0, int64_t o1, float *y);
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits);
 /* qdot_avx2.c: the AVX2 + FMA + F16C versions (x86 only; call only where
- * rlm__cpu_avx2()); the products take both widths, as the reference does. */
+ * rlm__cpu_avx2()); the products take all widths, as the reference does. */
 void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scratch);
+void rlm__q8act_quantize_w6_avx2(const float *x, int64_t cols, void *scratch);
 void rlm__q8act_quantize_w8_avx2(const float *x, int64_t cols, void *scratch);
 void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                       float *y);
