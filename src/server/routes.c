@@ -162,7 +162,7 @@ static int finish(srv_ctx *ctx, srv_conn *c, srv_call *call, const char *id) {
     gone = gone || call->jobs[i].cancelled;
     if (call->jobs[i].fail[0] && !e.status) {
       e = (srv_err){.status = 500, .type = "server_error"};
-      snprintf(e.msg, sizeof e.msg, "%s", call->jobs[i].fail);
+      snprintf(e.msg, sizeof e.msg, "%.*s", (int)sizeof e.msg - 1, call->jobs[i].fail); /* cut to fit */
     }
   }
   json_t *o = gone || e.status ? NULL : srv_completion_json(ctx, call, id);
