@@ -873,6 +873,68 @@ TEST(real_chat_template) {
 }
 
 /* ------------------------------------------------------------------------
+ * Gemma 4 as llama.cpp writes it: tests/fixtures/gguf/gemma4_text-f32.gguf
+ * is convert_hf_to_gguf.py's output for a tiny Gemma-style tokenizer.json
+ * (scripts/gemma4_gguf_stage.py), and gemma4_tok_cases.json holds what
+ * Hugging Face tokenizers made of 300 strings with that tokenizer.json
+ * (ids without specials; AutoTokenizer's ids with <bos>).
+ * ---------------------------------------------------------------------- */
+TEST(gemma4_file_matches_tokenizers) {
+  char file[700], cases_path[700];
+  snprintf(file, sizeof file, "%s/tests/fixtures/gguf/gemma4_text-f32.gguf", g_src);
+  snprintf(cases_path, sizeof cases_path, "%s/tests/fixtures/gguf/gemma4_tok_cases.json", g_src);
+  rlm_tokenizer *t = NULL;
+  rlm_error err = {0};
+  json_t *cases = NULL;
+  CHECK_EQ(rlm_tokenizer_load(&t, file, &err), RLM_OK);
+  CHECK_EQ(rlm__json_load_file(cases_path, &cases, &err), RLM_OK);
+  const json_t *list = json_object_get(cases, "cases");
+  CHECK(json_array_size(list) >= 300);
+  int bad = 0, n_ids = 0;
+  for (size_t i = 0; t && i < json_array_size(list); i++) {
+    const json_t *c = json_array_get(list, i);
+    const char *s = json_string_value(json_object_get(c, "text"));
+    const size_t len = json_string_length(json_object_get(c, "text"));
+    for (int special = 0; special < 2; special++) {
+      const json_t *w = json_object_get(c, special ? "ids_bos" : "ids");
+      size_t n, nw = json_array_size(w);
+      int32_t *got = encode(t, s, len, special, &n), *want = malloc((nw + 1) * sizeof *want);
+      for (size_t k = 0; k < nw; k++) want[k] = (int32_t)json_integer_value(json_array_get(w, k));
+      const bool same = ids_are(got, n, want, nw);
+      if (!same && bad++ < 5) fprintf(stderr, "  '%.60s' special=%d: %zu ids, want %zu\n", s, special, n, nw);
+      n_ids += (int)n;
+      free(got);
+      free(want);
+    }
+  }
+  printf("     gemma4: %zu strings, %d ids, %d encodings differ from tokenizers\n", json_array_size(list), n_ids,
+         bad);
+  CHECK_EQ(bad, 0);
+  CHECK_EQ(rlm_tokenizer_bos(t), 2);
+  CHECK_EQ(rlm_tokenizer_eos(t), 1);
+  json_decref(cases);
+  rlm_tokenizer_free(t);
+}
+
+/* Its chat template renders as transformers rendered the same template. */
+TEST(gemma4_file_chat_template) {
+  char file[700];
+  snprintf(file, sizeof file, "%s/tests/fixtures/gguf/gemma4_text-f32.gguf", g_src);
+  rlm_chat_template *tm = NULL;
+  rlm_error err = {0};
+  CHECK_EQ(rlm_chat_template_load(&tm, file, &err), RLM_OK);
+  char *out = NULL;
+  CHECK_EQ(tm ? rlm_chat_template_render(tm, "[{\"role\":\"user\",\"content\":\"Hi\"}]", NULL, true, &out, NULL,
+                                         &err)
+              : RLM_ERR_INVALID,
+           RLM_OK);
+  /* transformers 5.17's apply_chat_template(add_generation_prompt=True) */
+  if (out) CHECK_STR_EQ(out, "<bos><|turn>user\nHi<turn|>\n<|turn>model\n");
+  rlm_free(out);
+  rlm_chat_template_free(tm);
+}
+
+/* ------------------------------------------------------------------------
  * main
  * ---------------------------------------------------------------------- */
 static void find_src(void) {
@@ -938,6 +1000,8 @@ int main(void) {
   RUN(truncated_images);
   RUN(out_of_memory_paths);
   RUN(public_loaders);
+  RUN(gemma4_file_matches_tokenizers);
+  RUN(gemma4_file_chat_template);
   run_real();
   return t_finish(g_dir);
 }

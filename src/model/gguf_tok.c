@@ -2,18 +2,21 @@
  * and the public loaders that accept a GGUF file.
  *
  * The keys read, as llama.cpp's convert_hf_to_gguf.py writes them:
- *   tokenizer.ggml.model        "gpt2" (byte-level BPE) or "llama" (SPM);
+ *   tokenizer.ggml.model        "gpt2" (byte-level BPE), "llama" (SPM) or
+ *                               "gemma4" (SPM-style BPE with merges);
  *                               "none": no tokenizer (RLM_ERR_NOT_FOUND)
  *   tokenizer.ggml.pre          gpt2's pre-tokenizer name ("llama-bpe", ...)
  *   tokenizer.ggml.tokens       [string], id order (required)
  *   tokenizer.ggml.token_type   [int32], 1..6 (optional: all normal)
  *   tokenizer.ggml.scores       [float32] (optional: all 0; used by SPM)
- *   tokenizer.ggml.merges       [string] "a b" (gpt2: required)
+ *   tokenizer.ggml.merges       [string] "a b" (gpt2, gemma4: required)
  *   tokenizer.ggml.{bos,eos,unknown}_token_id   u32 (optional)
  *   tokenizer.ggml.add_{bos,eos}_token, add_space_prefix   bool (optional)
  *   tokenizer.chat_template     string
- * Absent flags take llama.cpp's defaults: add_bos for SPM and for the
- * Llama 3 pre-tokenizers, add_space_prefix for SPM, add_eos never.
+ * Absent flags take llama.cpp's defaults: add_bos for SPM, gemma4 and the
+ * Llama 3 pre-tokenizers, add_space_prefix for SPM, add_eos never; for
+ * gemma4, llama.cpp turns add_bos on even when the file says false (its
+ * models need <bos>), and so does this reader.
  *
  * Every array is checked against the token count, and every id against
  * it, before the tokenizer layer sees them; the arrays point into the
@@ -154,10 +157,12 @@ static rlm_status read_kind(const rlm_gguf *g, gguf_vocab *gv, rlm_error *err) {
   if (rc) return rc;
   if (!strcmp(model, "gpt2")) gv->v.kind = RLM_TOK_VOCAB_GPT2;
   else if (!strcmp(model, "llama")) gv->v.kind = RLM_TOK_VOCAB_SPM;
+  else if (!strcmp(model, "gemma4")) gv->v.kind = RLM_TOK_VOCAB_GEMMA4;
   else if (!strcmp(model, "none")) /* llama.cpp's word for a file without a vocabulary */
     return rlm__err(err, RLM_ERR_NOT_FOUND, "%s: no tokenizer (%s is \"none\")", rlm__gguf_path(g), KEY_MODEL);
   else
-    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: %s '%.64s' is not supported (only \"gpt2\" and \"llama\")",
+    return rlm__err(err, RLM_ERR_UNSUPPORTED,
+                    "%s: %s '%.64s' is not supported (only \"gpt2\", \"llama\" and \"gemma4\")",
                     rlm__gguf_path(g), KEY_MODEL, model);
   bool found;
   rc = optional(rlm__gguf_get_str(g, "tokenizer.ggml.pre", &gv->v.pre, NULL, err), &found, err);
@@ -168,7 +173,7 @@ static rlm_status read_kind(const rlm_gguf *g, gguf_vocab *gv, rlm_error *err) {
 /* llama.cpp's defaults for an absent add_bos_token: on for SPM and the
  * Llama 3 pre-tokenizers, whose tokenizers add <|begin_of_text|>. */
 static bool default_add_bos(const rlm_tok_vocab *v) {
-  if (v->kind == RLM_TOK_VOCAB_SPM) return true;
+  if (v->kind != RLM_TOK_VOCAB_GPT2) return true;
   const char *p = v->pre ? v->pre : "";
   return !strcmp(p, "llama-bpe") || !strcmp(p, "llama3") || !strcmp(p, "llama-v3");
 }
@@ -183,6 +188,7 @@ static rlm_status read_specials(const rlm_gguf *g, rlm_tok_vocab *v, rlm_error *
       (rc = read_flag(g, "tokenizer.ggml.add_space_prefix", v->kind == RLM_TOK_VOCAB_SPM, &v->add_space_prefix,
                       err)))
     return rc;
+  if (v->kind == RLM_TOK_VOCAB_GEMMA4) v->add_bos = true;
   return RLM_OK;
 }
 

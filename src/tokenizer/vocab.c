@@ -122,7 +122,7 @@ static rlm_status check_vocab(const rlm_tok_vocab *v, rlm_error *err) {
  * token, the converter's spaces are U+2581 again: the piece tokenizers'
  * merges build (from literal U+2581 in the text). Arena or the text. */
 static const char *vocab_key(rlm_tokenizer *t, const rlm_tok_vocab *v, size_t id, const char *text, size_t *n) {
-  if (v->kind != RLM_TOK_VOCAB_SPM || type_of(v, id) != RLM_TOK_TYPE_USER_DEFINED || !memchr(text, ' ', *n))
+  if (v->kind == RLM_TOK_VOCAB_GPT2 || type_of(v, id) != RLM_TOK_TYPE_USER_DEFINED || !memchr(text, ' ', *n))
     return text;
   tok_norm to_spm = {.kind = TOK_NORM_REPLACE, .pat = " ", .pat_len = 1, .with = k_spm_space, .with_len = 3};
   size_t m = rlm__tok_replace(text, *n, &to_spm, NULL);
@@ -177,13 +177,15 @@ static rlm_status bad_merge(const rlm_tok_vocab *v, size_t i, const char *why, r
   return rlm__err(err, RLM_ERR_FORMAT, "%s: %s[%zu] %s", v->path, KEY_MERGES, i, why);
 }
 
-/* "a b": exactly one space (converters spell a space inside a part as
- * U+0120), both parts and their concatenation tokens. */
+/* "a b", split at the first space after the first byte as llama.cpp
+ * splits it (converters spell a space inside a part as U+0120 or
+ * U+2581, so a part holds one only in a token that is a space); both
+ * parts and their concatenation are tokens. */
 static rlm_status add_listed_merge(rlm_tokenizer *t, const rlm_tok_vocab *v, size_t i, rlm_error *err) {
   const char *s = v->merges[i].s;
   size_t n = v->merges[i].n;
-  const char *sp = s ? memchr(s, ' ', n) : NULL;
-  if (!sp || memchr(sp + 1, ' ', n - (size_t)(sp - s) - 1)) return bad_merge(v, i, "is not \"a b\"", err);
+  const char *sp = s && n > 2 ? memchr(s + 1, ' ', n - 2) : NULL;
+  if (!sp) return bad_merge(v, i, "is not \"a b\"", err);
   size_t na = (size_t)(sp - s), nb = n - na - 1;
   char *cat = rlm__malloc(n);
   if (!cat) return rlm__err_nomem(err, "merges", n);
@@ -199,15 +201,11 @@ static rlm_status add_listed_merge(rlm_tokenizer *t, const rlm_tok_vocab *v, siz
   return RLM_OK;
 }
 
-static rlm_status setup_gpt2(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error *err) {
-  const char *name = v->pre ? v->pre : "default";
-  const pre_spec *pre = find_pre(name);
-  if (!pre)
-    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: %s '%s' is not a supported pre-tokenizer", v->path, KEY_PRE,
-                    name);
+/* The merges as listed (gpt2 and gemma4), ranked by position. */
+static rlm_status listed_merges(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error *err) {
   if (!v->merges || !v->n_merges)
-    return rlm__err(err, RLM_ERR_FORMAT, "%s: %s is missing or empty (a gpt2 vocabulary needs merges)", v->path,
-                    KEY_MERGES);
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: %s is missing or empty (a %s vocabulary needs merges)", v->path,
+                    KEY_MERGES, v->kind == RLM_TOK_VOCAB_GPT2 ? "gpt2" : "gemma4");
   if (v->n_merges > UINT32_MAX) return bad_merge(v, UINT32_MAX, "is past the largest rank", err);
   if (rlm__tok_u64map_init(&t->merges, v->n_merges)) return rlm__err_nomem(err, "merges", v->n_merges);
   t->n_ranks = (uint32_t)v->n_merges;
@@ -215,7 +213,18 @@ static rlm_status setup_gpt2(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error
     rlm_status rc = add_listed_merge(t, v, i, err);
     if (rc) return rc;
   }
-  rlm_status rc = rlm__tok_add_regex_split(t, pre->re, err);
+  return RLM_OK;
+}
+
+static rlm_status setup_gpt2(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error *err) {
+  const char *name = v->pre ? v->pre : "default";
+  const pre_spec *pre = find_pre(name);
+  if (!pre)
+    return rlm__err(err, RLM_ERR_UNSUPPORTED, "%s: %s '%s' is not a supported pre-tokenizer", v->path, KEY_PRE,
+                    name);
+  rlm_status rc = listed_merges(t, v, err);
+  if (rc) return rc;
+  rc = rlm__tok_add_regex_split(t, pre->re, err);
   if (rc) return rc;
   if (pre->nfc) t->norms[t->n_norms++] = (tok_norm){.kind = TOK_NORM_NFC};
   t->ignore_merges = pre->ignore_merges;
@@ -327,7 +336,7 @@ static void setup_spm_pipeline(rlm_tokenizer *t, const rlm_tok_vocab *v) {
 
 static rlm_status setup_spm(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error *err) {
   setup_spm_pipeline(t, v);
-  return spm_merges(t, v, err);
+  return v->kind == RLM_TOK_VOCAB_GEMMA4 ? listed_merges(t, v, err) : spm_merges(t, v, err);
 }
 
 /* ------------------------------------------------------------------------

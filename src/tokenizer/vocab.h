@@ -24,6 +24,12 @@
  *   left part, then longer right part, then piece id. Spaces become U+2581
  *   (and one is prepended with add_space_prefix).
  *
+ *  RLM_TOK_VOCAB_GEMMA4 ("gemma4": Gemma 4): the SPM pipeline (U+2581
+ *   for spaces, byte fallback, no pre-tokenizer) with the merges listed,
+ *   in rank order, as gpt2's: Gemma's tokenizer.json is a BPE whose
+ *   merges are not derivable from scores. A merge splits at its first
+ *   space after the first byte, as llama.cpp splits it.
+ *
  * Token types are llama.cpp's (below). Unused tokens (the [PADn] filler
  * converters append up to the model's vocab size) keep their id but
  * neither encode nor decode to anything.
@@ -36,6 +42,7 @@
 typedef enum rlm_tok_vocab_kind {
   RLM_TOK_VOCAB_GPT2, /* tokenizer.ggml.model "gpt2"  */
   RLM_TOK_VOCAB_SPM,  /* tokenizer.ggml.model "llama" */
+  RLM_TOK_VOCAB_GEMMA4, /* tokenizer.ggml.model "gemma4" */
 } rlm_tok_vocab_kind;
 
 /* tokenizer.ggml.token_type values (persisted: the ids are the format's). */
@@ -62,7 +69,7 @@ typedef struct rlm_tok_vocab {
   const int32_t *types;       /* [n_tokens], RLM_TOK_TYPE_*; NULL: normal */
   const float *scores;        /* [n_tokens] (SPM); NULL: all 0           */
   size_t n_merges;
-  const rlm_tok_str *merges;  /* [n_merges] "a b" (GPT2), rank order     */
+  const rlm_tok_str *merges;  /* [n_merges] "a b" (GPT2, GEMMA4), ranked */
   const char *pre;            /* GPT2 pre-tokenizer name; NULL: "default" */
   int32_t bos, eos, unk;      /* -1: none; else < n_tokens               */
   bool add_bos, add_eos;      /* what add_special adds around the text   */
