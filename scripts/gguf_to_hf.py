@@ -17,7 +17,11 @@ What the script undoes, as llama.cpp's convert_hf_to_gguf.py does it:
   - llama q/k rows: convert interleaves each head's two halves (HF row
     j*half + i went to row 2i + j); they are put back;
   - gemma3 norms: convert stores 1 + w; w is written (ringlm adds the 1
-    back, in float32, as transformers does);
+    back, in float32, as transformers does); gemma4's are stored as they
+    are used;
+  - gemma4: rope_freqs.weight (its partial RoPE, which config.json
+    states) is dropped; names that carry no ".weight" in transformers
+    (layer_scalar, router.scale, the expert stacks) lose it;
   - a tied embedding: no lm_head is written (output.weight, when present,
     becomes lm_head.weight).
 Requires numpy only (Debian's python3-numpy). Exit status 0, or 1 with a
@@ -39,14 +43,29 @@ LAYER = {  # GGUF name in a block -> the Hugging Face name in a layer
     "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "post_ffw_norm": "post_feedforward_layernorm",
+    # gemma4
+    "inp_gate": "per_layer_input_gate", "proj": "per_layer_projection", "post_norm": "post_per_layer_input_norm",
+    "ffn_gate_inp": "router.proj", "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1", "post_ffw_norm_2": "post_feedforward_layernorm_2",
 }
-TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+BARE = {  # gemma4: GGUF name in a block -> a Hugging Face name without ".weight"
+    "layer_output_scale.weight": "layer_scalar", "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale", "ffn_gate_up_exps.weight": "experts.gate_up_proj",
+    "ffn_down_exps.weight": "experts.down_proj",
+}
+TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
+       "per_layer_token_embd": "model.embed_tokens_per_layer",
+       "per_layer_model_proj": "model.per_layer_model_projection",
+       "per_layer_proj_norm": "model.per_layer_projection_norm"}
 
 
 def hf_name(name, gemma):
     base = name[:-len(".weight")] if name.endswith(".weight") else name
     if base in TOP:
         return TOP[base] + ".weight"
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in BARE:
+        return "model.layers.%s.%s" % (parts[1], BARE[parts[2]])
     parts = base.split(".")
     if len(parts) != 3 or parts[0] != "blk":
         raise gguf_ref.GGUFError("tensor '%s' has no Hugging Face name here" % name)
@@ -97,6 +116,8 @@ def main(argv):
     infos, data_start = gguf_ref.parse(data)
     items = []
     for t in infos:
+        if t.name == "rope_freqs.weight" and arch == "gemma4_text":
+            continue
         if t.name == "rope_freqs.weight":
             raise gguf_ref.GGUFError("rope_freqs.weight: llama3 rope scaling is not mapped by this script")
         with np.errstate(invalid="ignore", over="ignore"):
@@ -104,7 +125,7 @@ def main(argv):
         sub = t.name.split(".")[2] if t.name.startswith("blk.") else ""
         if arch in ("llama", "mistral") and sub in heads:
             w = unpermute(w, heads[sub])
-        if gemma and w.ndim == 1 and t.name.endswith("norm.weight"):
+        if arch.startswith("gemma3") and w.ndim == 1 and t.name.endswith("norm.weight"):
             w = (w - np.float32(1.0)).astype(np.float32)
         items.append((hf_name(t.name, gemma), w))
     os.makedirs(a.out, exist_ok=True)

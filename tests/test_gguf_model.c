@@ -20,6 +20,7 @@
 #include "test.h"
 
 #include "gguf_write.h"
+#include "model/gguf.h"
 
 #include <math.h>
 
@@ -151,6 +152,38 @@ TEST(llama_quantize_files_equal_their_dequantized_weights) {
   }
 }
 
+/* Gemma 4 as llama.cpp's own convert_hf_to_gguf.py writes it, from the
+ * tiny transformers fixtures (tests/fixtures/models/gemma4_*: per-layer
+ * inputs, KV sharing with a double-wide MLP, k_eq_v with one KV head on
+ * the full layers, the MoE block), and what llama-quantize made of that
+ * (scripts/make_gguf_fixtures.sh gemma4). The F32 file holds the
+ * fixture's weights exactly, so it must give the folder's logits; the F16
+ * ones come within f16's rounding of the weights; every file equals its
+ * dequantized reference. */
+TEST(gemma4_files_from_llama_cpps_converter) {
+  static const struct {
+    const char *file, *model;
+    double orig_tol; /* against the original folder */
+  } files[] = {{"gemma4_text-f32", "gemma4_text", 1e-5}, {"gemma4_keqv-f16", "gemma4_keqv", 2e-3},
+               {"gemma4_moe-f16", "gemma4_moe", 2e-3},   {"gemma4_text-q8_0", "gemma4_text", 0},
+               {"gemma4_keqv-q8_0", "gemma4_keqv", 0},   {"gemma4_moe-q8_0", "gemma4_moe", 0}};
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    char file[400], orig[400], ref[600];
+    snprintf(file, sizeof file, "%s/tests/fixtures/gguf/%s.gguf", g_src, files[i].file);
+    snprintf(orig, sizeof orig, "%s/tests/fixtures/models/%s", g_src, files[i].model);
+    test_note("%s", file);
+    if (files[i].orig_tol > 0) compare(file, orig, files[i].orig_tol);
+    if (!have_numpy()) continue;
+    char out[8192];
+    snprintf(ref, sizeof ref, "%s/ref-%s", g_dir, files[i].file);
+    int rc = t_run_cmd(out, sizeof out, "/usr/bin/python3 '%s/scripts/gguf_to_hf.py' '%s' --config '%s/config.json' "
+                       "-o '%s'", g_src, file, orig, ref);
+    if (rc) fprintf(stderr, "  gguf_to_hf.py %s: %s\n", file, out);
+    CHECK_EQ(rc, 0);
+    if (!rc) compare(file, ref, 1e-5);
+  }
+}
+
 /* int8 activations (llama.cpp's way, --act-bits 8) over the native Q4_K
  * and Q6_K blocks and the converted Q5_0/Q8_0 ones: near the exact
  * logits (their own bounds are tests/test_kquant.c's and
@@ -265,12 +298,80 @@ TEST(bad_metadata_is_named) {
   }
 }
 
+/* ---- bad Gemma 4 metadata: llama.cpp's own files, one value patched -------- */
+
+/* The offset of key's value in a GGUF image (after its type), 0 if absent. */
+static size_t value_at(const char *img, size_t n, const char *key) {
+  const size_t k = strlen(key);
+  for (size_t i = 8; i + k + 4 <= n; i++)
+    if (!memcmp(img + i, key, k) && !memcmp(img + i - 8, &(uint64_t){k}, 8)) return i + k + 4;
+  return 0;
+}
+
+static void expect_refused(const char *name, const char *img, size_t n, rlm_status want, const char *msg) {
+  char path[400];
+  snprintf(path, sizeof path, "%s/%s.gguf", g_dir, name);
+  FILE *f = fopen(path, "wb");
+  CHECK(f && fwrite(img, 1, n, f) == n);
+  if (f) fclose(f);
+  rlm_model *m = NULL;
+  rlm_error err = {0};
+  const rlm_status rc = rlm_model_load(&m, path, &err);
+  printf("  %-24s %s\n", name, err.msg);
+  CHECK_EQ(rc, want);
+  CHECK(m == NULL);
+  CHECK(strstr(err.msg, msg) != NULL);
+  CHECK(strstr(err.msg, name) != NULL);
+  rlm_model_free(m);
+}
+
+TEST(bad_gemma4_metadata_is_named) {
+  char path[400];
+  size_t n = 0;
+  snprintf(path, sizeof path, "%s/tests/fixtures/gguf/gemma4_text-f32.gguf", g_src);
+  char *img = t_read_file(path, &n);
+  CHECK(img != NULL);
+  if (!img) return;
+  /* feed_forward_length [128 x4, 256, 256]: layer 4 made 200 */
+  size_t at = value_at(img, n, "gemma4.feed_forward_length");
+  CHECK(at > 0);
+  int32_t v = 200;
+  memcpy(img + at + 4 + 8 + 4 * 4, &v, 4);
+  expect_refused("g4-width", img, n, RLM_ERR_UNSUPPORTED, "'gemma4.feed_forward_length'[4] is 200");
+  free(img);
+  /* rope_freqs.weight [1 x8, 1e30 x24]: pair 3 made 0.5 */
+  img = t_read_file(path, &n);
+  rlm_gguf *g = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm__gguf_open(&g, path, &err), RLM_OK);
+  const rlm_gguf_tensor *t = g ? rlm__gguf_tensor_find(g, "rope_freqs.weight") : NULL;
+  CHECK(t != NULL);
+  if (t) {
+    const float half = 0.5f;
+    memcpy(img + t->offset + 3 * 4, &half, 4);
+    expect_refused("g4-rope", img, n, RLM_ERR_UNSUPPORTED, "'rope_freqs.weight'[3] is 0.5");
+  }
+  rlm__gguf_free(g);
+  free(img);
+  /* keqv's head_count_kv [2, 1, 2, 1]: sliding layer 2 given 1 */
+  snprintf(path, sizeof path, "%s/tests/fixtures/gguf/gemma4_keqv-f16.gguf", g_src);
+  img = t_read_file(path, &n);
+  at = value_at(img, n, "gemma4.attention.head_count_kv");
+  CHECK(at > 0);
+  v = 1;
+  memcpy(img + at + 4 + 8 + 2 * 4, &v, 4);
+  expect_refused("g4-kv-heads", img, n, RLM_ERR_UNSUPPORTED, "different KV heads");
+  free(img);
+}
+
 int main(void) {
   g_src = t_env("RINGLM_SOURCE_DIR");
   t_tmpdir(g_dir, sizeof g_dir, "gguf-model");
   RUN(bad_metadata_is_named);
   RUN(f16_files_equal_the_same_weights);
   RUN(llama_quantize_files_equal_their_dequantized_weights);
+  RUN(gemma4_files_from_llama_cpps_converter);
+  RUN(bad_gemma4_metadata_is_named);
   RUN(int8_activations_stay_close);
   return test_summary();
 }

@@ -12,6 +12,10 @@
  *    scale by sqrt(hidden) in f32 (llama.cpp's), not rounded to bf16.
  *  - Llama 3's rope scaling is a tensor rope_freqs.weight of per-pair
  *    divisors, applied to the frequency table after binding.
+ *  - gemma4: norms are stored as used; the embeddings (token and
+ *    per-layer) scale by sqrt(dim) in f32; rope_freqs.weight is the full
+ *    layers' partial RoPE, read into the configuration (gguf_config.c);
+ *    expert stacks are 3-D tensors, bound one expert slice at a time.
  *  - the KV caches keep bf16 (a folder's usual dtype); f16/f32 weights
  *    compute in f32 as everywhere.
  */
@@ -24,7 +28,8 @@
 /* ---- names and binding ------------------------------------------------------ */
 
 /* A layer's Hugging Face sub-names and the GGUF ones (gemma's four norms
- * name the post-attention one differently from llama's two). */
+ * name the post-attention one differently from llama's two; Gemma 4's
+ * extras after). A GGUF name with a dot is whole; others take ".weight". */
 static const struct {
   const char *hf, *gguf, *gemma;
 } layer_names[] = {
@@ -41,11 +46,28 @@ static const struct {
     {"mlp.gate_proj", "ffn_gate", NULL},
     {"mlp.up_proj", "ffn_up", NULL},
     {"mlp.down_proj", "ffn_down", NULL},
+    {"layer_scalar", "layer_output_scale", NULL},
+    {"per_layer_input_gate", "inp_gate", NULL},
+    {"per_layer_projection", "proj", NULL},
+    {"post_per_layer_input_norm", "post_norm", NULL},
+    {"router.proj", "ffn_gate_inp", NULL},
+    {"router.scale", "ffn_gate_inp.scale", NULL},
+    {"router.per_expert_scale", "ffn_down_exps.scale", NULL},
+    {"experts.gate_up_proj", "ffn_gate_up_exps", NULL},
+    {"experts.down_proj", "ffn_down_exps", NULL},
+    {"pre_feedforward_layernorm_2", "pre_ffw_norm_2", NULL},
+    {"post_feedforward_layernorm_1", "post_ffw_norm_1", NULL},
+    {"post_feedforward_layernorm_2", "post_ffw_norm_2", NULL},
 };
 
 static const struct {
   const char *hf, *gguf;
-} top_names[] = {{"model.embed_tokens", "token_embd"}, {"model.norm", "output_norm"}, {"lm_head", "output"}};
+} top_names[] = {{"model.embed_tokens", "token_embd"},
+                 {"model.norm", "output_norm"},
+                 {"lm_head", "output"},
+                 {"model.embed_tokens_per_layer", "per_layer_token_embd"},
+                 {"model.per_layer_model_projection", "per_layer_model_proj"},
+                 {"model.per_layer_projection_norm", "per_layer_proj_norm"}};
 
 /* hf ("model.layers.3.mlp.up_proj", with or without ".weight") as the
  * GGUF name ("blk.3.ffn_up.weight") into buf; false when there is none. */
@@ -62,7 +84,7 @@ static bool gguf_name(const rlm_model *m, const char *hf, char *buf, size_t n) {
   for (size_t i = 0; i < sizeof layer_names / sizeof *layer_names; i++) {
     if (strcmp(base + used, layer_names[i].hf)) continue;
     const char *g = m->cfg.gemma && layer_names[i].gemma ? layer_names[i].gemma : layer_names[i].gguf;
-    return snprintf(buf, n, "blk.%d.%s.weight", layer, g) < (int)n;
+    return snprintf(buf, n, "blk.%d.%s%s", layer, g, strchr(g, '.') ? "" : ".weight") < (int)n;
   }
   return false;
 }
@@ -177,6 +199,43 @@ rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t ou
   }
   int64_t heads;
   return permuted(m, hf_prefix, &heads) ? unpermute(m, l, heads, err) : RLM_OK;
+}
+
+/* One expert of a stack [n][rows][cols] (GGUF dims cols, rows, n) as a
+ * 2-D tensor of its own: expert slices start on block boundaries. */
+static rlm_gguf_tensor expert_slice(const rlm_gguf_tensor *t, int64_t e) {
+  rlm_gguf_tensor s = *t;
+  s.n_dims = 2, s.dims[2] = 1;
+  s.n_elements = t->dims[0] * t->dims[1];
+  s.nbytes = t->nbytes / (size_t)t->dims[2];
+  s.data = (const uint8_t *)t->data + (size_t)e * s.nbytes;
+  s.offset = t->offset + (uint64_t)e * s.nbytes;
+  return s;
+}
+
+rlm_status rlm__gguf_bind_stack(rlm_model *m, const char *hf_name, int64_t n, int64_t rows, int64_t cols,
+                                rlm_linear **out, rlm_error *err) {
+  const rlm_gguf_tensor *t;
+  rlm_status rc = find(m, hf_name, &t, err);
+  if (rc) return rc;
+  if (t->n_dims != 3 || t->dims[0] != cols || t->dims[1] != rows || t->dims[2] != n)
+    return rlm__err(err, RLM_ERR_FORMAT, "%s: tensor '%s' has dims [%lld, %lld, %lld] (%d-D), expected [%lld, "
+                    "%lld, %lld] (GGUF order: columns first)", rlm__gguf_path(m->gguf), t->name,
+                    (long long)t->dims[0], (long long)t->dims[1], (long long)t->dims[2], t->n_dims, (long long)cols,
+                    (long long)rows, (long long)n);
+  rlm_linear *l = rlm__arena_alloc(&m->arena, (size_t)n * sizeof *l);
+  if (!l) return rlm__err_nomem(err, hf_name, (size_t)n * sizeof *l);
+  bool converted = false;
+  for (int64_t e = 0; e < n && !rc; e++) {
+    const rlm_gguf_tensor s = expert_slice(t, e);
+    rlm_kq_type kt;
+    if (native(&s, &kt)) l[e] = (rlm_linear){.out = rows, .in = cols, .kq = {s.data, kt, rows, cols}};
+    else rc = rlm__gguf_linear(m->load_pool, &m->arena, m->gguf, &s, &l[e], err);
+    converted |= !rc && l[e].quant;
+  }
+  if (converted) rlm__gguf_drop_pages(m->gguf, t);
+  *out = l;
+  return rc;
 }
 
 rlm_status rlm__gguf_bind_norm(rlm_model *m, const char *hf_name, int64_t n, const float **out, rlm_error *err) {

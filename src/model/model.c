@@ -110,6 +110,7 @@ static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const flo
  * MLX-quantized 3-D experts are not supported). */
 static rlm_status bind_stack(rlm_model *m, const char *name, int64_t n, int64_t rows, int64_t cols,
                              rlm_linear **out, rlm_error *err) {
+  if (m->gguf) return rlm__gguf_bind_stack(m, name, n, rows, cols, out, err);
   const rlm_st_tensor *t;
   rlm_status rc = need(m, name, &t, err);
   if (rc) return rc;
@@ -275,7 +276,7 @@ static rlm_status bind_ple(rlm_model *m, rlm_error *err) {
   rlm_status rc = bind_linear(m, "model.embed_tokens_per_layer", c->ple_vocab, total, &m->ple_embed, err);
   if (!rc) rc = bind_linear(m, "model.per_layer_model_projection", total, c->hidden, &m->ple_model_proj, err);
   if (!rc) rc = bind_norm(m, "model.per_layer_projection_norm.weight", c->ple_dim, &m->ple_proj_norm, err);
-  m->ple_embed_scale = embed_scale(&m->ple_embed, c->ple_dim);
+  m->ple_embed_scale = m->gguf ? sqrtf((float)c->ple_dim) : embed_scale(&m->ple_embed, c->ple_dim);
   return rc;
 }
 

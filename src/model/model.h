@@ -222,6 +222,9 @@ const struct rlm_gguf_tensor *rlm__gguf_model_tensor(const rlm_model *m, const c
  * for its RoPE). */
 rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in,
                                  rlm_linear *l, rlm_error *err);
+/* An expert stack [n][rows][cols] as n linear views or conversions. */
+rlm_status rlm__gguf_bind_stack(rlm_model *m, const char *hf_name, int64_t n, int64_t rows, int64_t cols,
+                                rlm_linear **out, rlm_error *err);
 rlm_status rlm__gguf_bind_norm(rlm_model *m, const char *hf_name, int64_t n, const float **out,
                                rlm_error *err);
 /* After binding: llama3 RoPE as a rope_freqs tensor, the signature. */
