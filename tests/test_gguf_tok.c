@@ -14,7 +14,14 @@
  * the fixture), the ids of our tokenizer.json loader, which test_tokenizer
  * holds to tokenizers; that every id decodes as from tokenizer.json; and
  * that tokenizer.chat_template renders as the folder's template does.
+ * Gemma 3's vocabulary is also written a second time as llama.cpp's
+ * Gemma4Model writes Gemma 4's ("gemma4": the same pieces, its merges
+ * listed rather than implied by scores), which must give the same ids.
  * Missing files: a skip, a failure under CI=true (t_skip).
+ *
+ * Gemma 4 as llama.cpp writes it is also checked on a file its own
+ * converter made (tests/fixtures/gguf/gemma4_text-f32.gguf) against the
+ * ids tokenizers gives with the tokenizer.json converted.
  *
  * Gemma 3's scores: the converter copies them from tokenizer.model (a
  * SentencePiece protobuf) which we do not have. We derive scores that
@@ -528,19 +535,24 @@ TEST(public_loaders) {
  * ---------------------------------------------------------------------- */
 typedef struct model_spec {
   const char *name;
+  const char *dir;     /* tests/fixtures/tokenizers/<dir>, the cases' key */
+  const char *kind;    /* tokenizer.ggml.model written                    */
   size_t vocab_size;   /* config.json's vocab_size: the converter pads to it */
-  bool spm;
   const char *pre;
   int32_t cfg_bos, cfg_eos; /* config.json's ids, used when tokenizer_config has none */
   bool in_fixture;     /* tokenizer_cases.json has its ids */
 } model_spec;
 
+/* The last: Gemma 3's vocabulary written as llama.cpp's Gemma4Model
+ * writes Gemma 4's (the same kind of tokenizer.json: a BPE over U+2581
+ * pieces with byte fallback), its merges listed. */
 static const model_spec g_models[] = {
-    {"gemma3", 262208, true, "default", 2, 1, true},
-    {"qwen3", 151936, false, "qwen2", 151643, 151645, true},
-    {"llama3", 128256, false, "llama-bpe", 128000, 128001, false},
+    {"gemma3", "gemma3", "llama", 262208, "default", 2, 1, true},
+    {"qwen3", "qwen3", "gpt2", 151936, "qwen2", 151643, 151645, true},
+    {"llama3", "llama3", "gpt2", 128256, "llama-bpe", 128000, 128001, false},
+    {"gemma3-as-gemma4", "gemma3", "gemma4", 262208, NULL, 2, 1, true},
 };
-#define N_MODELS 3
+#define N_MODELS 4
 
 /* convert_hf_to_gguf.py's does_token_look_special. */
 static bool looks_special(const char *s) {
@@ -658,6 +670,14 @@ static void conv_spm(conv *c, const json_t *model) {
   derive_scores(c, vocab, json_object_get(model, "merges"));
 }
 
+/* tokenizer.json's merges as gguf-py's SpecialVocab writes them. */
+static void conv_merges(conv *c, const json_t *model) {
+  const json_t *merges = json_object_get(model, "merges");
+  c->n_merges = json_array_size(merges);
+  c->merges = calloc(c->n_merges, sizeof *c->merges);
+  for (size_t i = 0; i < c->n_merges; i++) c->merges[i] = merge_string(json_array_get(merges, i));
+}
+
 static void conv_gpt2(conv *c, const json_t *model) {
   const char *key;
   json_t *v;
@@ -665,10 +685,7 @@ static void conv_gpt2(conv *c, const json_t *model) {
     size_t id = (size_t)json_number_value(v);
     if (id < c->n) conv_set(c, id, key, T_NORMAL);
   }
-  const json_t *merges = json_object_get(model, "merges");
-  c->n_merges = json_array_size(merges);
-  c->merges = calloc(c->n_merges, sizeof *c->merges);
-  for (size_t i = 0; i < c->n_merges; i++) c->merges[i] = merge_string(json_array_get(merges, i));
+  conv_merges(c, model);
 }
 
 /* gguf-py's SpecialVocab: bos/eos/unk/pad by content among the added
@@ -709,14 +726,16 @@ static void conv_specials(conv *c, const json_t *tj, const json_t *cfg, const mo
 }
 
 static void convert(conv *c, const model_spec *ms, const json_t *tj, const json_t *cfg) {
-  conv_init(c, ms->vocab_size, ms->spm);
-  c->model = ms->spm ? "llama" : "gpt2";
+  const bool spm = strcmp(ms->kind, "gpt2") != 0;
+  conv_init(c, ms->vocab_size, spm);
+  c->model = ms->kind;
   c->pre = ms->pre;
-  if (ms->spm) conv_spm(c, json_object_get(tj, "model"));
+  if (spm) conv_spm(c, json_object_get(tj, "model"));
+  if (!strcmp(ms->kind, "gemma4")) conv_merges(c, json_object_get(tj, "model"));
   else conv_gpt2(c, json_object_get(tj, "model"));
   conv_added(c, json_object_get(tj, "added_tokens"));
   conv_specials(c, tj, cfg, ms);
-  if (ms->spm) c->add_space_prefix = 0; /* Gemma3Model.set_vocab */
+  if (spm) c->add_space_prefix = 0; /* Gemma3Model.set_vocab, Gemma4Model.set_vocab */
 }
 
 /* ------------------------------------------------------------------------
@@ -740,7 +759,7 @@ static int32_t *want_ids(real *r, const json_t *c, bool special, size_t *n) {
   const char *s = json_string_value(json_object_get(c, "text"));
   size_t len = json_string_length(json_object_get(c, "text"));
   if (r->ms->in_fixture) {
-    const json_t *ids = json_object_get(json_object_get(c, r->ms->name), special ? "special" : "plain");
+    const json_t *ids = json_object_get(json_object_get(c, r->ms->dir), special ? "special" : "plain");
     *n = json_array_size(ids);
     int32_t *out = malloc((*n + 1) * sizeof *out);
     for (size_t i = 0; i < *n; i++) out[i] = (int32_t)json_integer_value(json_array_get(ids, i));
@@ -784,7 +803,7 @@ static void check_decodes(real *r, const int32_t *ids, size_t n) {
 }
 
 static void check_case(real *r, const json_t *c) {
-  if (r->ms->in_fixture && !json_object_get(c, r->ms->name)) return;
+  if (r->ms->in_fixture && !json_object_get(c, r->ms->dir)) return;
   const char *s = json_string_value(json_object_get(c, "text"));
   size_t len = json_string_length(json_object_get(c, "text"));
   r->n_strings++;
@@ -846,7 +865,7 @@ TEST(real_chat_template) {
   for (int m = 0; m < N_MODELS; m++) {
     real *r = &g_real[m];
     char dir[700];
-    snprintf(dir, sizeof dir, "%s/tests/fixtures/tokenizers/%s", g_src, r->ms->name);
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/tokenizers/%s", g_src, r->ms->dir);
     gw img;
     conv_image(&r->c, F_NONE, &img);
     rlm_gguf *g = NULL;
@@ -948,7 +967,7 @@ static void find_src(void) {
 
 static bool load_real(real *r, const model_spec *ms) {
   char dir[700], path[800];
-  snprintf(dir, sizeof dir, "%s/tests/fixtures/tokenizers/%s", g_src, ms->name);
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/tokenizers/%s", g_src, ms->dir);
   if (!rlm__path_exists(dir)) return false;
   json_t *tj = NULL, *cfg = NULL;
   rlm_error err = {0};
