@@ -250,15 +250,8 @@ rlm_status rlm__gguf_bind_norm(rlm_model *m, const char *hf_name, int64_t n, con
     return rlm__err(err, RLM_ERR_FORMAT, "%s: tensor '%s' (%s, %d-D, %lld elements) is not a float vector of "
                     "%lld", rlm__gguf_path(m->gguf), t->name, rlm__ggml_type_name(t->type),
                     t->n_dims, (long long)t->dims[0], (long long)n);
-  float *f = rlm__arena_alloc(&m->arena, (size_t)n * sizeof *f);
-  if (!f) return rlm__err_nomem(err, hf_name, (size_t)n * sizeof *f);
-  for (int64_t i = 0; i < n; i++) { /* the mapping may not align it for its dtype */
-    uint8_t raw[4];
-    memcpy(raw, (const uint8_t *)t->data + i * (int64_t)rlm_dtype_size(dt), rlm_dtype_size(dt));
-    f[i] = rlm__load_f(raw, dt, 0);
-  }
-  *out = f;
-  return RLM_OK;
+  *out = rlm__norm_vector(m, t->data, dt, n, false);
+  return *out ? RLM_OK : rlm__err_nomem(err, hf_name, (size_t)n * sizeof **out);
 }
 
 /* ---- after binding ---------------------------------------------------------- */

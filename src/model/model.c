@@ -85,6 +85,17 @@ static rlm_status bind_linear(rlm_model *m, const char *prefix, int64_t out, int
   return l->w ? RLM_OK : rlm__err_nomem(err, prefix, 0);
 }
 
+float *rlm__norm_vector(rlm_model *m, const void *data, rlm_dtype dt, int64_t n, bool plus_one) {
+  float *f = rlm__arena_alloc(&m->arena, (size_t)n * sizeof *f);
+  for (int64_t i = 0; f && i < n; i++) { /* the data may not be aligned for its dtype */
+    uint8_t raw[4];
+    memcpy(raw, (const uint8_t *)data + i * (int64_t)rlm_dtype_size(dt), rlm_dtype_size(dt));
+    f[i] = rlm__load_f(raw, dt, 0);
+    if (plus_one) f[i] += 1.0f;
+  }
+  return f;
+}
+
 /* A norm vector [n] as f32 in the arena. */
 static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const float **out,
                             rlm_error *err) {
@@ -94,16 +105,9 @@ static rlm_status bind_norm(rlm_model *m, const char *name, int64_t n, const flo
   if (rc) return rc;
   if (!rlm__dtype_is_float(t->dtype) || t->ndim != 1 || t->shape[0] != n)
     return bad_shape(m, t, n, 0, err);
-  float *f = rlm__arena_alloc(&m->arena, (size_t)n * sizeof *f);
-  if (!f) return rlm__err_nomem(err, name, (size_t)n * sizeof *f);
-  for (int64_t i = 0; i < n; i++) {
-    uint8_t raw[4];
-    memcpy(raw, (const uint8_t *)t->data + i * (int64_t)rlm_dtype_size(t->dtype), rlm_dtype_size(t->dtype));
-    f[i] = rlm__load_f(raw, t->dtype, 0);
-    if (m->cfg.norm_plus_one) f[i] += 1.0f; /* Gemma 3 scales by (1 + w), in f32 */
-  }
-  *out = f;
-  return RLM_OK;
+  /* Gemma 3 scales by (1 + w), in f32; its GGUF files hold 1 + w already */
+  *out = rlm__norm_vector(m, t->data, t->dtype, n, m->cfg.norm_plus_one);
+  return *out ? RLM_OK : rlm__err_nomem(err, name, (size_t)n * sizeof **out);
 }
 
 /* A dense [n][rows][cols] tensor as n linear views (Gemma 4's experts;

@@ -222,6 +222,9 @@ const struct rlm_gguf_tensor *rlm__gguf_model_tensor(const rlm_model *m, const c
  * for its RoPE). */
 rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in,
                                  rlm_linear *l, rlm_error *err);
+/* A float vector [n] of dtype dt (any alignment) as f32 in m's arena,
+ * + 1 with plus_one; NULL when out of memory. */
+float *rlm__norm_vector(rlm_model *m, const void *data, rlm_dtype dt, int64_t n, bool plus_one);
 /* An expert stack [n][rows][cols] as n linear views or conversions. */
 rlm_status rlm__gguf_bind_stack(rlm_model *m, const char *hf_name, int64_t n, int64_t rows, int64_t cols,
                                 rlm_linear **out, rlm_error *err);
