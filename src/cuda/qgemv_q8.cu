@@ -284,8 +284,6 @@ __global__ void __launch_bounds__(kWarp * 8)
   }
 }
 
-constexpr int kXregRows = 4;
-
 /* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
  * of them, split over at most 8 warps), or 0 where it does not apply. */
 int xreg_passes(const rlm_cuda_qmat *w, int m) {
@@ -307,15 +305,44 @@ Segs make_segs(const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t rows_pe
   return p;
 }
 
-template <typename T>
-void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
-  const Segs p = make_segs(ws, ys, k, kXregRows);
+/* Rows a block of the x-in-registers kernel, 8 unless
+ * RINGLM_CUDA_XREG_ROWS says 4 or 16 (to compare: docs/cuda-notes.md),
+ * capped so that R * PP <= 16 (the registers). Alone, the products take
+ * the same time at 4, 8 or 16 rows; in the decode step 8 is 3.5% faster
+ * than 4 on Llama-8B: the rows' weights load before the kernel waits on
+ * the one before it (PDL), and more of them load in that overlap. */
+int xreg_rows(int pp) {
+  static int rows = 0;
+  if (!rows) {
+    const char *e = getenv("RINGLM_CUDA_XREG_ROWS");
+    const int r = e ? atoi(e) : 8;
+    rows = r == 4 || r == 16 ? r : 8;
+  }
+  int r = rows;
+  while (r * pp > 16) r /= 2;
+  return r;
+}
+
+template <int R, typename T>
+void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
+  const Segs p = make_segs(ws, ys, k, R);
   const int64_t cols = ws[0].cols;
   const int g = ws[0].group_size;
   const dim3 block((unsigned)(kWarp * ((cols + 1023) / 1024 / pp))), grid((unsigned)p.first_block[k]);
-  if (pp == 1) launch_k(qgemv_q4_xreg_kernel<1, kXregRows, T>, grid, block, 0, st, p, x, cols, g);
-  else if (pp == 2) launch_k(qgemv_q4_xreg_kernel<2, kXregRows, T>, grid, block, 0, st, p, x, cols, g);
-  else launch_k(qgemv_q4_xreg_kernel<4, kXregRows, T>, grid, block, 0, st, p, x, cols, g);
+  /* only the pairs xreg_rows allows are instantiated (R * PP <= 16) */
+  if (pp == 1) launch_k(qgemv_q4_xreg_kernel<1, R, T>, grid, block, 0, st, p, x, cols, g);
+  if constexpr (R <= 8)
+    if (pp == 2) launch_k(qgemv_q4_xreg_kernel<2, R, T>, grid, block, 0, st, p, x, cols, g);
+  if constexpr (R <= 4)
+    if (pp == 4) launch_k(qgemv_q4_xreg_kernel<4, R, T>, grid, block, 0, st, p, x, cols, g);
+}
+
+template <typename T>
+void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
+  const int r = xreg_rows(pp);
+  if (r == 16) launch_xreg_r<16, T>(ws, ys, k, pp, x, st);
+  else if (r == 8) launch_xreg_r<8, T>(ws, ys, k, pp, x, st);
+  else launch_xreg_r<4, T>(ws, ys, k, pp, x, st);
 }
 
 template <int BITS, int M, typename T>
