@@ -312,6 +312,44 @@ TEST(spm_hand_ids) {
   conv_free(&c);
 }
 
+/* gemma4 (llama.cpp's reading of the name): merges listed, the text split
+ * into newline runs and the rest, a newline run that is a token taken
+ * whole. Merges rank h+i, i+\n, \n+\n; "\n\n\n" is a token no merge
+ * builds, "i\n" one that only a merge across a newline would. */
+TEST(gemma4_hand_ids) {
+  conv c;
+  conv_init(&c, 268, true);
+  c.model = "gemma4";
+  conv_set(&c, 0, "<pad>", T_CONTROL);
+  conv_set(&c, 1, "<eos>", T_CONTROL);
+  conv_set(&c, 2, "<bos>", T_CONTROL);
+  conv_set(&c, 3, "<unk>", T_UNKNOWN);
+  for (int b = 0; b < 256; b++) {
+    char name[8];
+    snprintf(name, sizeof name, "<0x%02X>", b);
+    conv_set(&c, (size_t)BYTE_ID(b), name, T_BYTE);
+  }
+  static const char *pieces[] = {SP, "h", "i", "\n", "\n\n\n", "hi", "i\n", "\n\n"};
+  for (size_t i = 0; i < 8; i++) conv_set(&c, 260 + i, pieces[i], T_NORMAL);
+  static const char *merges[] = {"h i", "i \n", "\n \n"};
+  c.n_merges = 3;
+  c.merges = calloc(3, sizeof *c.merges);
+  for (size_t i = 0; i < 3; i++) c.merges[i] = strdup(merges[i]);
+  c.bos = 2, c.eos = 1, c.unk = 3, c.add_bos = 0, c.add_space_prefix = 0;
+  rlm_tokenizer *t = NULL;
+  rlm_error err = {0};
+  CHECK_EQ(conv_tokenizer(&c, F_NONE, "gemma4.gguf", &t, &err), RLM_OK);
+  if (t) {
+    CHECK_IDS(t, "hi\n\n\n", true, 2, 265, 264); /* <bos> though add_bos says no, as llama.cpp */
+    CHECK_IDS(t, "i\n", false, 262, 263);          /* no merge across the newline split */
+    CHECK_IDS(t, "\n\n\n\n", false, 267, 267);    /* not a token whole: merged */
+    CHECK_IDS(t, "h i", false, 261, 260, 262);
+    CHECK_DECODE(t, false, "hi\n\n\n i", 265, 264, 260, 262);
+  }
+  rlm_tokenizer_free(t);
+  conv_free(&c);
+}
+
 /* GPT-2's byte-to-unicode map, derived independently of tokenizer.c. */
 static void byte_char(int b, char *out) {
   int n = 0, cp = b;
@@ -1015,6 +1053,7 @@ int main(void) {
   t_tmpdir(g_dir, sizeof g_dir, "gguf_tok");
   RUN(spm_hand_ids);
   RUN(gpt2_hand_ids);
+  RUN(gemma4_hand_ids);
   RUN(bad_metadata);
   RUN(truncated_images);
   RUN(out_of_memory_paths);

@@ -321,8 +321,14 @@ static rlm_status reserve_buckets(tok_ctx *c, size_t len) {
   return rlm__tok_reserve((void **)&q->pos, &q->cap_pos, 12 * len + 2, sizeof *q->pos, c->err);
 }
 
+static bool all_newlines(const char *w, size_t len) {
+  for (size_t i = 0; i < len; i++)
+    if (w[i] != '\n') return false;
+  return len > 0;
+}
+
 rlm_status rlm__tok_bpe_word(tok_ctx *c, const char *w, size_t len) {
-  if (c->t->ignore_merges) {
+  if (c->t->ignore_merges || (c->t->whole_newlines && all_newlines(w, len))) {
     int32_t id;
     rlm_status rc = whole_word(c, w, len, &id);
     if (rc || id >= 0) return rc ? rc : rlm__tok_push_id(c, id);

@@ -157,6 +157,7 @@ struct rlm_tokenizer {
   bool byte_fallback;        /* unknown chars become <0xXX> tokens       */
   bool fuse_unk;             /* consecutive unknown chars: one unk       */
   bool ignore_merges;        /* a word in the vocab is taken whole       */
+  bool whole_newlines;       /* a word of newlines in the vocab is whole  */
   int32_t byte_tok[256];     /* byte fallback: id of "<0xXX>", -1 none   */
 
   /* pre-tokenizer */

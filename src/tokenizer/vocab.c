@@ -334,9 +334,19 @@ static void setup_spm_pipeline(rlm_tokenizer *t, const rlm_tok_vocab *v) {
     if (type_of(v, id) == RLM_TOK_TYPE_UNKNOWN) t->unk_id = (int32_t)id;
 }
 
+/* gemma4, as llama.cpp reads the name: the text splits into runs of
+ * newlines and runs of anything else, and a run of newlines that is a
+ * token is that token (merges need not build it). */
+static rlm_status setup_gemma4(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error *err) {
+  rlm_status rc = listed_merges(t, v, err);
+  if (rc) return rc;
+  t->whole_newlines = true;
+  return rlm__tok_add_regex_split(t, "[^\\n]+|\\n+", err);
+}
+
 static rlm_status setup_spm(rlm_tokenizer *t, const rlm_tok_vocab *v, rlm_error *err) {
   setup_spm_pipeline(t, v);
-  return v->kind == RLM_TOK_VOCAB_GEMMA4 ? listed_merges(t, v, err) : spm_merges(t, v, err);
+  return v->kind == RLM_TOK_VOCAB_GEMMA4 ? setup_gemma4(t, v, err) : spm_merges(t, v, err);
 }
 
 /* ------------------------------------------------------------------------

@@ -25,10 +25,12 @@
  *   (and one is prepended with add_space_prefix).
  *
  *  RLM_TOK_VOCAB_GEMMA4 ("gemma4": Gemma 4): the SPM pipeline (U+2581
- *   for spaces, byte fallback, no pre-tokenizer) with the merges listed,
- *   in rank order, as gpt2's: Gemma's tokenizer.json is a BPE whose
- *   merges are not derivable from scores. A merge splits at its first
- *   space after the first byte, as llama.cpp splits it.
+ *   for spaces, byte fallback) with the merges listed, in rank order, as
+ *   gpt2's: Gemma's tokenizer.json is a BPE whose merges are not
+ *   derivable from scores. As llama.cpp reads the name, the text splits
+ *   into runs of newlines and runs of the rest, and a run of newlines
+ *   that is a token is taken whole. A merge splits at its first space
+ *   after the first byte, as llama.cpp splits it.
  *
  * Token types are llama.cpp's (below). Unused tokens (the [PADn] filler
  * converters append up to the model's vocab size) keep their id but
