@@ -38,8 +38,11 @@
  * GEMMA 4's MoE runs its router on the device and its routing on the host
  * (the CPU's rule), so its passes are not captured.
  *
- * Not yet here (RLM_ERR_UNSUPPORTED at create, naming what): weights at
- * bits other than 4 and 8.
+ * Weights at 2, 3, 5 and 6 bits take the generic products (f32
+ * activations for decode: qgemv.cu's unit kernel; many tokens: dequantized
+ * to f16 for cuBLAS); the int8-activation and tensor-core products are
+ * for 4 and 8 bits. Not yet here (RLM_ERR_UNSUPPORTED at create, naming
+ * what): GGUF layers computed from their blocks (Q4_K, Q5_K, Q6_K, Q5_0).
  */
 #include "model/backend.h"
 
@@ -285,7 +288,8 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
   rlm_status rc = RLM_OK;
-  const bool q8 = l->quant && s->p.act_bits == 8 && l->in % 128 == 0;
+  const bool fast_bits = l->quant && (l->q.bits == 4 || l->q.bits == 8); /* int8 and tensor-core products */
+  const bool q8 = fast_bits && s->p.act_bits == 8 && l->in % 128 == 0;
   if (q8 && n > MAX_M && n <= i8_max() && cs->i8_part) {
     rc = q8_of(s, l, x, (int)n, &er);
     if (!rc) rc = rlm__cuda_qgemm_i8(&w.q, cs->q8, n, y, cs->i8_part, cs->st, &er);
@@ -293,7 +297,7 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
     note(s, rc, &er);
     return;
   }
-  if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && l->quant && l->in % 64 == 0) {
+  if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && fast_bits && l->in % 64 == 0) {
     cs->q8_x = NULL;
     note(s, rlm__cuda_qgemm(&w.q, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
     return;
@@ -327,7 +331,7 @@ static bool one_launch(const rlm_session *s, const rlm_linear *const *ls, int k,
   if (n > MAX_M || s->p.act_bits != 8) return false;
   for (int i = 0; i < k; i++) {
     const rlm_linear *l = ls[i], *l0 = ls[0];
-    if (!l->quant || l->in % 128 || l->in != l0->in || l->q.bits != l0->q.bits ||
+    if (!l->quant || l->in % 128 || l->in != l0->in || l->q.bits != l0->q.bits || (l->q.bits != 4 && l->q.bits != 8) ||
         l->q.group_size != l0->q.group_size || l->q.sdtype != l0->q.sdtype)
       return false;
   }
@@ -635,27 +639,31 @@ static rlm_status unsupported(rlm_error *err, const char *what) {
   return rlm__err(err, RLM_ERR_UNSUPPORTED, "device cuda: %s is not supported on the GPU yet", what);
 }
 
+/* MLX's widths, 2-6 and 8 bits, at the groups the products take. */
 static bool bits_ok(const rlm_linear *l) {
-  return !l->out || (!l->kq.blocks && (!l->quant || l->q.bits == 4 || l->q.bits == 8));
+  if (!l->out || (!l->kq.blocks && !l->quant)) return true;
+  if (l->kq.blocks || l->q.bits < 2 || l->q.bits == 7 || l->q.bits > 8) return false;
+  return l->q.group_size >= 32 || (l->q.group_size == 16 && l->q.bits % 2 == 0 && l->q.bits != 4 && l->q.bits != 8);
 }
 
 /* What this backend cannot run yet, named, before anything is allocated. */
 static rlm_status check_support(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
   if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj))
-    return unsupported(err, "an output head not at 4 or 8 bits (or in GGUF Q4_K/Q6_K blocks)");
-  if (m->embed.kq.blocks || (m->embed.quant && m->embed.q.bits != 2 && m->embed.q.bits != 4 && m->embed.q.bits != 8))
-    return unsupported(err, "an embedding not at 2, 4 or 8 bits");
+    return unsupported(err, "an output head in GGUF blocks (Q4_K, Q5_K, Q6_K, Q5_0) or at 16-wide groups");
+  if (m->embed.kq.blocks || (m->embed.quant && (!bits_ok(&m->embed) || m->embed.q.group_size < 32)))
+    return unsupported(err, "an embedding in GGUF blocks or at 16-wide groups");
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
     const rlm_linear *ls[RLM_LAYER_LINEARS];
     rlm__layer_linears(L, ls);
     for (int j = 0; j < RLM_LAYER_LINEARS; j++)
-      if (!bits_ok(ls[j])) return unsupported(err, "a linear layer not at 4 or 8 bits (or in GGUF Q4_K/Q6_K blocks)");
+      if (!bits_ok(ls[j]))
+        return unsupported(err, "a linear layer in GGUF blocks (Q4_K, Q5_K, Q6_K, Q5_0) or at 16-wide groups");
     bool experts_ok = bits_ok(&L->router);
     for (int e = 0; e < c->n_experts; e++)
       experts_ok = experts_ok && bits_ok(&L->expert_gate_up[e]) && bits_ok(&L->expert_down[e]);
-    if (!experts_ok) return unsupported(err, "a MoE router or expert not at 4 or 8 bits");
+    if (!experts_ok) return unsupported(err, "a MoE router or expert in GGUF blocks or at 16-wide groups");
     if (c->layer_head_dim[i] > 512) return unsupported(err, "a head dim above 512");
   }
   int n_dev = 0;

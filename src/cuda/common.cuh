@@ -23,6 +23,18 @@ __device__ __forceinline__ float to_f32(__half v) { return __half2float(v); }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float to_f32(float v) { return v; }
 
+/* MLX packs codes of any width LSB first in a stream of u32 words, so at
+ * 3, 5 and 6 bits a code may straddle two words; 32 codes are always BITS
+ * whole words (a "unit"). Code c (< 32) of the unit at w: with c a
+ * constant where it is unrolled, the shifts are constants too. */
+template <int BITS>
+__device__ __forceinline__ uint32_t unit_code(const uint32_t (&w)[BITS], int c) {
+  const int bit = c * BITS, k = bit >> 5, off = bit & 31;
+  uint32_t v = w[k] >> off;
+  if (off + BITS > 32) v |= w[k + 1] << (32 - off);
+  return v & ((1u << BITS) - 1u);
+}
+
 /* Sums each accumulator over the warp; lane 0 writes y[r][row0 + i] for
  * the warp's n_rows weight rows. */
 template <int R, int M>
@@ -174,6 +186,15 @@ inline rlm_status fail(rlm_error *err, rlm_status st, const char *fn, const char
   case 6: CALL(6); break;       \
   case 7: CALL(7); break;       \
   default: CALL(8); break;      \
+  }
+
+/* CALL(B) for the widths whose codes need units (unit_code): 2, 3, 5, 6. */
+#define RLM_CUDA_FOR_UNIT_BITS(bits, CALL) \
+  switch (bits) {                          \
+  case 2: CALL(2); break;                  \
+  case 3: CALL(3); break;                  \
+  case 5: CALL(5); break;                  \
+  default: CALL(6); break;                 \
   }
 
 /* CALL(T) for the scale dtype's C++ type (f16, bf16, else f32). */

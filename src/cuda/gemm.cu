@@ -72,6 +72,32 @@ __global__ void dequant_kernel(const uint32_t *__restrict__ wq, const S *__restr
   }
 }
 
+/* The same at 2, 3, 5 and 6 bits: a thread a unit of 32 codes (BITS
+ * words, unit_code; one group, or two at 16), written as four 16-byte
+ * stores. */
+template <int BITS, typename S>
+__global__ void dequant_unit_kernel(const uint32_t *__restrict__ wq, const S *__restrict__ sc,
+                                    const S *__restrict__ bi, int64_t cols, int gs, __half *__restrict__ out) {
+  pdl_enter();
+  const int64_t r = blockIdx.x, units = cols / 32, ng = cols / gs;
+  const uint32_t *row = wq + r * units * BITS;
+  uint4 *dst = reinterpret_cast<uint4 *>(out + r * cols);
+  for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+    uint32_t w[BITS];
+#pragma unroll
+    for (int k = 0; k < BITS; k++) w[k] = row[u * BITS + k];
+    __align__(16) __half h[32];
+#pragma unroll
+    for (int c = 0; c < 32; c++) {
+      const int64_t g = r * ng + (u * 32 + c) / gs;
+      const float s = to_f32(sc[g]), b = to_f32(bi[g]);
+      h[c] = __float2half_rn(__fadd_rn(__fmul_rn((float)unit_code<BITS>(w, c), s), b));
+    }
+#pragma unroll
+    for (int k = 0; k < 4; k++) dst[u * 4 + k] = reinterpret_cast<const uint4 *>(h)[k];
+  }
+}
+
 /* A block a row of x, scaled into f16's range (common.cuh). */
 __global__ void __launch_bounds__(kThreads)
     scale_rows_kernel(const float *__restrict__ x, int64_t cols, __half *__restrict__ xs, float *__restrict__ back) {
@@ -105,7 +131,12 @@ void launch_dequant(const rlm_cuda_qmat *q, __half *out, cudaStream_t st) {
   const S *sc = static_cast<const S *>(q->scales), *bi = static_cast<const S *>(q->biases);
   const unsigned rows = (unsigned)q->rows;
   if (q->bits == 4) launch_k(dequant_kernel<4, S>, rows, kThreads, 0, st, q->wq, sc, bi, q->cols, q->group_size, out);
-  else launch_k(dequant_kernel<8, S>, rows, kThreads, 0, st, q->wq, sc, bi, q->cols, q->group_size, out);
+  else if (q->bits == 8) launch_k(dequant_kernel<8, S>, rows, kThreads, 0, st, q->wq, sc, bi, q->cols, q->group_size, out);
+  else {
+#define RLM_B(B) launch_k(dequant_unit_kernel<B, S>, rows, kThreads, 0, st, q->wq, sc, bi, q->cols, q->group_size, out)
+    RLM_CUDA_FOR_UNIT_BITS(q->bits, RLM_B)
+#undef RLM_B
+  }
 }
 
 /* W (f16, or MLX-affine dequantized to f16) times x's rows scaled into
@@ -164,13 +195,19 @@ extern "C" rlm_status rlm__cuda_gemm(rlm_cuda_blas blas, const rlm_cuda_weight *
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument or an empty product");
   if (m > INT32_MAX || w->rows > INT32_MAX || w->cols > INT32_MAX)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a product past 2^31 rows or columns");
-  if (w->q.wq ? w->q.bits != 4 && w->q.bits != 8
+  const int bits = w->q.wq ? w->q.bits : 0;
+  const bool unit = bits == 2 || bits == 3 || bits == 5 || bits == 6;
+  if (w->q.wq ? bits != 4 && bits != 8 && !unit
               : w->dtype != RLM_DTYPE_F32 && w->dtype != RLM_DTYPE_F16 && w->dtype != RLM_DTYPE_BF16)
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of %d bits or dtype %d (4, 8 bits; f32, f16, bf16 are supported)",
-                w->q.wq ? w->q.bits : 0, (int)w->dtype);
-  if (w->q.wq && (w->q.group_size < 32 || w->q.cols % w->q.group_size || (uintptr_t)w->q.wq % 16))
-    return fail(err, RLM_ERR_INVALID, fn, "group %d for %lld columns, or codes not 16-byte aligned (groups of 32+)",
-                w->q.group_size, (long long)w->q.cols);
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of %d bits or dtype %d (2-6, 8 bits; f32, f16, bf16 are "
+                "supported)", bits, (int)w->dtype);
+  /* 4 and 8 bits: groups of 32+ (a 16-byte vector of codes is one group);
+   * the unit widths: 16 too at 2 and 6 bits (MLX's), and whole units */
+  const int min_group = unit && bits % 2 == 0 ? 16 : 32;
+  if (w->q.wq && (w->q.group_size < min_group || w->q.cols % w->q.group_size || (unit && w->q.cols % 32) ||
+                  (uintptr_t)w->q.wq % 16))
+    return fail(err, RLM_ERR_INVALID, fn, "group %d for %lld columns, or codes not 16-byte aligned (groups of %d+)",
+                w->q.group_size, (long long)w->q.cols, min_group);
   cublasHandle_t h = reinterpret_cast<cublasHandle_t>(blas);
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   cublasStatus_t cs = cublasSetStream(h, st);

@@ -236,12 +236,52 @@ __global__ void embed_q_kernel(const uint32_t *wq, const S *sc, const S *bi, int
   }
 }
 
+/* 3, 5 and 6 bits (codes straddle words): one thread a unit of 32 codes
+ * (BITS words, unit_code; one group), the same arithmetic. */
+template <int BITS, typename S>
+__global__ void embed_unit_kernel(const uint32_t *wq, const S *sc, const S *bi, int64_t rows, int64_t cols, int gs,
+                                  const int32_t *ids, int n, float scale, float *out) {
+  pdl_enter();
+  const int64_t units = cols / 32, ng = cols / gs;
+  for (int64_t j = blockIdx.y; j < n; j += gridDim.y) {
+    const int64_t id = ids[j];
+    const bool ok = id >= 0 && id < rows;
+    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units; u += (int64_t)gridDim.x * blockDim.x) {
+      float *o = out + j * cols + u * 32;
+      if (!ok) {
+#pragma unroll
+        for (int k = 0; k < 32; k++) o[k] = 0.0f;
+        continue;
+      }
+      uint32_t w[BITS];
+#pragma unroll
+      for (int k = 0; k < BITS; k++) w[k] = wq[(id * units + u) * BITS + k];
+      const int64_t g = id * ng + u * 32 / gs;
+      const float s = to_f32(sc[g]), b = to_f32(bi[g]);
+#pragma unroll
+      for (int k = 0; k < 32; k++)
+        o[k] = __fmul_rn(__fadd_rn(__fmul_rn((float)unit_code<BITS>(w, k), s), b), scale);
+    }
+  }
+}
+
 template <typename S>
 void launch_embed_q(const rlm_cuda_weight *e, const int32_t *ids, int n, float scale, float *out, cudaStream_t st) {
   const rlm_cuda_qmat *q = &e->q;
   const int64_t words = e->cols * q->bits / 32;
-  const dim3 grid = rows_grid(n, words);
   const S *sc = static_cast<const S *>(q->scales), *bi = static_cast<const S *>(q->biases);
+  if (q->bits == 3 || q->bits == 5 || q->bits == 6) {
+    const dim3 ug = rows_grid(n, e->cols / 32);
+#define RLM_B(B)                                                                                                      \
+  launch_k(embed_unit_kernel<B, S>, ug, kThreads, 0, st, q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale, \
+           out)
+    if (q->bits == 3) RLM_B(3);
+    else if (q->bits == 5) RLM_B(5);
+    else RLM_B(6);
+#undef RLM_B
+    return;
+  }
+  const dim3 grid = rows_grid(n, words);
   switch (q->bits) {
   case 2:
     launch_k(embed_q_kernel<2, S>, grid, kThreads, 0, st, q->wq, sc, bi, e->rows, e->cols, q->group_size, ids, n, scale,
@@ -552,8 +592,8 @@ extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *i
   cudaStream_t s = stream_of(st);
   if (e->q.wq) {
     const rlm_cuda_qmat *q = &e->q;
-    if (q->bits != 2 && q->bits != 4 && q->bits != 8)
-      return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit rows are not supported (2, 4 and 8 are)", q->bits);
+    if (q->bits < 2 || q->bits > 8 || q->bits == 7)
+      return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit rows are not supported (2-6 and 8 are)", q->bits);
     if ((q->group_size != 32 && q->group_size != 64 && q->group_size != 128) || e->cols % q->group_size ||
         q->rows != e->rows || q->cols != e->cols || !q->scales || !q->biases || !float_dtype(q->sdtype))
       return fail(err, RLM_ERR_INVALID, fn, "bad quantized table %lld x %lld, group %d or scale dtype",

@@ -16,6 +16,11 @@
  *     floats exactly without a conversion instruction (code_f); a warp
  *     shuffle sums the lanes, lane 0 writes y.
  * Up to 8 rows of x share each load of the codes (a batch of decode rows).
+ *
+ * 2, 3, 5 and 6 bits take a generic path (qgemv_unit_kernel): a lane reads
+ * a unit of 32 codes (BITS whole words, unit_code) and the 32 x they
+ * multiply; a unit holds one group, or two at 16. Correct first: these
+ * widths are rarer, and no bench model uses them.
  */
 #include "common.cuh"
 
@@ -100,11 +105,72 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
   warp_store(acc, lane, n_rows, rows, row0, y);
 }
 
+/* Lane l of a warp takes units l, l + 32, ...: BITS words of each of the
+ * warp's rows (the warp's loads of a row are consecutive), and x's 32
+ * values as float4s. Per unit and group (g >= 32: one, g = 16: two):
+ * dot = sum x_j q_j and sx = sum x_j, acc += s * dot + b * sx. */
+template <int BITS, int M, typename T>
+__global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
+    qgemv_unit_kernel(const uint32_t *__restrict__ wq, const T *__restrict__ sc, const T *__restrict__ bi,
+                      const float *__restrict__ x, int64_t rows, int64_t cols, int group_size,
+                      float *__restrict__ y) {
+  pdl_enter();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t row0 = ((int64_t)blockIdx.x * kWarpsPerBlock + threadIdx.x / kWarp) * kRowsPerWarp;
+  if (row0 >= rows) return;
+  const int64_t n_units = cols / 32, n_groups = cols / group_size, row_words = n_units * BITS;
+  const int n_rows = rows - row0 < kRowsPerWarp ? (int)(rows - row0) : kRowsPerWarp;
+  const bool two = group_size == 16; /* a unit holds two groups */
+  float acc[kRowsPerWarp][M];
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; i++)
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[i][r] = 0.f;
+  for (int64_t u = lane; u < n_units; u += kWarp) {
+    uint32_t wv[kRowsPerWarp][BITS];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; i++)
+#pragma unroll
+      for (int k = 0; k < BITS; k++) wv[i][k] = i < n_rows ? __ldcs(wq + (row0 + i) * row_words + u * BITS + k) : 0u;
+    const int64_t c0 = u * 32, g0 = c0 / group_size;
+#pragma unroll
+    for (int r = 0; r < M; r++) {
+      const float4 *xv = reinterpret_cast<const float4 *>(x + (int64_t)r * cols + c0);
+      float xs[32], sx[2] = {0.f, 0.f};
+#pragma unroll
+      for (int h = 0; h < 8; h++) {
+        const float4 a = __ldg(xv + h);
+        xs[4 * h] = a.x, xs[4 * h + 1] = a.y, xs[4 * h + 2] = a.z, xs[4 * h + 3] = a.w;
+        sx[h / 4] += (a.x + a.y) + (a.z + a.w);
+      }
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; i++) {
+        float dot[2] = {0.f, 0.f};
+#pragma unroll
+        for (int c = 0; c < 32; c++) dot[c / 16] = fmaf(xs[c], code_f(unit_code<BITS>(wv[i], c)), dot[c / 16]);
+        const int64_t gi = (row0 + (i < n_rows ? i : 0)) * n_groups + g0;
+        const float s0 = to_f32(__ldg(sc + gi)), b0 = to_f32(__ldg(bi + gi));
+        if (two) {
+          const float s1 = to_f32(__ldg(sc + gi + 1)), b1 = to_f32(__ldg(bi + gi + 1));
+          acc[i][r] = fmaf(s1, dot[1], fmaf(b1, sx[1], fmaf(s0, dot[0], fmaf(b0, sx[0], acc[i][r]))));
+        } else {
+          acc[i][r] = fmaf(s0, dot[0] + dot[1], fmaf(b0, sx[0] + sx[1], acc[i][r]));
+        }
+      }
+    }
+  }
+  warp_store(acc, lane, n_rows, rows, row0, y);
+}
+
+/* 4 and 8 bits: a word a lane; the other widths: a unit a lane. */
 template <int BITS, int M, typename T>
 void launch_one(const rlm_cuda_qmat *w, const float *x, float *y, cudaStream_t st) {
   const dim3 block(kWarp * kWarpsPerBlock), grid((unsigned)((w->rows + kRowsPerBlock - 1) / kRowsPerBlock));
-  launch_k(qgemv_kernel<BITS, M, T>, grid, block, 0, st, w->wq, static_cast<const T *>(w->scales),
-           static_cast<const T *>(w->biases), x, w->rows, w->cols, w->group_size, y);
+  const T *sc = static_cast<const T *>(w->scales), *bi = static_cast<const T *>(w->biases);
+  if constexpr (BITS == 4 || BITS == 8) /* only the kernel a width uses is instantiated */
+    launch_k(qgemv_kernel<BITS, M, T>, grid, block, 0, st, w->wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
+  else
+    launch_k(qgemv_unit_kernel<BITS, M, T>, grid, block, 0, st, w->wq, sc, bi, x, w->rows, w->cols, w->group_size, y);
 }
 
 template <int BITS, typename T>
@@ -128,15 +194,24 @@ extern "C" rlm_status rlm__cuda_qgemv(const rlm_cuda_qmat *w, const float *x, in
                                       rlm_cuda_stream stream, rlm_error *err) {
   const char *fn = "rlm__cuda_qgemv";
   if (!w || !x || !y || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
-  if (w->bits != 4 && w->bits != 8)
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights are not supported (4 and 8 are)", w->bits);
-  const int64_t codes = 128 / w->bits;
-  if ((w->group_size != 32 && w->group_size != 64 && w->group_size != 128) || w->cols % w->group_size ||
+  const bool unit = w->bits == 2 || w->bits == 3 || w->bits == 5 || w->bits == 6;
+  if (w->bits != 4 && w->bits != 8 && !unit)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights are not supported (2-6 and 8 are)", w->bits);
+  const int64_t codes = unit ? 32 : 128 / w->bits;
+  const bool g16 = w->group_size == 16 && unit && w->bits % 2 == 0; /* MLX allows 16 at even widths */
+  if ((w->group_size != 32 && w->group_size != 64 && w->group_size != 128 && !g16) || w->cols % w->group_size ||
       w->cols % codes || w->rows < 1 ||
       (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32))
     return fail(err, RLM_ERR_INVALID, fn, "bad shape %lld x %lld, group %d or scale dtype", (long long)w->rows,
                 (long long)w->cols, w->group_size);
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  const cudaError_t e = w->bits == 4 ? launch_bits<4>(w, x, m, y, st) : launch_bits<8>(w, x, m, y, st);
+  cudaError_t e;
+  if (unit) {
+#define RLM_B(B) e = launch_bits<B>(w, x, m, y, st)
+    RLM_CUDA_FOR_UNIT_BITS(w->bits, RLM_B)
+#undef RLM_B
+  } else {
+    e = w->bits == 4 ? launch_bits<4>(w, x, m, y, st) : launch_bits<8>(w, x, m, y, st);
+  }
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }

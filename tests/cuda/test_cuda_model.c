@@ -201,8 +201,10 @@ static void check_arch(const char *arch, int bits, double tol) {
   if (!m) return;
   int bad = 0;
   double d = prompt_and_greedy(m, (opts){.device = RLM_DEVICE_CUDA}, 7, &bad);
-  printf("  %-12s weights %s: max |gpu - cpu| / max |cpu| = %.2e, greedy tokens differing %d/%d\n", arch,
-         bits ? (bits == 4 ? "q4" : "q8") : "f32", d, bad, N_GEN + 1);
+  char w[8];
+  snprintf(w, sizeof w, bits ? "q%d" : "f32", bits);
+  printf("  %-12s weights %s: max |gpu - cpu| / max |cpu| = %.2e, greedy tokens differing %d/%d\n", arch, w, d,
+         bad, N_GEN + 1);
   CHECK(d <= tol);
   CHECK_EQ(bad, 0);
   rlm_model_free(m);
@@ -242,9 +244,9 @@ TEST(f32_matches_cpu) {
 
 TEST(quantized_matches_cpu) {
   for (int a = 0; a < N_ARCHS; a++) {
-    check_arch(archs[a], 4, 1e-4);
-    check_arch(archs[a], 8, 1e-4);
-    check_act8(archs[a]);
+    for (int bits = 2; bits <= 8; bits++) /* 2, 3, 5, 6: the generic (unit) products */
+      if (bits != 7) check_arch(archs[a], bits, 1e-4);
+    check_act8(archs[a]); /* 3 and 6 bits under act_bits 8 take the f32 products: also above */
   }
 }
 
@@ -358,8 +360,10 @@ TEST(half_precision_matches_cpu) {
  * and x's rows scaled into f16 (10-bit mantissas), within 5e-3 x max
  * |logit| of the CPU. */
 TEST(gemm_prefill_quantized) {
+  static const int widths[] = {3, 4, 6, 8}; /* 3, 6: dequantized by units, then cuBLAS at any length */
   for (int a = 0; a < N_ARCHS; a++)
-    for (int bits = 4; bits <= 8; bits += 4) {
+    for (int wi = 0; wi < 4; wi++) {
+      const int bits = widths[wi];
       rlm_model *m = load(archs[a], bits);
       if (!m) continue;
       int bad = 0;
@@ -600,15 +604,19 @@ TEST(second_rollback_refused) {
   rlm_model_free(m);
 }
 
-/* What the GPU cannot run yet is refused at create, named (6-bit weights). */
+/* What the GPU cannot run yet is refused at create, named (a GGUF file's
+ * Q4_K and Q6_K layers, computed from their blocks on the CPU). */
 TEST(refuses_what_it_lacks) {
-  rlm_model *m = load("llama", 6);
+  char path[600];
+  snprintf(path, sizeof path, "%s/tests/fixtures/gguf/tiny-llama-q4_k_m.gguf", g_src);
+  rlm_model *m = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, path, &err), RLM_OK);
   rlm_session_params p = rlm_session_params_default();
   p.device = RLM_DEVICE_CUDA, p.kv_group_size = 32;
   rlm_session *s = NULL;
-  rlm_error err;
   CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "not at 4 or 8 bits");
+  CHECK_STR_CONTAINS(err.msg, "GGUF blocks");
   rlm_model_free(m);
   m = load("llama", 0);
   CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);

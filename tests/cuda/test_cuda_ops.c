@@ -360,8 +360,9 @@ TEST(embed_matches_reference) {
     check_embed_dense(dts[d], 20, 101, 33.941124f); /* odd width; Gemma's sqrt(hidden) */
   }
   int k = 0;
-  for (int bits = 2; bits <= 8; bits *= 2)
-    for (int g = 32; g <= 128; g *= 2, k++) check_embed_q(bits, g, dts[k % 3], k % 2 ? 45.25f : 1.0f);
+  static const int widths[] = {2, 3, 4, 5, 6, 8}; /* 3, 5, 6: codes across words */
+  for (int b = 0; b < 6; b++)
+    for (int g = 32; g <= 128; g *= 2, k++) check_embed_q(widths[b], g, dts[k % 3], k % 2 ? 45.25f : 1.0f);
 }
 
 /* ---- the dense product ---------------------------------------------------------- */
@@ -820,9 +821,9 @@ TEST(refuses_what_it_lacks) {
   CHECK_EQ(rlm__cuda_dense_gemv(&w, p, 9, p, NULL, &err), RLM_ERR_INVALID);
   w.dtype = RLM_DTYPE_I8;
   CHECK_EQ(rlm__cuda_dense_gemv(&w, p, 1, p, NULL, &err), RLM_ERR_UNSUPPORTED);
-  rlm_cuda_weight e = {.q = {p, p, p, RLM_DTYPE_BF16, 8, 64, 3, 64}, .rows = 8, .cols = 64};
+  rlm_cuda_weight e = {.q = {p, p, p, RLM_DTYPE_BF16, 8, 64, 7, 64}, .rows = 8, .cols = 64};
   CHECK_EQ(rlm__cuda_embed(&e, p, 1, 1.0f, p, NULL, &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "3-bit");
+  CHECK_STR_CONTAINS(err.msg, "7-bit");
   e.q.bits = 4, e.q.group_size = 48;
   CHECK_EQ(rlm__cuda_embed(&e, p, 1, 1.0f, p, NULL, &err), RLM_ERR_INVALID);
   CHECK_EQ(rlm__cuda_rope(p, 1, 8, 127, p, 128, NULL, &err), RLM_ERR_INVALID); /* odd head dim */

@@ -147,6 +147,17 @@ TEST(matches_reference) {
         check_case(67, 512, bits, g, sds[s], 1 + n % 8); /* 67: a partial last block */
         n++;
       }
+  /* 2, 3, 5, 6 bits: the unit kernel (codes across words at 3, 5, 6), at
+   * 16-wide groups too where MLX allows them (even widths) */
+  static const int widths[] = {2, 3, 5, 6};
+  for (int b = 0; b < 4; b++)
+    for (int g = 16; g <= 128; g *= 2) {
+      if (g == 16 && widths[b] % 2) continue;
+      check_case(67, 512, widths[b], g, sds[n % 3], 1 + n % 8);
+      n++;
+    }
+  check_case(1029, 4096, 6, 64, RLM_DTYPE_BF16, 8);
+  check_case(300, 1152, 3, 32, RLM_DTYPE_F16, 1);
   for (int m = 1; m <= 8; m++) check_case(1029, 4096, 4, 64, RLM_DTYPE_BF16, m);
   check_case(4096, 14336, 4, 64, RLM_DTYPE_BF16, 1); /* Llama's down projection */
   check_case(2048, 1152, 8, 64, RLM_DTYPE_BF16, 3);  /* Gemma's width */
@@ -344,10 +355,12 @@ TEST(multi_equals_single) {
 }
 
 TEST(refuses_what_it_lacks) {
-  rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 3, 64};
+  rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 7, 64};
   rlm_error err = {0};
   CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 1, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
-  CHECK(strstr(err.msg, "3-bit") != NULL);
+  CHECK(strstr(err.msg, "7-bit") != NULL);
+  w.bits = 3, w.group_size = 16; /* 16-wide groups only at even widths */
+  CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 1, (float *)16, NULL, &err), RLM_ERR_INVALID);
   w.bits = 4, w.group_size = 48;
   CHECK_EQ(rlm__cuda_qgemv(&w, (const float *)16, 1, (float *)16, NULL, &err), RLM_ERR_INVALID);
   w.group_size = 64;
