@@ -561,6 +561,29 @@ RLM_VNNI __attribute__((noinline)) static void kq8_rows_x1(const rlm_kqmat *w, i
 #define KQ_ROWS_ARGS const rlm_kqmat *w, int64_t ob, int64_t oe, const char *const *xr, float *y, int64_t i0
 #define F32_ROWS_ARGS const rlm_kqmat *w, int64_t ob, int64_t oe, const float *x, float *y, int64_t i0
 
+/* The f32 rows functions of one ISA for N inputs: P the names' prefix,
+ * ATTR its target, TILE its tile body (w, o, x, N, type, y, i0); one
+ * non-inlined function per type, and a switch over the type. */
+#define F32_TYPED_ROW(P, ATTR, TILE, N, T, TYPE)                                                                     \
+  ATTR __attribute__((noinline)) static void P##_##T##_x##N(F32_ROWS_ARGS) {                                         \
+    for (int64_t o = ob; o < oe; o++) TILE(w, o, x, N, TYPE, y, i0);                                                 \
+  }
+#define F32_TYPED_ROWS(P, ATTR, TILE, N)                                                                             \
+  F32_TYPED_ROW(P, ATTR, TILE, N, q4k, RLM_KQ_Q4_K)                                                                  \
+  F32_TYPED_ROW(P, ATTR, TILE, N, q6k, RLM_KQ_Q6_K)                                                                  \
+  F32_TYPED_ROW(P, ATTR, TILE, N, q50, RLM_KQ_Q5_0)                                                                  \
+  F32_TYPED_ROW(P, ATTR, TILE, N, q5k, RLM_KQ_Q5_K)                                                                  \
+  F32_TYPED_ROW(P, ATTR, TILE, N, q80, RLM_KQ_Q8_0)                                                                  \
+  static void P##_rows_x##N(F32_ROWS_ARGS) {                                                                         \
+    switch (w->type) {                                                                                               \
+    case RLM_KQ_Q4_K: P##_q4k_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    case RLM_KQ_Q6_K: P##_q6k_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    case RLM_KQ_Q5_0: P##_q50_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    case RLM_KQ_Q5_K: P##_q5k_x##N(w, ob, oe, x, y, i0); break;                                                      \
+    default: P##_q80_x##N(w, ob, oe, x, y, i0); break;                                                               \
+    }                                                                                                                \
+  }
+
 /* Rows [ob, oe) against N inputs, N a constant (accumulators in
  * registers): one non-inlined function per type and N, as qdot.c's
  * ROWS_XN, each holding one tile body (five in one function took clang
@@ -740,31 +763,7 @@ RLM_VNNI static RLM_INLINE void f32_tile(const rlm_kqmat *w, int64_t o, const fl
   }
 }
 
-#define F32_ROWS_XN(N)                                                                                               \
-  RLM_VNNI __attribute__((noinline)) static void f32_q4k_x##N(F32_ROWS_ARGS) {                                       \
-    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q4_K, y, i0);                                      \
-  }                                                                                                                  \
-  RLM_VNNI __attribute__((noinline)) static void f32_q6k_x##N(F32_ROWS_ARGS) {                                       \
-    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q6_K, y, i0);                                      \
-  }                                                                                                                  \
-  RLM_VNNI __attribute__((noinline)) static void f32_q50_x##N(F32_ROWS_ARGS) {                                       \
-    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q5_0, y, i0);                                      \
-  }                                                                                                                  \
-  RLM_VNNI __attribute__((noinline)) static void f32_q5k_x##N(F32_ROWS_ARGS) {                                       \
-    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q5_K, y, i0);                                      \
-  }                                                                                                                  \
-  RLM_VNNI __attribute__((noinline)) static void f32_q80_x##N(F32_ROWS_ARGS) {                                       \
-    for (int64_t o = ob; o < oe; o++) f32_tile(w, o, x, N, RLM_KQ_Q8_0, y, i0);                                      \
-  }                                                                                                                  \
-  static void f32_rows_x##N(F32_ROWS_ARGS) {                                                                         \
-    switch (w->type) {                                                                                               \
-    case RLM_KQ_Q4_K: f32_q4k_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    case RLM_KQ_Q6_K: f32_q6k_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    case RLM_KQ_Q5_0: f32_q50_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    case RLM_KQ_Q5_K: f32_q5k_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    default: f32_q80_x##N(w, ob, oe, x, y, i0); break;                                                               \
-    }                                                                                                                \
-  }
+#define F32_ROWS_XN(N) F32_TYPED_ROWS(f32, RLM_VNNI, f32_tile, N)
 F32_ROWS_XN(1)
 F32_ROWS_XN(2)
 F32_ROWS_XN(3)
@@ -1178,31 +1177,7 @@ RLM_AVX2 static RLM_INLINE void f32_tile2(const rlm_kqmat *w, int64_t o, const f
   }
 }
 
-#define F32_2_ROWS_XN(N)                                                                                             \
-  RLM_AVX2 __attribute__((noinline)) static void f32_2_q4k_x##N(F32_ROWS_ARGS) {                                     \
-    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q4_K, y, i0);                                     \
-  }                                                                                                                  \
-  RLM_AVX2 __attribute__((noinline)) static void f32_2_q6k_x##N(F32_ROWS_ARGS) {                                     \
-    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q6_K, y, i0);                                     \
-  }                                                                                                                  \
-  RLM_AVX2 __attribute__((noinline)) static void f32_2_q50_x##N(F32_ROWS_ARGS) {                                     \
-    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q5_0, y, i0);                                     \
-  }                                                                                                                  \
-  RLM_AVX2 __attribute__((noinline)) static void f32_2_q5k_x##N(F32_ROWS_ARGS) {                                     \
-    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q5_K, y, i0);                                     \
-  }                                                                                                                  \
-  RLM_AVX2 __attribute__((noinline)) static void f32_2_q80_x##N(F32_ROWS_ARGS) {                                     \
-    for (int64_t o = ob; o < oe; o++) f32_tile2(w, o, x, N, RLM_KQ_Q8_0, y, i0);                                     \
-  }                                                                                                                  \
-  static void f32_2_rows_x##N(F32_ROWS_ARGS) {                                                                       \
-    switch (w->type) {                                                                                               \
-    case RLM_KQ_Q4_K: f32_2_q4k_x##N(w, ob, oe, x, y, i0); break;                                                    \
-    case RLM_KQ_Q6_K: f32_2_q6k_x##N(w, ob, oe, x, y, i0); break;                                                    \
-    case RLM_KQ_Q5_0: f32_2_q50_x##N(w, ob, oe, x, y, i0); break;                                                    \
-    case RLM_KQ_Q5_K: f32_2_q5k_x##N(w, ob, oe, x, y, i0); break;                                                    \
-    default: f32_2_q80_x##N(w, ob, oe, x, y, i0); break;                                                             \
-    }                                                                                                                \
-  }
+#define F32_2_ROWS_XN(N) F32_TYPED_ROWS(f32_2, RLM_AVX2, f32_tile2, N)
 F32_2_ROWS_XN(1)
 F32_2_ROWS_XN(2)
 F32_2_ROWS_XN(3)
