@@ -10,8 +10,9 @@
 # Models: random weights with the shapes of Gemma 3 1B and Llama 3.1 8B
 # (scripts/make_bench_models.py, bf16), quantized to MLX 4-bit g64 with the
 # tied embedding/head at 8 bits g64, as llama-quantize's Q4_0 gives Gemma's
-# (Q8_0); Llama's Q4_0 head is Q6_K (6.56 bits), and the GPU has no 6-bit
-# product yet, so ours reads 8.5 bits there: more bytes than the anchor's.
+# (Q8_0); Llama's Q4_0 head is Q6_K (6.56 bits); the GPU's 6-bit product is
+# the generic, untuned one, so ours reads 8.5 bits there: more bytes than
+# the anchor's.
 # RINGLM (default build-cuda/ringlm) and QGEMV (build-cuda/tests/
 # test_cuda_qgemv) name the programs; REPS (3) the repetitions; DEPTHS
 # (0,4096,16384) the context depths, with bf16 KV and with 4-bit KV; BATCH (8,32,64) the batch sizes of
