@@ -561,6 +561,19 @@ RLM_VNNI __attribute__((noinline)) static void kq8_rows_x1(const rlm_kqmat *w, i
 #define KQ_ROWS_ARGS const rlm_kqmat *w, int64_t ob, int64_t oe, const char *const *xr, float *y, int64_t i0
 #define F32_ROWS_ARGS const rlm_kqmat *w, int64_t ob, int64_t oe, const float *x, float *y, int64_t i0
 
+/* P_rows_xN(ARGS): the switch over w's type to P's per-type function for
+ * N inputs (X: the input argument's name, x or xr). */
+#define KQ_TYPE_SWITCH(P, N, ARGS, X)                                                                                \
+  static void P##_rows_x##N(ARGS) {                                                                                  \
+    switch (w->type) {                                                                                               \
+    case RLM_KQ_Q8_0: P##_q80_x##N(w, ob, oe, X, y, i0); break;                                                      \
+    case RLM_KQ_Q5_0: P##_q50_x##N(w, ob, oe, X, y, i0); break;                                                      \
+    case RLM_KQ_Q4_K: P##_q4k_x##N(w, ob, oe, X, y, i0); break;                                                      \
+    case RLM_KQ_Q5_K: P##_q5k_x##N(w, ob, oe, X, y, i0); break;                                                      \
+    default: P##_q6k_x##N(w, ob, oe, X, y, i0); break;                                                               \
+    }                                                                                                                \
+  }
+
 /* The f32 rows functions of one ISA for N inputs: P the names' prefix,
  * ATTR its target, TILE its tile body (w, o, x, N, type, y, i0); one
  * non-inlined function per type, and a switch over the type. */
@@ -574,15 +587,7 @@ RLM_VNNI __attribute__((noinline)) static void kq8_rows_x1(const rlm_kqmat *w, i
   F32_TYPED_ROW(P, ATTR, TILE, N, q50, RLM_KQ_Q5_0)                                                                  \
   F32_TYPED_ROW(P, ATTR, TILE, N, q5k, RLM_KQ_Q5_K)                                                                  \
   F32_TYPED_ROW(P, ATTR, TILE, N, q80, RLM_KQ_Q8_0)                                                                  \
-  static void P##_rows_x##N(F32_ROWS_ARGS) {                                                                         \
-    switch (w->type) {                                                                                               \
-    case RLM_KQ_Q4_K: P##_q4k_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    case RLM_KQ_Q6_K: P##_q6k_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    case RLM_KQ_Q5_0: P##_q50_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    case RLM_KQ_Q5_K: P##_q5k_x##N(w, ob, oe, x, y, i0); break;                                                      \
-    default: P##_q80_x##N(w, ob, oe, x, y, i0); break;                                                               \
-    }                                                                                                                \
-  }
+  KQ_TYPE_SWITCH(P, N, F32_ROWS_ARGS, x)
 
 /* Rows [ob, oe) against N inputs, N a constant (accumulators in
  * registers): one non-inlined function per type and N, as qdot.c's
@@ -607,15 +612,7 @@ RLM_VNNI __attribute__((noinline)) static void kq8_rows_x1(const rlm_kqmat *w, i
     const kconst kc = kconst_of(false);                                                                              \
     for (int64_t o = ob; o < oe; o++) kq8_tile(w, o, xr, N, false, false, &kc, y, i0);                               \
   }                                                                                                                  \
-  static void kq8_rows_x##N(KQ_ROWS_ARGS) {                                                                          \
-    switch (w->type) {                                                                                               \
-    case RLM_KQ_Q8_0: kq8_q80_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    case RLM_KQ_Q5_0: kq8_q50_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    case RLM_KQ_Q4_K: kq8_q4k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    case RLM_KQ_Q5_K: kq8_q5k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    default: kq8_q6k_x##N(w, ob, oe, xr, y, i0); break;                                                              \
-    }                                                                                                                \
-  }
+  KQ_TYPE_SWITCH(kq8, N, KQ_ROWS_ARGS, xr)
 KQ_ROWS_XN(2)
 KQ_ROWS_XN(3)
 KQ_ROWS_XN(4)
@@ -1053,15 +1050,7 @@ RLM_AVX2 static RLM_INLINE void q50_tile2(const rlm_kqmat *w, int64_t o, const c
   RLM_AVX2 __attribute__((noinline)) static void kq2_q6k_x##N(KQ_ROWS_ARGS) {                                        \
     for (int64_t o = ob; o < oe; o++) kq2_tile(w, o, xr, N, false, false, y, i0);                                    \
   }                                                                                                                  \
-  static void kq2_rows_x##N(KQ_ROWS_ARGS) {                                                                          \
-    switch (w->type) {                                                                                               \
-    case RLM_KQ_Q8_0: kq2_q80_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    case RLM_KQ_Q5_0: kq2_q50_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    case RLM_KQ_Q4_K: kq2_q4k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    case RLM_KQ_Q5_K: kq2_q5k_x##N(w, ob, oe, xr, y, i0); break;                                                     \
-    default: kq2_q6k_x##N(w, ob, oe, xr, y, i0); break;                                                              \
-    }                                                                                                                \
-  }
+  KQ_TYPE_SWITCH(kq2, N, KQ_ROWS_ARGS, xr)
 KQ2_ROWS_XN(1)
 KQ2_ROWS_XN(2)
 KQ2_ROWS_XN(3)
