@@ -118,10 +118,20 @@ static void q8act_quantize_ref(const float *x, int64_t cols, void *scratch) {
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-/* The same operations lane-wise: max of |x| (exact in any order), the same
- * division, x * inv rounded to nearest-even (what lrintf does in the
- * default rounding mode), then the even and odd elements of each block
- * gathered (vpermt2d) and narrowed to bytes. */
+/* One block of 32 at p: its codes as int32 (elements 0-15 in *q0, 16-31
+ * in *q1) and its scale d, returned: the reference's operations
+ * lane-wise (max of |x|, exact in any order; the same division; x * inv
+ * rounded to nearest-even, what lrintf does in the default mode). */
+RLM_VNNI static inline float block_codes512(const float *p, __m512i *q0, __m512i *q1) {
+  const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+  const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+  *q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), *q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+  return amax / 127.0f;
+}
+
+/* Each block's codes (block_codes512), the even and odd elements gathered
+ * (vpermt2d) and narrowed to bytes. */
 RLM_VNNI static void q8act_quantize_avx512(const float *x, int64_t cols, void *scratch) {
   int8_t *xq = scratch;
   float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
@@ -130,12 +140,8 @@ RLM_VNNI static void q8act_quantize_avx512(const float *x, int64_t cols, void *s
   const __m512i iev = _mm512_load_si512(ev), iod = _mm512_load_si512(od);
   for (int64_t c = 0; c < cols / 128; c++) {
     for (int b = 0; b < 4; b++) {
-      const float *p = x + c * 128 + b * 32;
-      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      d[c * 4 + b] = amax / 127.0f;
-      const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-      const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, inv)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, inv));
+      __m512i q0, q1;
+      d[c * 4 + b] = block_codes512(x + c * 128 + b * 32, &q0, &q1);
       _mm_storeu_si128((__m128i *)(xq + c * 128 + b * 16), _mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(q0, iev, q1)));
       _mm_storeu_si128((__m128i *)(xq + c * 128 + 64 + b * 16),
                        _mm512_cvtsepi32_epi8(_mm512_permutex2var_epi32(q0, iod, q1)));
@@ -187,14 +193,10 @@ RLM_VNNI static void q8act_quantize_w6_avx512(const float *x, int64_t cols, void
   float *xd16 = (float *)((char *)scratch + cols), *d = xd16 + (cols / 128) * 16;
   for (int64_t c = 0; c < cols / 128; c++) {
     for (int b = 0; b < 4; b++) {
-      const float *p = x + c * 128 + b * 32;
-      const __m512 v0 = _mm512_loadu_ps(p), v1 = _mm512_loadu_ps(p + 16);
-      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
-      d[c * 4 + b] = amax / 127.0f;
-      const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
-      _mm_storeu_si128((__m128i *)(xq + c * 128 + b * 16), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v0, inv))));
-      _mm_storeu_si128((__m128i *)(xq + c * 128 + 64 + b * 16),
-                       _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(v1, inv))));
+      __m512i q0, q1;
+      d[c * 4 + b] = block_codes512(x + c * 128 + b * 32, &q0, &q1);
+      _mm_storeu_si128((__m128i *)(xq + c * 128 + b * 16), _mm512_cvtsepi32_epi8(q0));
+      _mm_storeu_si128((__m128i *)(xq + c * 128 + 64 + b * 16), _mm512_cvtsepi32_epi8(q1));
     }
     for (int l = 0; l < 16; l++) xd16[c * 16 + l] = d[c * 4 + l / 4];
   }
