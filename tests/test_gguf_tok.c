@@ -40,6 +40,7 @@
 #include "gguf_write.h"
 #include "model/gguf_tok.h"
 #include "tokenizer/tok.h"
+#include "tok_stream.h"
 #include "tokenizer/vocab.h"
 
 #include <jansson.h>
@@ -195,26 +196,6 @@ static char *decode(const rlm_tokenizer *t, const int32_t *ids, size_t n, bool s
   char *buf = malloc(need + 1);
   CHECK_EQ(rlm_detokenize(t, ids, n, skip, buf, need + 1, len, &err), RLM_OK);
   return buf;
-}
-
-static char *stream_decode(const rlm_tokenizer *t, const int32_t *ids, size_t n, size_t *len) {
-  rlm_detok_stream *s;
-  rlm_error err = {0};
-  CHECK_EQ(rlm_detok_stream_create(&s, t, false, &err), RLM_OK);
-  size_t cap = 64, total = 0;
-  char *all = malloc(cap);
-  for (size_t i = 0; i < n; i++) {
-    char piece[1024];
-    size_t k = 0;
-    CHECK_EQ(rlm_detok_stream_push(s, ids[i], piece, sizeof piece, &k, &err), RLM_OK);
-    while (total + k + 1 > cap) all = realloc(all, cap *= 2);
-    memcpy(all + total, piece, k);
-    total += k;
-  }
-  all[total] = 0;
-  *len = total;
-  rlm_detok_stream_free(s);
-  return all;
 }
 
 static bool ids_are(const int32_t *got, size_t n, const int32_t *want, size_t nw) {
@@ -834,7 +815,7 @@ static void check_decodes(real *r, const int32_t *ids, size_t n) {
     free(b);
   }
   size_t ls, lb;
-  char *s = stream_decode(r->t, ids, n, &ls), *b = decode(r->ref, ids, n, false, &lb);
+  char *s = stream_decode(r->t, ids, n, false, &ls), *b = decode(r->ref, ids, n, false, &lb);
   CHECK(ls <= lb && !memcmp(s, b, ls)); /* the stream may hold back a trailing partial character */
   free(s);
   free(b);

@@ -9,6 +9,7 @@
 #include "test.h"
 
 #include "tokenizer/tok.h"
+#include "tok_stream.h"
 
 #include <jansson.h>
 #include <sys/stat.h>
@@ -175,29 +176,6 @@ static char *decode(const rlm_tokenizer *t, const int32_t *ids, size_t n, bool s
   CHECK_EQ(rlm_detokenize(t, ids, n, skip, buf, need + 1, len, &err), RLM_OK);
   CHECK_EQ(*len, need);
   return buf;
-}
-
-/* The streaming decoder's output for ids, concatenated. Checks that every
- * push emits whole UTF-8 characters only. */
-static char *stream_decode(const rlm_tokenizer *t, const int32_t *ids, size_t n, bool skip, size_t *len) {
-  rlm_detok_stream *s;
-  rlm_error err = {0};
-  CHECK_EQ(rlm_detok_stream_create(&s, t, skip, &err), RLM_OK);
-  size_t cap = 64, total = 0;
-  char *all = malloc(cap);
-  for (size_t i = 0; i < n; i++) {
-    char piece[1024];
-    size_t k = 0;
-    CHECK_EQ(rlm_detok_stream_push(s, ids[i], piece, sizeof piece, &k, &err), RLM_OK);
-    CHECK(rlm__utf8_valid(piece, k));
-    while (total + k + 1 > cap) all = realloc(all, cap *= 2);
-    memcpy(all + total, piece, k);
-    total += k;
-  }
-  all[total] = 0;
-  *len = total;
-  rlm_detok_stream_free(s);
-  return all;
 }
 
 /* decode(encode(s)) == want, through both decoders. */
