@@ -80,15 +80,26 @@ static rlm_status str_array(const rlm_gguf *g, const char *key, rlm_tok_str **ou
   return RLM_OK;
 }
 
+/* An optional per-token array at key: *a (NULL when absent) holding one
+ * element per token, and *out an allocation of n_tokens elements of
+ * `size` bytes for the caller to fill. */
+static rlm_status token_array(const rlm_gguf *g, const char *key, size_t n_tokens, size_t size,
+                              const rlm_gguf_array **a, void **out, rlm_error *err) {
+  bool found;
+  *a = NULL;
+  rlm_status rc = optional(rlm__gguf_get_array(g, key, RLM_GGUF_TYPE_COUNT, a, err), &found, err);
+  if (!rc && !found) *a = NULL;
+  if (rc || !found) return rc;
+  if ((*a)->n != n_tokens) return count_mismatch(g, key, (*a)->n, n_tokens, err);
+  if (!(*out = rlm__malloc((n_tokens ? n_tokens : 1) * size))) return rlm__err_nomem(err, key, n_tokens);
+  return RLM_OK;
+}
+
 static rlm_status read_types(const rlm_gguf *g, gguf_vocab *gv, rlm_error *err) {
   const char *key = "tokenizer.ggml.token_type";
   const rlm_gguf_array *a;
-  bool found;
-  rlm_status rc = optional(rlm__gguf_get_array(g, key, RLM_GGUF_TYPE_COUNT, &a, err), &found, err);
-  if (rc || !found) return rc;
-  if (a->n != gv->v.n_tokens) return count_mismatch(g, key, a->n, gv->v.n_tokens, err);
-  gv->types = rlm__malloc((gv->v.n_tokens ? gv->v.n_tokens : 1) * sizeof *gv->types);
-  if (!gv->types) return rlm__err_nomem(err, key, gv->v.n_tokens);
+  rlm_status rc = token_array(g, key, gv->v.n_tokens, sizeof *gv->types, &a, (void **)&gv->types, err);
+  if (rc || !a) return rc;
   for (size_t i = 0; i < gv->v.n_tokens; i++) {
     int64_t ty;
     if (!rlm__gguf_arr_int(a, i, &ty))
@@ -102,12 +113,8 @@ static rlm_status read_types(const rlm_gguf *g, gguf_vocab *gv, rlm_error *err) 
 static rlm_status read_scores(const rlm_gguf *g, gguf_vocab *gv, rlm_error *err) {
   const char *key = "tokenizer.ggml.scores";
   const rlm_gguf_array *a;
-  bool found;
-  rlm_status rc = optional(rlm__gguf_get_array(g, key, RLM_GGUF_TYPE_COUNT, &a, err), &found, err);
-  if (rc || !found) return rc;
-  if (a->n != gv->v.n_tokens) return count_mismatch(g, key, a->n, gv->v.n_tokens, err);
-  gv->scores = rlm__malloc((gv->v.n_tokens ? gv->v.n_tokens : 1) * sizeof *gv->scores);
-  if (!gv->scores) return rlm__err_nomem(err, key, gv->v.n_tokens);
+  rlm_status rc = token_array(g, key, gv->v.n_tokens, sizeof *gv->scores, &a, (void **)&gv->scores, err);
+  if (rc || !a) return rc;
   for (size_t i = 0; i < gv->v.n_tokens; i++) {
     double s;
     if (!rlm__gguf_arr_float(a, i, &s))
