@@ -166,21 +166,19 @@ static rlm_status put_tensor_facts(meta *x) {
   return RLM_OK;
 }
 
-/* A.rope.dimension_count, when given, must rotate the whole head. */
-static rlm_status check_rot(meta *x) {
+
+/* A.rope.dimension_count, when given, must rotate the whole head (the
+ * head dim config.c settled on). Gemma 4's is checked with its RoPE. */
+static rlm_status check_rot(const meta *x, const rlm_model_config *c) {
   char key[128];
   uint64_t rot;
   snprintf(key, sizeof key, "%s.rope.dimension_count", x->arch);
   rlm_status rc = rlm__gguf_get_uint(x->g, key, KEY_MAX, &rot, x->err);
   if (rc == RLM_ERR_NOT_FOUND) return RLM_OK;
   if (rc) return rc;
-  const json_t *hd = json_object_get(x->o, "head_dim");
-  const int64_t head_dim = hd ? json_integer_value(hd)
-                              : json_integer_value(json_object_get(x->o, "hidden_size")) /
-                                    RLM_MAX(1, json_integer_value(json_object_get(x->o, "num_attention_heads")));
-  if ((int64_t)rot != head_dim)
-    return rlm__err(x->err, RLM_ERR_UNSUPPORTED, "%s: key '%s' is %llu: partial RoPE (head dim %lld) is not "
-                    "supported", rlm__gguf_path(x->g), key, (unsigned long long)rot, (long long)head_dim);
+  if ((int64_t)rot != c->head_dim)
+    return rlm__err(x->err, RLM_ERR_UNSUPPORTED, "%s: key '%s' is %llu: partial RoPE (head dim %d) is not "
+                    "supported", rlm__gguf_path(x->g), key, (unsigned long long)rot, c->head_dim);
   return RLM_OK;
 }
 
@@ -370,10 +368,9 @@ static rlm_status g4_tensor_facts(meta *x, int64_t n) {
   const rlm_gguf_tensor *ple = rlm__gguf_tensor_find(x->g, "per_layer_token_embd.weight");
   rlm_status rc = ple && ple->n_dims == 2 ? set(x, x->o, "vocab_size_per_layer_input", json_integer(ple->dims[1]))
                                           : RLM_OK;
-  uint64_t shared;
-  if (!rc) rc = get_uint_or(x, "attention.shared_kv_layers", 0, &shared);
+  const int64_t shared = json_integer_value(json_object_get(x->o, "num_kv_shared_layers")); /* 0 if absent */
   bool k_eq_v = false;
-  for (int64_t i = 0; !rc && i < n - (int64_t)shared; i++) {
+  for (int64_t i = 0; !rc && i < n - shared; i++) {
     char k[64], v[64];
     snprintf(k, sizeof k, "blk.%lld.attn_k.weight", (long long)i);
     snprintf(v, sizeof v, "blk.%lld.attn_v.weight", (long long)i);
@@ -433,8 +430,7 @@ static rlm_status build_config(meta *x) {
   if ((rc = put_uint(x, "feed_forward_length", "intermediate_size", true)) ||
       (rc = put_uint(x, "attention.head_count_kv", "num_key_value_heads", false)) ||
       (rc = put_uint(x, "attention.key_length", "head_dim", false)) ||
-      (rc = put_float(x, "rope.freq_base", "rope_theta", false)) || (rc = put_rope(x)) ||
-      (rc = check_rot(x)))
+      (rc = put_float(x, "rope.freq_base", "rope_theta", false)) || (rc = put_rope(x)))
     return rc;
   if (strcmp(x->arch, "gemma3")) return RLM_OK;
   return put_gemma3(x, json_integer_value(json_object_get(x->o, "hidden_size")),
@@ -485,6 +481,7 @@ rlm_status rlm__gguf_model_open(rlm_model *m, const char *path, rlm_error *err) 
   if (!rc && rlm_alloc_failures() != failures) rc = rlm__err_nomem(err, "config", 0);
   if (!rc) rc = rlm__config_parse(&m->cfg, x.o, m->config_path, err);
   if (!rc && x.widths) rc = g4_check_widths(&x, &m->cfg);
+  if (!rc && strcmp(x.arch, "gemma4")) rc = check_rot(&x, &m->cfg);
   rlm__free(x.widths);
   json_decref(x.o);
   if (!rc) read_special_ids(&m->cfg, m->gguf);
