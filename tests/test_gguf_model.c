@@ -21,6 +21,9 @@
 
 #include "gguf_write.h"
 #include "model/gguf.h"
+#include "model/model.h"
+#include "quant/kquant.h"
+#include "quant/quant.h"
 
 #include <math.h>
 
@@ -298,6 +301,64 @@ TEST(bad_metadata_is_named) {
   }
 }
 
+/* ---- GGUF blocks converted to the affine format (what a GPU uploads) ------ */
+
+typedef struct kq_check {
+  const rlm_model *m;
+  int layers, bad;
+  double worst;
+} kq_check;
+
+/* One layer in blocks: rlm__gguf_kq_affine's matrix against the blocks'
+ * reference product, on 3 random rows of x. */
+static void check_kq_layer(void *ctx, const rlm_linear *l) {
+  kq_check *k = ctx;
+  if (!l->kq.blocks) return;
+  rlm_arena arena;
+  rlm__arena_init(&arena, 1 << 16);
+  rlm_qmat q;
+  rlm_error err = {0};
+  CHECK_EQ(rlm__gguf_kq_affine(k->m, &l->kq, &arena, &q, &err), RLM_OK);
+  const int64_t rows = l->kq.rows, cols = l->kq.cols, m = 3;
+  float *x = malloc((size_t)(m * cols) * 4), *ya = malloc((size_t)(m * rows) * 4), *yb = malloc((size_t)(m * rows) * 4);
+  float *xs = malloc((size_t)(m * cols) * 4);
+  for (int64_t i = 0; i < m * cols; i++) x[i] = (float)((i * 7919) % 2001) / 1000.0f - 1.0f;
+  rlm__kq_matmul_ref(&l->kq, x, m, ya);
+  for (int64_t r = 0; r < m; r++) {
+    rlm__group_sums(x + r * cols, 1, cols, q.group_size, xs);
+    rlm__qmatvec_ref(&q, x + r * cols, xs, 0, rows, yb + r * rows);
+  }
+  double mx = 0, diff = 0;
+  for (int64_t i = 0; i < m * rows; i++) mx = fmax(mx, fabs(ya[i])), diff = fmax(diff, fabs((double)ya[i] - yb[i]));
+  k->layers++;
+  k->worst = fmax(k->worst, diff / fmax(mx, 1e-30));
+  k->bad += diff > 1e-5 * mx;
+  free(x), free(ya), free(yb), free(xs);
+  rlm__arena_free(&arena);
+}
+
+/* Every GGUF block layer (Q4_K, Q5_K, Q6_K, Q5_0) converted exactly: its
+ * affine product equals the blocks' within rounding (the GPU's upload
+ * runs this conversion). */
+TEST(kq_layers_convert_exactly) {
+  static const char *const files[] = {"tiny-llama-q4_k_m", "tiny-llama-q5_k_m", "tiny-llama-q5_0",
+                                      "tiny-gemma3-q4_k_m"};
+  for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/tests/fixtures/gguf/%s.gguf", g_src, files[i]);
+    rlm_model *m = NULL;
+    rlm_error err;
+    CHECK_EQ(rlm_model_load(&m, path, &err), RLM_OK);
+    if (!m) continue;
+    kq_check k = {m, 0, 0, 0};
+    rlm__model_linears(m, check_kq_layer, &k);
+    printf("  %-20s %d block layers converted, worst %.2e of max|y|\n", files[i], k.layers, k.worst);
+    CHECK(k.layers > 0);
+    CHECK_EQ(k.bad, 0);
+    rlm_model_free(m);
+  }
+}
+
 /* ---- bad Gemma 4 metadata: llama.cpp's own files, one value patched -------- */
 
 /* The offset of key's value in a GGUF image (after its type), 0 if absent. */
@@ -372,6 +433,7 @@ int main(void) {
   RUN(llama_quantize_files_equal_their_dequantized_weights);
   RUN(gemma4_files_from_llama_cpps_converter);
   RUN(bad_gemma4_metadata_is_named);
+  RUN(kq_layers_convert_exactly);
   RUN(int8_activations_stay_close);
   return test_summary();
 }

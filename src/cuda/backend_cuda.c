@@ -41,8 +41,10 @@
  * Weights at 2, 3, 5 and 6 bits take the generic products (f32
  * activations for decode: qgemv.cu's unit kernel; many tokens: dequantized
  * to f16 for cuBLAS); the int8-activation and tensor-core products are
- * for 4 and 8 bits. Not yet here (RLM_ERR_UNSUPPORTED at create, naming
- * what): GGUF layers computed from their blocks (Q4_K, Q5_K, Q6_K, Q5_0).
+ * for 4 and 8 bits. GGUF layers that the CPU computes from their blocks
+ * (Q4_K, Q5_K, Q6_K, Q5_0) are converted at upload, exactly, into the
+ * affine format (gguf_quant.c's conversion: 4, 5 or 6 bits, Q6_K at
+ * groups of 16), each layer into its own device array.
  */
 #include "model/backend.h"
 
@@ -73,16 +75,37 @@ typedef struct dev_array {
   char *dev;
 } dev_array;
 
+/* A GGUF layer in blocks, converted: its blocks' host address, the
+ * converted codes, scales and biases on the device. */
+typedef struct dev_kq {
+  const void *blocks;
+  rlm_kqmat src;              /* the layer's blocks, as the CPU reads them */
+  rlm_cuda_qmat q;
+  void *mem;                  /* codes, scales, biases (one allocation)  */
+} dev_kq;
+
 typedef struct dev_weights {
   dev_array *a;               /* sorted by host address                  */
   size_t n, cap;
   void *block;                /* every array, 256-byte aligned           */
   bool failed;                /* out of host memory while collecting     */
+  dev_kq *kq;                 /* sorted by blocks                        */
+  size_t n_kq, cap_kq;
 } dev_weights;
+
+static const dev_kq *kq_of(const dev_weights *w, const void *blocks) {
+  size_t lo = 0, hi = w->n_kq;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if ((const char *)w->kq[mid].blocks < (const char *)blocks) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < w->n_kq && w->kq[lo].blocks == blocks ? &w->kq[lo] : NULL;
+}
 
 static void collect(void *ctx, const void *p, size_t bytes) {
   dev_weights *w = ctx;
-  if (!p || !bytes || w->failed) return;
+  if (!p || !bytes || w->failed || kq_of(w, p)) return; /* blocks go converted, not as they are */
   if (w->n == w->cap) {
     size_t cap = w->cap ? 2 * w->cap : 256;
     dev_array *a = rlm__realloc(w->a, cap * sizeof *a);
@@ -104,9 +127,35 @@ static void weights_free(void *p) {
   dev_weights *w = p;
   if (!w) return;
   cudaFree(w->block);
+  for (size_t i = 0; i < w->n_kq; i++) cudaFree(w->kq[i].mem);
+  rlm__free(w->kq);
   rlm__free(w->a);
   rlm__free(w);
 }
+
+/* The GGUF layers in blocks, each once (a tied head is the embedding). */
+static void collect_kq(void *ctx, const rlm_linear *l) {
+  dev_weights *w = ctx;
+  if (!l->kq.blocks || w->failed) return;
+  for (size_t i = 0; i < w->n_kq; i++)
+    if (w->kq[i].blocks == l->kq.blocks) return;
+  if (w->n_kq == w->cap_kq) {
+    const size_t cap = w->cap_kq ? 2 * w->cap_kq : 64;
+    dev_kq *k = rlm__realloc(w->kq, cap * sizeof *k);
+    if (!k) {
+      w->failed = true;
+      return;
+    }
+    w->kq = k, w->cap_kq = cap;
+  }
+  w->kq[w->n_kq++] = (dev_kq){.blocks = l->kq.blocks, .src = l->kq};
+}
+
+static int by_blocks(const void *a, const void *b) {
+  const char *x = ((const dev_kq *)a)->blocks, *y = ((const dev_kq *)b)->blocks;
+  return x < y ? -1 : x > y;
+}
+
 
 /* The device copy of host address p (inside an uploaded array), or NULL. */
 static const void *dev_of(const dev_weights *w, const void *p) {
@@ -128,11 +177,54 @@ static rlm_status cuda_fail(rlm_error *err, cudaError_t e, const char *what) {
                   cudaGetErrorString(e));
 }
 
+/* kq's layer converted on the host (arena, reset after), copied into one
+ * device allocation. */
+static rlm_status upload_kq(const rlm_model *m, dev_kq *kq, rlm_arena *arena, rlm_error *err) {
+  rlm_qmat q;
+  rlm_status rc = rlm__gguf_kq_affine(m, &kq->src, arena, &q, err);
+  if (rc) return rc;
+  const size_t wb = (size_t)q.rows * (size_t)rlm__quant_row_words(q.cols, q.bits) * 4;
+  const size_t sb = (size_t)q.rows * (size_t)(q.cols / q.group_size) * rlm_dtype_size(q.sdtype);
+  const size_t wb_a = (wb + 255) & ~(size_t)255, sb_a = (sb + 255) & ~(size_t)255;
+  char *mem = NULL;
+  cudaError_t e = cudaMalloc((void **)&mem, wb_a + 2 * sb_a);
+  if (e == cudaSuccess) e = cudaMemcpy(mem, q.wq, wb, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMemcpy(mem + wb_a, q.scales, sb, cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMemcpy(mem + wb_a + sb_a, q.biases, sb, cudaMemcpyHostToDevice);
+  rlm__arena_reset(arena);
+  if (e != cudaSuccess) {
+    cudaFree(mem);
+    return cuda_fail(err, e, "uploading a converted GGUF layer");
+  }
+  kq->mem = mem;
+  kq->q = (rlm_cuda_qmat){(const uint32_t *)mem, mem + wb_a, mem + wb_a + sb_a, q.sdtype, q.rows, q.cols, q.bits,
+                          q.group_size};
+  return RLM_OK;
+}
+
+/* The GGUF layers in blocks, converted and uploaded one by one. */
+static rlm_status upload_kqs(const rlm_model *m, dev_weights *w, rlm_error *err) {
+  rlm__model_linears(m, collect_kq, w);
+  if (w->failed) return rlm__err_nomem(err, "cuda weights table", 0);
+  if (w->n_kq) qsort(w->kq, w->n_kq, sizeof *w->kq, by_blocks);
+  rlm_arena arena;
+  rlm__arena_init(&arena, 1 << 20);
+  rlm_status rc = RLM_OK;
+  for (size_t i = 0; !rc && i < w->n_kq; i++) rc = upload_kq(m, &w->kq[i], &arena, err);
+  rlm__arena_free(&arena);
+  return rc;
+}
+
 /* Every array the forward pass reads, each once (a tied head is the
  * embedding), copied into one device block. */
 static rlm_status upload_weights(rlm_model *m, rlm_error *err) {
   dev_weights *w = rlm__calloc(1, sizeof *w);
   if (!w) return rlm__err_nomem(err, "cuda weights table", sizeof *w);
+  rlm_status rc = upload_kqs(m, w, err);
+  if (rc) {
+    weights_free(w);
+    return rc;
+  }
   rlm__model_arrays(m, collect, w);
   if (w->failed) {
     weights_free(w);
@@ -235,6 +327,11 @@ static void cuda_release(rlm_session *s, void *p) {
 static rlm_cuda_weight weight_of(rlm_session *s, const rlm_linear *l) {
   const dev_weights *w = cs_of(s)->w;
   rlm_cuda_weight d = {.rows = l->out, .cols = l->in, .dtype = l->dtype};
+  if (l->kq.blocks) {
+    const dev_kq *k = kq_of(w, l->kq.blocks);
+    if (k) d.q = k->q;
+    return d;
+  }
   if (!l->quant) {
     d.w = dev_of(w, l->w);
     return d;
@@ -255,16 +352,21 @@ static void cuda_embed(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, 
   note(s, rlm__cuda_embed(&w, cs_of(s)->d_ids, ps->n, scale, out, cs_of(s)->st, &er), &er);
 }
 
-/* int8 activations of x for w, unless q8 already holds them (the same x,
- * width and format as the previous product's: no op ran in between). */
-static rlm_status q8_of(rlm_session *s, const rlm_linear *l, const float *x, int m, rlm_error *er) {
+/* int8 activations of x for the quantized w, unless q8 already holds them
+ * (the same x, width and format as the previous product's: no op ran in
+ * between). */
+static rlm_status q8_of(rlm_session *s, const rlm_cuda_qmat *w, const float *x, int m, rlm_error *er) {
   cuda_sess *cs = cs_of(s);
-  if (cs->q8_x == x && cs->q8_cols == l->in * m && cs->q8_bits == l->q.bits && cs->q8_group == l->q.group_size)
+  if (cs->q8_x == x && cs->q8_cols == w->cols * m && cs->q8_bits == w->bits && cs->q8_group == w->group_size)
     return RLM_OK;
-  rlm_status rc = rlm__cuda_q8act_quantize(x, m, l->in, l->q.bits, l->q.group_size, cs->q8, cs->st, er);
-  cs->q8_x = rc ? NULL : x, cs->q8_cols = l->in * m, cs->q8_bits = l->q.bits, cs->q8_group = l->q.group_size;
+  rlm_status rc = rlm__cuda_q8act_quantize(x, m, w->cols, w->bits, w->group_size, cs->q8, cs->st, er);
+  cs->q8_x = rc ? NULL : x, cs->q8_cols = w->cols * m, cs->q8_bits = w->bits, cs->q8_group = w->group_size;
   return rc;
 }
+
+/* Whether w takes the int8-activation and tensor-core products: quantized
+ * (in MLX's format, or converted from GGUF blocks) at 4 or 8 bits. */
+static bool fast_bits(const rlm_cuda_weight *w) { return w->q.wq && (w->q.bits == 4 || w->q.bits == 8); }
 
 /* Tokens up to which the int8 tensor-core product runs (I8_MAX at most;
  * RINGLM_CUDA_I8_MAX=n, to compare: docs/cuda-notes.md). */
@@ -288,16 +390,15 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
   rlm_status rc = RLM_OK;
-  const bool fast_bits = l->quant && (l->q.bits == 4 || l->q.bits == 8); /* int8 and tensor-core products */
-  const bool q8 = fast_bits && s->p.act_bits == 8 && l->in % 128 == 0;
+  const bool fast = fast_bits(&w), q8 = fast && s->p.act_bits == 8 && l->in % 128 == 0;
   if (q8 && n > MAX_M && n <= i8_max() && cs->i8_part) {
-    rc = q8_of(s, l, x, (int)n, &er);
+    rc = q8_of(s, &w.q, x, (int)n, &er);
     if (!rc) rc = rlm__cuda_qgemm_i8(&w.q, cs->q8, n, y, cs->i8_part, cs->st, &er);
     if (y == cs->q8_x) cs->q8_x = NULL;
     note(s, rc, &er);
     return;
   }
-  if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && fast_bits && l->in % 64 == 0) {
+  if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && fast && l->in % 64 == 0) {
     cs->q8_x = NULL;
     note(s, rlm__cuda_qgemm(&w.q, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
     return;
@@ -313,9 +414,9 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
     const float *xr = x + r0 * l->in;
     float *yr = y + r0 * l->out;
     if (q8) {
-      rc = q8_of(s, l, xr, m, &er);
+      rc = q8_of(s, &w.q, xr, m, &er);
       if (!rc) rc = rlm__cuda_qgemv_q8(&w.q, cs->q8, m, yr, cs->st, &er);
-    } else if (l->quant) {
+    } else if (w.q.wq) {
       rc = rlm__cuda_qgemv(&w.q, xr, m, yr, cs->st, &er);
     } else {
       rc = rlm__cuda_dense_gemv(&w, xr, m, yr, cs->st, &er);
@@ -325,14 +426,15 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   note(s, rc, &er);
 }
 
-/* Whether k products of one x can be one launch: decode-sized passes of
- * int8-activation products whose weights agree in what the kernel shares. */
-static bool one_launch(const rlm_session *s, const rlm_linear *const *ls, int k, int64_t n) {
+/* Whether k products of one x (weights ws) can be one launch: decode-sized
+ * passes of int8-activation products whose weights agree in what the
+ * kernel shares. */
+static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
   if (n > MAX_M || s->p.act_bits != 8) return false;
   for (int i = 0; i < k; i++) {
-    const rlm_linear *l = ls[i], *l0 = ls[0];
-    if (!l->quant || l->in % 128 || l->in != l0->in || l->q.bits != l0->q.bits || (l->q.bits != 4 && l->q.bits != 8) ||
-        l->q.group_size != l0->q.group_size || l->q.sdtype != l0->q.sdtype)
+    const rlm_cuda_qmat *q = &ws[i].q, *q0 = &ws[0].q;
+    if (!fast_bits(&ws[i]) || q->cols % 128 || q->cols != q0->cols || q->bits != q0->bits ||
+        q->group_size != q0->group_size || q->sdtype != q0->sdtype)
       return false;
   }
   return true;
@@ -341,15 +443,17 @@ static bool one_launch(const rlm_session *s, const rlm_linear *const *ls, int k,
 static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x,
                          int64_t n) {
   if (skip(s)) return;
-  if (!one_launch(s, ls, k, n)) {
+  rlm_cuda_weight dw[3];
+  for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
+  if (k > 3 || !one_launch(s, dw, k, n)) {
     for (int i = 0; i < k; i++) cuda_linear(s, ls[i], x, n, ys[i]);
     return;
   }
   cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_qmat ws[3];
-  for (int i = 0; i < k; i++) ws[i] = weight_of(s, ls[i]).q;
-  rlm_status rc = q8_of(s, ls[0], x, (int)n, &er);
+  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
+  rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
   if (!rc) rc = rlm__cuda_qgemv_q8_multi(ws, ys, k, cs->q8, (int)n, cs->st, &er);
   for (int i = 0; i < k; i++)
     if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
@@ -641,8 +745,8 @@ static rlm_status unsupported(rlm_error *err, const char *what) {
 
 /* MLX's widths, 2-6 and 8 bits, at the groups the products take. */
 static bool bits_ok(const rlm_linear *l) {
-  if (!l->out || (!l->kq.blocks && !l->quant)) return true;
-  if (l->kq.blocks || l->q.bits < 2 || l->q.bits == 7 || l->q.bits > 8) return false;
+  if (!l->out || l->kq.blocks || !l->quant) return true; /* blocks: converted at upload */
+  if (l->q.bits < 2 || l->q.bits == 7 || l->q.bits > 8) return false;
   return l->q.group_size >= 32 || (l->q.group_size == 16 && l->q.bits % 2 == 0 && l->q.bits != 4 && l->q.bits != 8);
 }
 
@@ -650,20 +754,20 @@ static bool bits_ok(const rlm_linear *l) {
 static rlm_status check_support(const rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   const rlm_model_config *c = &m->cfg;
   if (!bits_ok(&m->lm_head) || !bits_ok(&m->ple_model_proj))
-    return unsupported(err, "an output head in GGUF blocks (Q4_K, Q5_K, Q6_K, Q5_0) or at 16-wide groups");
-  if (m->embed.kq.blocks || (m->embed.quant && (!bits_ok(&m->embed) || m->embed.q.group_size < 32)))
-    return unsupported(err, "an embedding in GGUF blocks or at 16-wide groups");
+    return unsupported(err, "an output head at 16-wide groups (but 2 and 6 bits)");
+  if (m->embed.quant && (!bits_ok(&m->embed) || m->embed.q.group_size < 32))
+    return unsupported(err, "an embedding at 16-wide groups");
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
     const rlm_linear *ls[RLM_LAYER_LINEARS];
     rlm__layer_linears(L, ls);
     for (int j = 0; j < RLM_LAYER_LINEARS; j++)
       if (!bits_ok(ls[j]))
-        return unsupported(err, "a linear layer in GGUF blocks (Q4_K, Q5_K, Q6_K, Q5_0) or at 16-wide groups");
+        return unsupported(err, "a linear layer at 16-wide groups (but 2 and 6 bits)");
     bool experts_ok = bits_ok(&L->router);
     for (int e = 0; e < c->n_experts; e++)
       experts_ok = experts_ok && bits_ok(&L->expert_gate_up[e]) && bits_ok(&L->expert_down[e]);
-    if (!experts_ok) return unsupported(err, "a MoE router or expert in GGUF blocks or at 16-wide groups");
+    if (!experts_ok) return unsupported(err, "a MoE router or expert at 16-wide groups (but 2 and 6 bits)");
     if (c->layer_head_dim[i] > 512) return unsupported(err, "a head dim above 512");
   }
   int n_dev = 0;

@@ -237,7 +237,8 @@ __global__ void embed_q_kernel(const uint32_t *wq, const S *sc, const S *bi, int
 }
 
 /* 3, 5 and 6 bits (codes straddle words): one thread a unit of 32 codes
- * (BITS words, unit_code; one group), the same arithmetic. */
+ * (BITS words, unit_code; one group, or two at 16 for 6 bits: GGUF's
+ * Q6_K), the same arithmetic. */
 template <int BITS, typename S>
 __global__ void embed_unit_kernel(const uint32_t *wq, const S *sc, const S *bi, int64_t rows, int64_t cols, int gs,
                                   const int32_t *ids, int n, float scale, float *out) {
@@ -256,11 +257,12 @@ __global__ void embed_unit_kernel(const uint32_t *wq, const S *sc, const S *bi, 
       uint32_t w[BITS];
 #pragma unroll
       for (int k = 0; k < BITS; k++) w[k] = wq[(id * units + u) * BITS + k];
-      const int64_t g = id * ng + u * 32 / gs;
-      const float s = to_f32(sc[g]), b = to_f32(bi[g]);
 #pragma unroll
-      for (int k = 0; k < 32; k++)
+      for (int k = 0; k < 32; k++) {
+        const int64_t g = id * ng + (u * 32 + k) / gs;
+        const float s = to_f32(sc[g]), b = to_f32(bi[g]);
         o[k] = __fmul_rn(__fadd_rn(__fmul_rn((float)unit_code<BITS>(w, k), s), b), scale);
+      }
     }
   }
 }
@@ -594,8 +596,10 @@ extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *i
     const rlm_cuda_qmat *q = &e->q;
     if (q->bits < 2 || q->bits > 8 || q->bits == 7)
       return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit rows are not supported (2-6 and 8 are)", q->bits);
-    if ((q->group_size != 32 && q->group_size != 64 && q->group_size != 128) || e->cols % q->group_size ||
-        q->rows != e->rows || q->cols != e->cols || !q->scales || !q->biases || !float_dtype(q->sdtype))
+    const bool g16 = q->group_size == 16 && q->bits == 6; /* GGUF's Q6_K, converted */
+    if ((q->group_size != 32 && q->group_size != 64 && q->group_size != 128 && !g16) || e->cols % q->group_size ||
+        e->cols % 32 || q->rows != e->rows || q->cols != e->cols || !q->scales || !q->biases ||
+        !float_dtype(q->sdtype))
       return fail(err, RLM_ERR_INVALID, fn, "bad quantized table %lld x %lld, group %d or scale dtype",
                   (long long)e->rows, (long long)e->cols, q->group_size);
     if (n == 0) return RLM_OK;

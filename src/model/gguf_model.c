@@ -180,6 +180,21 @@ static bool native(const rlm_gguf_tensor *t, rlm_kq_type *kt) {
   return t->n_dims == 2 && t->dims[0] % rlm__kq_block(*kt) == 0;
 }
 
+rlm_status rlm__gguf_kq_affine(const rlm_model *m, const rlm_kqmat *kq, rlm_arena *arena, rlm_qmat *out,
+                               rlm_error *err) {
+  static const rlm_ggml_type types[] = {[RLM_KQ_Q4_K] = RLM_GGML_TYPE_Q4_K, [RLM_KQ_Q6_K] = RLM_GGML_TYPE_Q6_K,
+                                        [RLM_KQ_Q8_0] = RLM_GGML_TYPE_Q8_0, [RLM_KQ_Q5_0] = RLM_GGML_TYPE_Q5_0,
+                                        [RLM_KQ_Q5_K] = RLM_GGML_TYPE_Q5_K};
+  const rlm_gguf_tensor t = {.name = "(a layer's blocks)", .type = types[kq->type], .n_dims = 2,
+                             .dims = {kq->cols, kq->rows, 1, 1}, .n_elements = kq->rows * kq->cols,
+                             .data = kq->blocks,
+                             .nbytes = (size_t)kq->rows * rlm__kq_row_bytes(kq->type, kq->cols)};
+  rlm_linear l;
+  rlm_status rc = rlm__gguf_linear(NULL, arena, m->gguf, &t, &l, err);
+  if (!rc) *out = l.q;
+  return rc;
+}
+
 rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in, rlm_linear *l,
                                  rlm_error *err) {
   const rlm_gguf_tensor *t;

@@ -401,25 +401,44 @@ static void vec(const float *v, int64_t n, rlm_model_array_fn fn, void *ctx) {
   if (v) fn(ctx, v, (size_t)n * sizeof *v);
 }
 
+void rlm__model_linears(const rlm_model *m, rlm_model_linear_fn fn, void *ctx) {
+  const rlm_model_config *c = &m->cfg;
+  const rlm_linear *top[] = {&m->embed, &m->lm_head, &m->ple_embed, &m->ple_model_proj}; /* head: maybe the embedding */
+  for (size_t i = 0; i < sizeof top / sizeof *top; i++)
+    if (top[i]->out) fn(ctx, top[i]);
+  for (int i = 0; i < c->n_layers; i++) {
+    const rlm_layer *L = &m->layers[i];
+    const rlm_linear *ls[RLM_LAYER_LINEARS];
+    rlm__layer_linears(L, ls);
+    for (int j = 0; j < RLM_LAYER_LINEARS; j++)
+      if (ls[j]->out) fn(ctx, ls[j]);
+    if (L->router.out) fn(ctx, &L->router);
+    for (int e = 0; L->expert_gate_up && e < c->n_experts; e++) fn(ctx, &L->expert_gate_up[e]);
+    for (int e = 0; L->expert_down && e < c->n_experts; e++) fn(ctx, &L->expert_down[e]);
+  }
+}
+
+typedef struct arrays_ctx {
+  rlm_model_array_fn fn;
+  void *ctx;
+} arrays_ctx;
+
+static void linear_arrays_of(void *ctx, const rlm_linear *l) {
+  const arrays_ctx *a = ctx;
+  linear_arrays(l, a->fn, a->ctx);
+}
+
 void rlm__model_arrays(const rlm_model *m, rlm_model_array_fn fn, void *ctx) {
   const rlm_model_config *c = &m->cfg;
   const int64_t H = c->hidden;
-  linear_arrays(&m->embed, fn, ctx);
-  linear_arrays(&m->lm_head, fn, ctx); /* the embedding again when tied */
-  linear_arrays(&m->ple_embed, fn, ctx);
-  linear_arrays(&m->ple_model_proj, fn, ctx);
+  arrays_ctx a = {fn, ctx};
+  rlm__model_linears(m, linear_arrays_of, &a);
   vec(m->final_norm, H, fn, ctx);
   vec(m->ple_proj_norm, c->ple_dim, fn, ctx);
   vec(m->inv_freq, c->max_head_dim / 2, fn, ctx);
   vec(m->inv_freq_local, c->max_head_dim / 2, fn, ctx);
   for (int i = 0; i < c->n_layers; i++) {
     const rlm_layer *L = &m->layers[i];
-    const rlm_linear *ls[RLM_LAYER_LINEARS];
-    rlm__layer_linears(L, ls);
-    for (int j = 0; j < RLM_LAYER_LINEARS; j++) linear_arrays(ls[j], fn, ctx);
-    linear_arrays(&L->router, fn, ctx);
-    for (int e = 0; L->expert_gate_up && e < c->n_experts; e++) linear_arrays(&L->expert_gate_up[e], fn, ctx);
-    for (int e = 0; L->expert_down && e < c->n_experts; e++) linear_arrays(&L->expert_down[e], fn, ctx);
     const float *hv[] = {L->attn_norm, L->mlp_norm, L->post_attn_norm, L->post_mlp_norm, L->ple_norm,
                          L->router_scale, L->moe_post1, L->moe_post2, L->moe_pre2};
     for (size_t j = 0; j < sizeof hv / sizeof *hv; j++) vec(hv[j], H, fn, ctx);

@@ -202,6 +202,10 @@ static inline void rlm__layer_linears(const rlm_layer *L, const rlm_linear *out[
  * (a tied head's arrays come twice: the callee dedupes by pointer). */
 typedef void (*rlm_model_array_fn)(void *ctx, const void *p, size_t bytes);
 void rlm__model_arrays(const rlm_model *m, rlm_model_array_fn fn, void *ctx);
+/* fn(ctx, l) for every linear layer the forward pass runs (a tied head is
+ * the embedding, visited twice). */
+typedef void (*rlm_model_linear_fn)(void *ctx, const rlm_linear *l);
+void rlm__model_linears(const rlm_model *m, rlm_model_linear_fn fn, void *ctx);
 
 /* ---- config.c ---------------------------------------------------------- */
 rlm_status rlm__config_load(rlm_model_config *c, const char *dir, rlm_error *err);
@@ -222,6 +226,12 @@ const struct rlm_gguf_tensor *rlm__gguf_model_tensor(const rlm_model *m, const c
  * for its RoPE). */
 rlm_status rlm__gguf_bind_linear(rlm_model *m, const char *hf_prefix, int64_t out, int64_t in,
                                  rlm_linear *l, rlm_error *err);
+/* A layer computed from its GGUF blocks (l->kq) converted, exactly, to the
+ * affine format in arena (gguf_quant.c's conversion: 4, 5 or 6 bits, f32
+ * or f16 scales; Q6_K at groups of 16), for a backend whose products take
+ * only that format. */
+rlm_status rlm__gguf_kq_affine(const rlm_model *m, const rlm_kqmat *kq, rlm_arena *arena, rlm_qmat *out,
+                               rlm_error *err);
 /* A float vector [n] of dtype dt (any alignment) as f32 in m's arena,
  * + 1 with plus_one; NULL when out of memory. */
 float *rlm__norm_vector(rlm_model *m, const void *data, rlm_dtype dt, int64_t n, bool plus_one);
