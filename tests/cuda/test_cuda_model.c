@@ -22,6 +22,7 @@
  *
  * Without a GPU it prints "skipped: no GPU" and exits 77 (ctest's skip);
  * scripts/test-cuda.sh runs it on one with RINGLM_REQUIRE_GPU=1. */
+#include "base/base.h"
 #include "model/safetensors.h"
 #include "ringlm.h"
 #include "tensor/tensor.h"
@@ -636,23 +637,58 @@ TEST(second_rollback_refused) {
   rlm_model_free(m);
 }
 
-/* What the GPU cannot run yet is refused at create, named (4-bit weights
- * in groups of 16, which MLX allows and the GPU's products do not take). */
+/* dst: the model folder src (f32 weights) with head_dim widened from hd0
+ * to hd: q, k, v and o zero-filled at the wider shapes, config.json
+ * rewritten. A model the CPU runs and the GPU's attention does not. */
+static bool widen_heads(const char *src, const char *dst, int hd0, int hd) {
+  char path[600];
+  rlm_error err;
+  rlm_safetensors *st = NULL;
+  rlm_st_writer *w = NULL;
+  bool ok = rlm__st_open(&st, src, &err) == RLM_OK && rlm__st_writer_create(&w, &err) == RLM_OK;
+  for (size_t i = 0; ok && i < rlm__st_count(st); i++) {
+    const rlm_st_tensor *t = rlm__st_at(st, i);
+    const bool qkv = strstr(t->name, "q_proj") || strstr(t->name, "k_proj") || strstr(t->name, "v_proj");
+    if (!qkv && !strstr(t->name, "o_proj")) {
+      ok = rlm__st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, t->nbytes, &err) == RLM_OK;
+      continue;
+    }
+    const int64_t shape[2] = {t->shape[0] * (qkv ? hd / hd0 : 1), t->shape[1] * (qkv ? 1 : hd / hd0)};
+    void *d = rlm__calloc(1, t->nbytes * (size_t)(hd / hd0));
+    ok = d && rlm__st_writer_add_owned(w, t->name, t->dtype, 2, shape, d, t->nbytes * (size_t)(hd / hd0), &err) ==
+                  RLM_OK;
+  }
+  mkdir(dst, 0755);
+  snprintf(path, sizeof path, "%s/model.safetensors", dst);
+  ok = ok && rlm__st_writer_save(w, path, &err) == RLM_OK;
+  rlm__st_writer_free(w);
+  rlm__st_free(st);
+  snprintf(path, sizeof path, "%s/config.json", src);
+  json_t *cfg = json_load_file(path, 0, NULL);
+  snprintf(path, sizeof path, "%s/config.json", dst);
+  ok = ok && cfg && json_object_set_new(cfg, "head_dim", json_integer(hd)) == 0 && json_dump_file(cfg, path, 0) == 0;
+  json_decref(cfg);
+  return ok;
+}
+
+/* What the GPU cannot run yet is refused at create, named: a head dim
+ * past 512, which the CPU runs. */
 TEST(refuses_what_it_lacks) {
   char dir[512];
   fixture_dir(dir, sizeof dir, "llama");
-  rlm_quantize_params qp = rlm_quantize_params_default();
-  qp.bits = 4, qp.group_size = 16, qp.overwrite = true;
   rlm_error err;
   mkdir("/tmp/ringlm-cuda-test", 0755);
-  CHECK_EQ(rlm_quantize_model(dir, "/tmp/ringlm-cuda-test/llama-q4-g16", &qp, NULL, &err), RLM_OK);
+  CHECK(widen_heads(dir, "/tmp/ringlm-cuda-test/llama-hd1024", 32, 1024));
   rlm_model *m = NULL;
-  CHECK_EQ(rlm_model_load(&m, "/tmp/ringlm-cuda-test/llama-q4-g16", &err), RLM_OK);
+  CHECK_EQ(rlm_model_load(&m, "/tmp/ringlm-cuda-test/llama-hd1024", &err), RLM_OK);
   rlm_session_params p = rlm_session_params_default();
-  p.device = RLM_DEVICE_CUDA, p.kv_group_size = 32;
   rlm_session *s = NULL;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK); /* the CPU runs it */
+  rlm_session_free(s);
+  s = NULL;
+  p.device = RLM_DEVICE_CUDA, p.kv_group_size = 32;
   CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "16-wide groups");
+  CHECK_STR_CONTAINS(err.msg, "head dim above 512");
   rlm_model_free(m);
   m = load("llama", 0);
   CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);
