@@ -548,11 +548,14 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
 /* ---- attention: the merge ------------------------------------------------- */
 
 /* Block (token, head): the weights of the parts by one warp, then threads
- * over dim. */
+ * over dim. G32 > 0: then also the head's int8 activations (the o
+ * projection's x: cuda_ops.h's rlm_cuda_q8out), a warp a weight group of
+ * G32 * 32 elements, from the outputs the block just wrote. */
+template <int G32>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, int dim,
-                 float *__restrict__ out) {
+                 float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
   pdl_enter();
   __shared__ float w[kMaxSplits];
   __shared__ float l_sh;
@@ -586,6 +589,16 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (; s < used; s++) a[0] = fmaf(po[(int64_t)s * dim + d], w[s], a[0]);
     const float sum = (a[0] + a[1]) + (a[2] + a[3]);
     out[th * dim + d] = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
+  }
+  if constexpr (G32 > 0) {
+    __syncthreads(); /* the head's outputs, written by every thread */
+    const int lane = threadIdx.x % kWarp, cols = n_heads * dim, h = (int)(th % n_heads);
+    for (int gi = threadIdx.x / kWarp; gi < dim / (G32 * 32); gi += kMergeThreads / kWarp) {
+      float v[G32];
+#pragma unroll
+      for (int jj = 0; jj < G32; jj++) v[jj] = out[th * dim + (gi * G32 + jj) * 32 + lane];
+      q8_group(v, q8_bits, cols, (int64_t)h * (dim / (G32 * 32)) + gi, q8 + j * q8_row_bytes(cols, G32 * 32), lane);
+    }
   }
 }
 
@@ -722,10 +735,15 @@ extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
 
 extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
                                        const int32_t *tok_row, const int64_t *tok_pos, int n, float *out, void *scratch,
-                                       rlm_cuda_stream st, rlm_error *err) {
+                                       const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err) {
   const char *fn = "rlm__cuda_attend";
   if (!c || !q || !tok_row || !tok_pos || !out || !scratch || n < 0 || !cache_ok(c))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
+  if (q8 && (!q8->scratch || (q8->bits != 4 && q8->bits != 8) ||
+             (q8->group_size != 32 && q8->group_size != 64 && q8->group_size != 128) || c->dim % q8->group_size ||
+             ((int64_t)n_heads * c->dim) % 128))
+    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4 or 8, a group (32/64/128) "
+                "dividing the head dim %d, and heads x dim a multiple of 128", c->dim);
   if (!dtype_ok(c->dtype))
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a cache of dtype %d is not supported (f32, f16, bf16 are)",
                 (int)c->dtype);
@@ -751,7 +769,14 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   }
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
   if (rc) return rc;
-  launch_k(merge_kernel, (unsigned)((int64_t)n * n_heads), kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o,
-           part_ml, parts, c->dim, out);
+  const unsigned blocks = (unsigned)((int64_t)n * n_heads);
+  uint8_t *q8s = q8 ? static_cast<uint8_t *>(q8->scratch) : NULL;
+  const int q8b = q8 ? q8->bits : 0;
+#define RLM_M(G32)                                                                                                    \
+  launch_k(merge_kernel<G32>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts,    \
+           c->dim, out, q8s, q8b)
+  if (!q8) RLM_M(0);
+  else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
+#undef RLM_M
   return launched("rlm__cuda_attend (merge_kernel)", err);
 }

@@ -279,6 +279,9 @@ typedef struct cuda_sess {
   const float *q8_x;
   int64_t q8_cols;
   int q8_bits, q8_group;
+  /* the format norms and gated activations write q8 in along with their
+   * output (q8_out), the first layer's q projection's; 0: they do not */
+  int q8_fmt_bits, q8_fmt_group;
   /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
    * copy of the router's logits (pinned), its chosen experts and weights */
   float *moe_dev, *moe_logit;
@@ -460,10 +463,48 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
   note(s, rc, &er);
 }
 
+/* FUSED INT8 ACTIVATIONS. Under --act-bits 8 a product quantizes its x
+ * first (q8_of), a launch of its own; the norms and gated activations
+ * whose output is a product's x write those activations as they write it
+ * (bit for bit what q8_of would), and q8's memo then makes q8_of skip
+ * them. q8_out says whether an op of rows x n should, in which format
+ * (the model's first product's: a product of another format quantizes
+ * again); q8_made records it after the launch. Decode-sized passes only
+ * (the memo covers MAX_M rows). RINGLM_CUDA_FUSE=0 turns this and
+ * qkv_norm_rope's fusion off, to compare. */
+static bool g_fuse;
+static void read_fuse(void) {
+  const char *e = getenv("RINGLM_CUDA_FUSE");
+  g_fuse = !(e && e[0] == '0');
+}
+static bool fuse_on(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_fuse);
+  return g_fuse;
+}
+
+static const rlm_cuda_q8out *q8_out(rlm_session *s, int rows, int n, rlm_cuda_q8out *buf) {
+  cuda_sess *cs = cs_of(s);
+  if (!cs->q8_fmt_bits || rows > MAX_M || n % 128 || n % cs->q8_fmt_group) return NULL;
+  *buf = (rlm_cuda_q8out){cs->q8, cs->q8_fmt_bits, cs->q8_fmt_group};
+  return buf;
+}
+
+static void q8_made(rlm_session *s, const rlm_cuda_q8out *q8, const float *y, int rows, int n) {
+  cuda_sess *cs = cs_of(s);
+  if (!q8 || cs->first) return;
+  cs->q8_x = y, cs->q8_cols = (int64_t)n * rows, cs->q8_bits = q8->bits, cs->q8_group = q8->group_size;
+}
+
+/* The hidden state's norms write int8 activations (a product follows);
+ * the per-head ones (q, k: rows of head_dim) do not. */
 static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps) {
   if (skip(s)) return;
   rlm_error er;
-  note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, cs_of(s)->st, &er), &er);
+  rlm_cuda_q8out buf;
+  const rlm_cuda_q8out *q8 = n == s->m->cfg.hidden ? q8_out(s, rows, n, &buf) : NULL;
+  note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, q8, cs_of(s)->st, &er), &er);
+  q8_made(s, q8, y, rows, n);
 }
 
 static void cuda_add(rlm_session *s, float *x, const float *h, size_t n) {
@@ -476,7 +517,10 @@ static void cuda_add_norm(rlm_session *s, float *x, float *h, const float *post,
                           int n, double eps) {
   if (skip(s)) return;
   rlm_error er;
-  note(s, rlm__cuda_add_norm(x, h, dvec(s, post), dvec(s, w), y, rows, n, eps, cs_of(s)->st, &er), &er);
+  rlm_cuda_q8out buf;
+  const rlm_cuda_q8out *q8 = q8_out(s, rows, n, &buf);
+  note(s, rlm__cuda_add_norm(x, h, dvec(s, post), dvec(s, w), y, rows, n, eps, q8, cs_of(s)->st, &er), &er);
+  q8_made(s, q8, y, rows, n);
 }
 
 static void cuda_scale(rlm_session *s, float *x, float a, size_t n) {
@@ -502,7 +546,10 @@ static void cuda_act_mul(rlm_session *s, bool gelu, float *y, const float *g, co
                          int64_t u_stride) {
   if (skip(s)) return;
   rlm_error er;
-  note(s, rlm__cuda_act_mul(gelu, y, g, u, rows, n, u_stride, cs_of(s)->st, &er), &er);
+  rlm_cuda_q8out buf;
+  const rlm_cuda_q8out *q8 = q8_out(s, rows, n, &buf);
+  note(s, rlm__cuda_act_mul(gelu, y, g, u, rows, n, u_stride, q8, cs_of(s)->st, &er), &er);
+  q8_made(s, q8, y, rows, n);
 }
 
 static void cuda_rope_angles(rlm_session *s, const rlm_pass *ps, float *cs, int64_t stride, const float *inv_freq,
@@ -517,6 +564,25 @@ static void cuda_rope(rlm_session *s, float *x, int n, int heads, int hd, const 
   if (skip(s)) return;
   rlm_error er;
   note(s, rlm__cuda_rope(x, n, heads, hd, cs, stride, cs_of(s)->st, &er), &er);
+}
+
+/* One launch for the head dims it takes (multiples of 64 up to 512),
+ * else the ops in turn. */
+static void cuda_qkv_norm_rope(rlm_session *s, float *q, float *k, float *v, int n, int hq, int hkv, int hd,
+                               const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                               int64_t stride) {
+  if (!fuse_on() || hd % 64 || hd > 512) {
+    if (qw) cuda_rmsnorm(s, q, q, qw, n * hq, hd, eps);
+    if (k && kw) cuda_rmsnorm(s, k, k, kw, n * hkv, hd, eps);
+    if (vnorm) cuda_rmsnorm(s, v, v, NULL, n * hkv, hd, eps);
+    cuda_rope(s, q, n, hq, hd, cs, stride);
+    if (k) cuda_rope(s, k, n, hkv, hd, cs, stride);
+    return;
+  }
+  if (skip(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_qkv_norm_rope(q, k, v, n, hq, hkv, hd, dvec(s, qw), dvec(s, kw), vnorm, eps, cs, stride,
+                                  cs_of(s)->st, &er), &er);
 }
 
 static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
@@ -536,10 +602,15 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
   rlm_error er;
   rlm_status rc = RLM_OK;
   if (donor < 0) rc = rlm__cuda_kv_write(&cs->kv[li], s->k, s->v, cs->d_rows, cs->d_pos, ps->n, cs->st, &er);
+  const rlm_cuda_kv *kv = &cs->kv[donor >= 0 ? donor : li];
+  rlm_cuda_q8out buf; /* the o projection's x, where the group divides the head dim */
+  const rlm_cuda_q8out *q8 = q8_out(s, ps->n, c->n_heads * kv->dim, &buf);
+  if (q8 && kv->dim % q8->group_size) q8 = NULL;
   if (!rc)
-    rc = rlm__cuda_attend(&cs->kv[donor >= 0 ? donor : li], s->q, c->n_heads, (float)c->attn_scale, cs->d_rows,
-                          cs->d_pos, ps->n, s->att, cs->att_scratch, cs->st, &er);
+    rc = rlm__cuda_attend(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
+                          cs->att_scratch, q8, cs->st, &er);
   note(s, rc, &er);
+  q8_made(s, q8, s->att, ps->n, c->n_heads * kv->dim);
   return RLM_OK; /* the pass's first error comes back from end_pass */
 }
 
@@ -725,6 +796,7 @@ static const rlm_backend backend_cuda = {
     .act_mul = cuda_act_mul,
     .rope_angles = cuda_rope_angles,
     .rope = cuda_rope,
+    .qkv_norm_rope = cuda_qkv_norm_rope,
     .gather_wanted = cuda_gather,
     .attend = cuda_attend,
     .moe = cuda_moe,
@@ -738,6 +810,15 @@ static const rlm_backend backend_cuda = {
 };
 
 /* ---- create / free --------------------------------------------------------- */
+
+/* q8_out's format: the first layer's q projection's, where it takes the
+ * int8-activation products (fast_bits, cols a multiple of 128). */
+static void set_q8_fmt(rlm_session *s) {
+  const rlm_cuda_weight w = weight_of(s, &s->m->layers[0].wq);
+  cuda_sess *cs = cs_of(s);
+  if (fuse_on() && s->p.act_bits == 8 && fast_bits(&w) && w.q.cols % 128 == 0)
+    cs->q8_fmt_bits = w.q.bits, cs->q8_fmt_group = w.q.group_size;
+}
 
 static rlm_status unsupported(rlm_error *err, const char *what) {
   return rlm__err(err, RLM_ERR_UNSUPPORTED, "device cuda: %s is not supported on the GPU yet", what);
@@ -925,7 +1006,9 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   cudaError_t e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return cuda_fail(err, e, "creating a stream");
   rc = make_caches(s, err);
-  return rc ? rc : make_scratch(s, err);
+  if (!rc) rc = make_scratch(s, err);
+  if (!rc) set_q8_fmt(s);
+  return rc;
 }
 
 static void cuda_fini(rlm_session *s) {

@@ -77,6 +77,53 @@ __device__ __forceinline__ void widen16<__half>(const uint4 &v, float *f) {
   }
 }
 
+/* INT8 ACTIVATIONS (the products' x under --act-bits 8, qgemv_q8.cu's
+ * scratch), as rlm__q8act_quantize_ref makes them. Per row of x, padded
+ * to 16 bytes: xq [cols] int8 (for 4-bit weights each 8 elements stored
+ * evens then odds, [x0 x2 x4 x6 | x1 x3 x5 x7], to match nibbles split by
+ * one mask and one shift; for 8-bit ones in natural order) | d [cols/32]
+ * f32 | xsum [cols/g] f32. */
+__host__ __device__ inline size_t q8_row_bytes(int64_t cols, int g) {
+  return ((size_t)cols + 4 * (size_t)(cols / 32) + 4 * (size_t)(cols / g) + 15) & ~(size_t)15;
+}
+
+/* One warp quantizes weight group grp of a row into its scratch row `row`:
+ * v[j] is element grp * g + j * 32 + lane (j < g / 32). Per block of 32,
+ * d = max|x| / 127 and xq = rint(x * (127 / max|x|)) (same division, same
+ * products, round half to even); xsum = the lanes' sums of their v[j] in
+ * j order, then a fixed tree: every producer that calls this writes the
+ * same bits. */
+template <int G32>
+__device__ __forceinline__ void q8_group(const float (&v)[G32], int bits, int64_t cols, int64_t grp, uint8_t *row,
+                                         int lane) {
+  int8_t *xq = reinterpret_cast<int8_t *>(row);
+  float *d = reinterpret_cast<float *>(row + cols), *xsum = d + cols / 32;
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < G32; j++) {
+    const int64_t b = grp * G32 + j, e = b * 32 + lane;
+    float amax = fabsf(v[j]);
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float inv = amax > 0 ? __fdiv_rn(127.0f, amax) : 0.0f;
+    const int64_t pos = bits == 4 ? (e & ~7) + ((e & 1) ? 4 + (e & 7) / 2 : (e & 7) / 2) : e;
+    xq[pos] = (int8_t)rintf(__fmul_rn(v[j], inv));
+    if (lane == 0) d[b] = __fdiv_rn(amax, 127.0f);
+    sum += v[j];
+  }
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  if (lane == 0) xsum[grp] = sum;
+}
+
+/* CALL(G32) for a weight group of g = 32, 64 or 128 elements. */
+#define RLM_CUDA_FOR_G32(g, CALL) \
+  switch (g) {                    \
+  case 32: CALL(1); break;        \
+  case 64: CALL(2); break;        \
+  default: CALL(4); break;        \
+  }
+
 /* The block's row xr of cols floats scaled into f16's range, for the
  * f16 GEMMs (gemm.cu, qgemm.cu): 2^-e with max |x| in [2^(e-1), 2^e), so
  * the scaled row's largest element is in [0.5, 1), x * 2^-e rounded to

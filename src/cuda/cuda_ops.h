@@ -21,15 +21,25 @@ extern "C" {
 
 /* ---- element-wise (ops.cu) ----------------------------------------------- */
 
+/* Where a norm or gated activation that produces a product's x also
+ * writes its int8 activations (--act-bits 8), as rlm__cuda_q8act_quantize
+ * would from that x, bit for bit: rows of q8's layout (common.cuh) for
+ * weights of `bits` (4 or 8) and `group_size`. The row width must be a
+ * multiple of 128 and of the group. NULL where not wanted. */
+typedef struct rlm_cuda_q8out {
+  void *scratch;
+  int bits, group_size;
+} rlm_cuda_q8out;
+
 /* y[r] = w * x[r] / sqrt(mean(x[r]^2) + eps) for rows r < rows of n
  * contiguous floats (rlm__rmsnorm_ref); w NULL: no weight; y may be x. */
 rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
-                             rlm_cuda_stream st, rlm_error *err);
+                             const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 /* Per row r < rows of n: x[r] += post ? rmsnorm(h[r]) * post : h[r], then
  * y[r] = rmsnorm(x[r]) * w (the residual add of one block fused with the
  * next block's input norm: rlm__rmsnorm_ref's formula each time). */
 rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows, int n,
-                              double eps, rlm_cuda_stream st, rlm_error *err);
+                              double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 /* x[i] += h[i]. */
 rlm_status rlm__cuda_add(float *x, const float *h, int64_t n, rlm_cuda_stream st, rlm_error *err);
 /* x[i] *= a. */
@@ -43,7 +53,7 @@ rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda_stream st,
  * act gelu_tanh (rlm__gelu_tanh) when gelu, else silu (g / (1 + e^-g));
  * y may be g. */
 rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u, int rows, int n,
-                             int64_t u_stride, rlm_cuda_stream st, rlm_error *err);
+                             int64_t u_stride, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 /* dst[j] = src[idx[j]] for j < n, rows of `width` floats. */
 rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int64_t width,
                                  rlm_cuda_stream st, rlm_error *err);
@@ -55,6 +65,15 @@ rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *id
  * then cos and sin in double, rounded once). */
 rlm_status rlm__cuda_rope_angles(float *cs, int64_t stride, const float *inv_freq, int half,
                                  const int64_t *pos, int n, rlm_cuda_stream st, rlm_error *err);
+/* A layer's q, k, v after their projections, in one launch: q [n][hq][hd]
+ * = rope(rmsnorm(q) * qw) (qw NULL: no norm); k [n][hkv][hd] likewise with
+ * kw (k NULL: a KV-shared layer, none); v [n][hkv][hd] = rmsnorm(v)
+ * without a weight when vnorm. What rlm__cuda_rmsnorm then rlm__cuda_rope
+ * give, but for the order of the norm's double adds. hd: a multiple of 64
+ * up to 512. */
+rlm_status rlm__cuda_qkv_norm_rope(float *q, float *k, float *v, int n, int hq, int hkv, int hd, const float *qw,
+                                   const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
+                                   rlm_cuda_stream st, rlm_error *err);
 /* Token j's heads x[j][h][0:hd) rotated by cs + j * stride (rlm__rope:
  * rotate-half, dims i and i + hd/2 a pair) for j < n, h < heads. */
 rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const float *cs, int64_t stride,
@@ -148,10 +167,12 @@ size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);
  * into a fixed number of contiguous parts computed on the device from
  * tok_pos (so the launch does not depend on the step), merged by their
  * log-sum-exp. dim <= 512. Quantized K and V are read as stored and
- * widened per element to code * scale + bias in f32 (attn.h's rule). */
+ * widened per element to code * scale + bias in f32 (attn.h's rule). q8
+ * (NULL: none): also out's int8 activations, rows of n_heads * dim (the
+ * group must divide dim). */
 rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
-                            void *scratch, rlm_cuda_stream st, rlm_error *err);
+                            void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
 #ifdef __cplusplus
 }

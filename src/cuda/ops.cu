@@ -109,7 +109,9 @@ dim3 rows_grid(int64_t rows, int64_t n) { return dim3(blocks_for(n), (unsigned)(
 
 /* ---- RMSNorm ----------------------------------------------------------------- */
 
-constexpr int kNormThreads = 256;
+/* A block a row; 32 warps, so that a row's int8 activations (norm_out:
+ * a warp a weight group) take one or two rounds of loads, not eight. */
+constexpr int kNormThreads = 1024;
 
 /* 1 / sqrt(mean(v^2) + eps) of a row, every thread of the block given
  * its own part of the sum of squares (in double, as rmsnorm_kernel). */
@@ -133,13 +135,49 @@ __device__ float row_rsqrt(double ss, int n, double eps) {
   return r;
 }
 
+/* y = w * (x * r) for the row's n elements (w NULL: x * r); y may be x,
+ * each element read before it is written. G32 > 0: also the row's int8
+ * activations into q8row (common.cuh: q8_group), each warp taking whole
+ * weight groups of G32 * 32 elements; the caller has checked n % 128 == 0
+ * and n % (G32 * 32) == 0. Every thread may read elements other threads
+ * wrote before the caller's last __syncthreads. */
+template <int G32>
+__device__ __forceinline__ void norm_out(const float *xr, float r, const float *w, float *yr, int n, uint8_t *q8row,
+                                         int bits) {
+  if (G32 == 0) {
+    for (int i = threadIdx.x; i < n; i += kNormThreads) {
+      const float v = __fmul_rn(xr[i], r);
+      yr[i] = w ? __fmul_rn(w[i], v) : v;
+    }
+    return;
+  }
+  constexpr int kG = G32 > 0 ? G32 : 1;
+  const int lane = threadIdx.x % kWarp;
+  for (int grp = threadIdx.x / kWarp; grp < n / (kG * 32); grp += kNormThreads / kWarp) {
+    float v[kG], wv[kG];
+#pragma unroll
+    for (int j = 0; j < kG; j++) { /* every load before any store: y may be x */
+      const int i = (grp * kG + j) * 32 + lane;
+      v[j] = xr[i], wv[j] = w ? w[i] : 1.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < kG; j++) {
+      const float t = __fmul_rn(v[j], r);
+      v[j] = w ? __fmul_rn(wv[j], t) : t;
+      yr[(grp * kG + j) * 32 + lane] = v[j];
+    }
+    q8_group(v, bits, n, grp, q8row, lane);
+  }
+}
+
 /* One block a row. rlm__rmsnorm_ref sums the squares in double (each
  * square exact, one rounding an add), then r = (float)(1 / sqrt(ss / n +
  * eps)) in double; the same here, only the order of the double adds
  * differs, so r is the CPU's but in the rarest ties, and y = w * (x * r)
- * is then the CPU's too. */
+ * is then the CPU's too. G32 > 0: also y's int8 activations (norm_out). */
+template <int G32>
 __global__ void __launch_bounds__(kNormThreads)
-    rmsnorm_kernel(float *y, const float *x, const float *w, int n, double eps) {
+    rmsnorm_kernel(float *y, const float *x, const float *w, int n, double eps, uint8_t *q8, int bits, int g) {
   pdl_enter();
   const float *xr = x + (int64_t)blockIdx.x * n;
   float *yr = y + (int64_t)blockIdx.x * n;
@@ -149,10 +187,7 @@ __global__ void __launch_bounds__(kNormThreads)
     ss += v * v;
   }
   const float r = row_rsqrt(ss, n, eps);
-  for (int i = threadIdx.x; i < n; i += kNormThreads) {
-    const float v = __fmul_rn(xr[i], r); /* read before the write: y may be x */
-    yr[i] = w ? __fmul_rn(w[i], v) : v;
-  }
+  norm_out<G32>(xr, r, w, yr, n, q8 ? q8 + blockIdx.x * q8_row_bytes(n, g) : NULL, bits);
 }
 
 /* ---- RoPE -------------------------------------------------------------------- */
@@ -186,6 +221,57 @@ __global__ void rope_kernel(float *x, int64_t n_pairs, int heads, int hd, const 
     p[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
     p[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
+}
+
+/* q, k and v's per-head norms and RoPE in one launch (the decode step's
+ * four to six small kernels of a layer in one): a warp a head row of a
+ * token, KN = hd / 32 elements a lane (lane + 32 i), so that the RoPE pair
+ * of element i (i + hd/2) is the same lane's element i + KN/2. Rows of
+ * token j: q's hq heads (normed by qw when given, then rotated), k's nk
+ * (kw, rotated), v's nv (normed without a weight). Each step is
+ * rmsnorm_kernel's and rope_kernel's arithmetic; only the order of the
+ * norm's double adds differs (a warp's tree instead of the block's). */
+template <int KN>
+__global__ void qkv_norm_rope_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
+                                     const float *kw, double eps, const float *cs, int64_t stride) {
+  pdl_enter();
+  constexpr int hd = KN * kWarp, half = KN / 2;
+  const int lane = threadIdx.x % kWarp, per_tok = hq + nk + nv;
+  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (t >= (int64_t)n * per_tok) return;
+  const int64_t j = t / per_tok;
+  const int i = (int)(t % per_tok);
+  float *p = i < hq ? q + (j * hq + i) * hd : i < hq + nk ? k + (j * nk + i - hq) * hd : v + (j * nv + i - hq - nk) * hd;
+  const float *w = i < hq ? qw : i < hq + nk ? kw : NULL;
+  const bool norm = w || i >= hq + nk, rope = i < hq + nk;
+  float e[KN];
+#pragma unroll
+  for (int c = 0; c < KN; c++) e[c] = p[lane + kWarp * c];
+  if (norm) {
+    double ss = 0;
+#pragma unroll
+    for (int c = 0; c < KN; c++) ss += (double)e[c] * (double)e[c];
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = (float)(1.0 / sqrt(ss / hd + eps));
+#pragma unroll
+    for (int c = 0; c < KN; c++) {
+      const float t1 = __fmul_rn(e[c], r);
+      e[c] = w ? __fmul_rn(w[lane + kWarp * c], t1) : t1;
+    }
+  }
+  if (rope) {
+    const float *cj = cs + j * stride;
+#pragma unroll
+    for (int c = 0; c < half; c++) {
+      const int d = lane + kWarp * c;
+      const float co = cj[2 * d], si = cj[2 * d + 1], a = e[c], b = e[c + half];
+      e[c] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
+      e[c + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < KN; c++) p[lane + kWarp * c] = e[c];
 }
 
 /* ---- embedding ------------------------------------------------------------ */
@@ -457,10 +543,12 @@ size_t elem_size(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
 
 bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-/* A block a row: x += [post-norm](h), then y = norm(x) * w. Each thread
- * rereads only the elements it wrote. */
+/* A block a row: x += [post-norm](h), then y = norm(x) * w (G32 > 0: and
+ * y's int8 activations, norm_out). */
+template <int G32>
 __global__ void __launch_bounds__(kNormThreads)
-    add_norm_kernel(float *x, const float *h, const float *post, const float *w, float *y, int n, double eps) {
+    add_norm_kernel(float *x, const float *h, const float *post, const float *w, float *y, int n, double eps,
+                    uint8_t *q8, int bits, int g) {
   pdl_enter();
   float *xr = x + (int64_t)blockIdx.x * n, *yr = y + (int64_t)blockIdx.x * n;
   const float *hr = h + (int64_t)blockIdx.x * n;
@@ -477,32 +565,81 @@ __global__ void __launch_bounds__(kNormThreads)
     xr[i] = v;
     ss += (double)v * (double)v;
   }
-  const float r = row_rsqrt(ss, n, eps);
-  for (int i = threadIdx.x; i < n; i += kNormThreads) {
-    const float v = __fmul_rn(xr[i], r);
-    yr[i] = w ? __fmul_rn(w[i], v) : v;
+  const float r = row_rsqrt(ss, n, eps); /* its barriers publish every thread's x */
+  norm_out<G32>(xr, r, w, yr, n, q8 ? q8 + blockIdx.x * q8_row_bytes(n, g) : NULL, bits);
+}
+
+/* The gated activation of one row's weight groups, a warp a group, with
+ * their int8 activations (act_mul_kernel's y, then q8_group). */
+template <bool GELU, int G32>
+__global__ void act_mul_q8_kernel(float *y, const float *g, const float *u, int rows, int n, int64_t u_stride,
+                                  uint8_t *q8, int bits) {
+  pdl_enter();
+  const int lane = threadIdx.x % kWarp;
+  const int64_t per_row = n / (G32 * 32), gid = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (gid >= rows * per_row) return;
+  const int64_t r = gid / per_row, grp = gid % per_row;
+  float v[G32], uv[G32];
+#pragma unroll
+  for (int j = 0; j < G32; j++) { /* every load before any store: y may be g */
+    const int64_t i = (grp * G32 + j) * 32 + lane;
+    v[j] = g[r * n + i], uv[j] = u[r * u_stride + i];
   }
+#pragma unroll
+  for (int j = 0; j < G32; j++) {
+    v[j] = __fmul_rn(GELU ? gelu_tanh(v[j]) : silu(v[j]), uv[j]);
+    y[r * n + (grp * G32 + j) * 32 + lane] = v[j];
+  }
+  q8_group(v, bits, n, grp, q8 + r * q8_row_bytes(n, G32 * 32), lane);
 }
 
 } // namespace
 
 /* ---- element-wise entry points ---------------------------------------------------- */
 
+/* Whether q8 (NULL: no int8 activations wanted) is a layout rows of n
+ * floats can take; the message names fn. */
+rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, rlm_error *err) {
+  if (!q8) return RLM_OK;
+  if (!q8->scratch || (q8->bits != 4 && q8->bits != 8) ||
+      (q8->group_size != 32 && q8->group_size != 64 && q8->group_size != 128) || n % 128 || n % q8->group_size)
+    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4 or 8, group 32/64/128 and a "
+                "width (%lld) a multiple of 128 and of the group", (long long)n);
+  return RLM_OK;
+}
+
+uint8_t *q8_scratch(const rlm_cuda_q8out *q8) { return q8 ? static_cast<uint8_t *>(q8->scratch) : NULL; }
+
 extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows,
-                                         int n, double eps, rlm_cuda_stream st, rlm_error *err) {
+                                         int n, double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                                         rlm_error *err) {
   const char *fn = "rlm__cuda_add_norm";
   if (!x || !h || !y || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
-  if (rows == 0) return RLM_OK;
-  launch_k(add_norm_kernel, (unsigned)rows, kNormThreads, 0, stream_of(st), x, h, post, w, y, n, eps);
+  rlm_status rc = q8_check(q8, n, fn, err);
+  if (rc || rows == 0) return rc;
+  const int bits = q8 ? q8->bits : 0, g = q8 ? q8->group_size : 0;
+#define RLM_K(G32)                                                                                                   \
+  launch_k(add_norm_kernel<G32>, (unsigned)rows, kNormThreads, 0, stream_of(st), x, h, post, w, y, n, eps,           \
+           q8_scratch(q8), bits, g)
+  if (!q8) RLM_K(0);
+  else RLM_CUDA_FOR_G32(g, RLM_K)
+#undef RLM_K
   return launched(fn, err);
 }
 
 extern "C" rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
-                                        rlm_cuda_stream st, rlm_error *err) {
+                                        const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err) {
   const char *fn = "rlm__cuda_rmsnorm";
   if (!y || !x || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
-  if (rows == 0) return RLM_OK;
-  launch_k(rmsnorm_kernel, (unsigned)rows, kNormThreads, 0, stream_of(st), y, x, w, n, eps);
+  rlm_status rc = q8_check(q8, n, fn, err);
+  if (rc || rows == 0) return rc;
+  const int bits = q8 ? q8->bits : 0, g = q8 ? q8->group_size : 0;
+#define RLM_K(G32)                                                                                                   \
+  launch_k(rmsnorm_kernel<G32>, (unsigned)rows, kNormThreads, 0, stream_of(st), y, x, w, n, eps, q8_scratch(q8),     \
+           bits, g)
+  if (!q8) RLM_K(0);
+  else RLM_CUDA_FOR_G32(g, RLM_K)
+#undef RLM_K
   return launched(fn, err);
 }
 
@@ -540,11 +677,25 @@ extern "C" rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda
 }
 
 extern "C" rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u, int rows, int n,
-                                        int64_t u_stride, rlm_cuda_stream st, rlm_error *err) {
+                                        int64_t u_stride, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                                        rlm_error *err) {
   const char *fn = "rlm__cuda_act_mul";
   if (!y || !g || !u || rows < 0 || n < 0 || u_stride < 0)
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
-  if (rows == 0 || n == 0) return RLM_OK;
+  rlm_status rc = q8_check(q8, n, fn, err);
+  if (rc || rows == 0 || n == 0) return rc;
+  if (q8) { /* 8 warps a block, a warp a weight group */
+    const int64_t groups = (int64_t)rows * (n / q8->group_size);
+    const unsigned grid = (unsigned)((groups + 7) / 8);
+#define RLM_K(G32)                                                                                                   \
+  (gelu ? launch_k(act_mul_q8_kernel<true, G32>, grid, 8 * kWarp, 0, stream_of(st), y, g, u, rows, n, u_stride,     \
+                   q8_scratch(q8), q8->bits)                                                                         \
+        : launch_k(act_mul_q8_kernel<false, G32>, grid, 8 * kWarp, 0, stream_of(st), y, g, u, rows, n, u_stride,    \
+                   q8_scratch(q8), q8->bits))
+    RLM_CUDA_FOR_G32(q8->group_size, RLM_K)
+#undef RLM_K
+    return launched(fn, err);
+  }
   const dim3 grid = rows_grid(rows, n);
   if (gelu) launch_k(act_mul_kernel<true>, grid, kThreads, 0, stream_of(st), y, g, u, rows, n, u_stride);
   else launch_k(act_mul_kernel<false>, grid, kThreads, 0, stream_of(st), y, g, u, rows, n, u_stride);
@@ -581,6 +732,28 @@ extern "C" rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const f
   const int64_t pairs = (int64_t)n * heads * (hd / 2);
   if (pairs == 0) return RLM_OK;
   launch_k(rope_kernel, blocks_for(pairs), kThreads, 0, stream_of(st), x, pairs, heads, hd, cs, stride);
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_qkv_norm_rope(float *q, float *k, float *v, int n, int hq, int hkv, int hd,
+                                              const float *qw, const float *kw, bool vnorm, double eps,
+                                              const float *cs, int64_t stride, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_qkv_norm_rope";
+  if (!q || !cs || (vnorm && !v) || n < 0 || hq < 0 || hkv < 0 || (n > 1 && stride < hd))
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape or stride < head dim");
+  if (hd < 64 || hd > 512 || hd % 64)
+    return fail(err, RLM_ERR_INVALID, fn, "head dim %d: a multiple of 64 up to 512 is needed", hd);
+  const int nk = k ? hkv : 0, nv = vnorm ? hkv : 0;
+  const int64_t rows = (int64_t)n * (hq + nk + nv);
+  if (rows == 0) return RLM_OK;
+  const unsigned grid = (unsigned)((rows + 3) / 4);
+#define RLM_K(KN)                                                                                                   \
+  case KN:                                                                                                          \
+    launch_k(qkv_norm_rope_kernel<KN>, grid, 4 * kWarp, 0, stream_of(st), q, k, v, n, hq, nk, nv, qw, kw, eps, cs,   \
+             stride);                                                                                               \
+    break;
+  switch (hd / kWarp) { RLM_K(2) RLM_K(4) RLM_K(6) RLM_K(8) RLM_K(10) RLM_K(12) RLM_K(14) RLM_K(16) }
+#undef RLM_K
   return launched(fn, err);
 }
 

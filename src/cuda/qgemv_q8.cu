@@ -17,10 +17,9 @@
  * as rlm__qmv_q8_ref computes it; the integer sums are exact, so the two
  * differ only in the order of the f32 additions.
  *
- * Scratch, per row of x (padded to 16 bytes): xq [cols] int8 (4-bit
- * weights: each 8 elements stored evens then odds, [x0 x2 x4 x6 | x1 x3
- * x5 x7], to match the nibbles split by one mask and one shift; 8-bit:
- * natural order) | d [cols/32] | xsum [cols/G] f32.
+ * The scratch's layout is common.cuh's (q8_row_bytes, q8_group): the
+ * norms and gated activations that produce x may write it themselves
+ * (ops.cu), and the backend then skips the quantization here.
  */
 #include "common.cuh"
 
@@ -53,11 +52,8 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
   return d;
 }
 
-/* One row of x's scratch, padded to 16 bytes so every row's xq starts
- * aligned for the 16-byte loads. */
-__host__ __device__ inline size_t row_bytes(int64_t cols, int g) {
-  return ((size_t)cols + 4 * (size_t)(cols / 32) + 4 * (size_t)(cols / g) + 15) & ~(size_t)15;
-}
+/* One row of x's scratch (common.cuh: q8_row_bytes). */
+__host__ __device__ inline size_t row_bytes(int64_t cols, int g) { return q8_row_bytes(cols, g); }
 
 /* THE PRODUCTS OF ONE INPUT. q, k and v (and gate and up) multiply the same
  * x; one launch over their rows in turn saves two launches a layer and
@@ -87,35 +83,21 @@ __device__ __forceinline__ const Seg &seg_of(const Segs &p, int64_t *b) {
 }
 
 /* One warp a weight group of x (g / 32 blocks in turn, lane i taking
- * element i of each), so that xsum is one warp's sum, in a fixed order:
- * a replay gives the same bits. */
-template <int BITS>
-__global__ void quantize_kernel(const float *__restrict__ x, int64_t cols, int g, int64_t n_groups_all,
+ * element i of each: q8_group), so that xsum is one warp's sum, in a
+ * fixed order: a replay gives the same bits, and so do the norms and
+ * activations that write this scratch themselves (ops.cu). */
+template <int G32>
+__global__ void quantize_kernel(const float *__restrict__ x, int64_t cols, int bits, int64_t n_groups_all,
                                 uint8_t *__restrict__ scratch) {
   pdl_enter();
   const int lane = threadIdx.x % kWarp;
   const int64_t gid = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp; /* over all rows */
   if (gid >= n_groups_all) return;
-  const int64_t per_row = cols / g, r = gid / per_row, grp = gid % per_row;
-  uint8_t *base = scratch + (size_t)r * row_bytes(cols, g);
-  int8_t *xq = reinterpret_cast<int8_t *>(base);
-  float *d = reinterpret_cast<float *>(base + cols), *xsum = d + cols / 32;
-  float sum = 0.f;
-  for (int j = 0; j < g / 32; j++) {
-    const int64_t b = grp * (g / 32) + j, e = b * 32 + lane;
-    const float v = x[r * cols + e];
-    float amax = fabsf(v);
+  const int64_t per_row = cols / (G32 * 32), r = gid / per_row, grp = gid % per_row;
+  float v[G32];
 #pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float inv = amax > 0 ? __fdiv_rn(127.0f, amax) : 0.0f;
-    const int64_t pos = BITS == 4 ? (e & ~7) + ((e & 1) ? 4 + (e & 7) / 2 : (e & 7) / 2) : e;
-    xq[pos] = (int8_t)rintf(__fmul_rn(v, inv));
-    if (lane == 0) d[b] = __fdiv_rn(amax, 127.0f);
-    sum += v;
-  }
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  if (lane == 0) xsum[grp] = sum;
+  for (int j = 0; j < G32; j++) v[j] = x[r * cols + (grp * G32 + j) * 32 + lane];
+  q8_group(v, bits, cols, grp, scratch + (size_t)r * row_bytes(cols, G32 * 32), lane);
 }
 
 /* kRowsPerWarp weight rows x M rows of x. Lane l takes 16-byte vectors l,
@@ -202,6 +184,33 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
   warp_store(acc, lane, n_rows, rows, row0, y);
 }
 
+/* The warp's sums of R rows (R a power of two, <= 32), each over all 32
+ * lanes, in log2(R) + log2(32 / R) steps instead of R * 5 shuffles: at
+ * each step a lane keeps half of its rows and gives the other half to
+ * the lane `o` away, which keeps the opposite half; once a lane holds one
+ * row, the lanes holding the same row add up. Returns the sum, complete
+ * in every lane, of the row *row. A fixed order: a replay gives the same
+ * bits. */
+template <int R>
+__device__ __forceinline__ float fold_rows(float (&a)[R], int lane, int *row) {
+  int r0 = 0;
+#pragma unroll
+  for (int h = R / 2, o = kWarp / 2; h >= 1; h /= 2, o /= 2) {
+    const bool up = lane & o;
+#pragma unroll
+    for (int i = 0; i < h; i++) {
+      const float send = up ? a[i] : a[i + h], keep = up ? a[i + h] : a[i];
+      a[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    if (up) r0 += h;
+  }
+  float v = a[0];
+#pragma unroll
+  for (int o = kWarp / (2 * R); o >= 1; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  *row = r0;
+  return v;
+}
+
 /* DECODE'S 4-BIT PRODUCT (m = 1): x in registers.
  * qgemv_q8_kernel reads x's codes and scales again for every pair of
  * weight rows: 36 bytes of x side per 32 bytes of codes, loads that the
@@ -211,8 +220,9 @@ __global__ void __launch_bounds__(kWarp *kWarpsPerBlock)
  * once, and keeps them for every row: per row a lane then reads one
  * 16-byte vector of codes and one scale and bias. The W warps of a block
  * split the columns (split-K: P = ceil(cols / 1024) passes, W = P / PP) over
- * the same R rows, and add up in shared memory in a fixed order (a replay
- * gives the same bits). The bias term b_g * xsum_g is added by the one lane
+ * the same R rows; each warp folds its R sums (fold_rows), and the warps
+ * add up in shared memory in a fixed order (a replay gives the same
+ * bits). The bias term b_g * xsum_g is added by the one lane
  * whose block starts group g. */
 template <int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
@@ -257,9 +267,10 @@ __global__ void __launch_bounds__(kWarp * 8)
     xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
     dx[p] = in ? __ldg(dq + v) : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
   }
+  float acc[R];
 #pragma unroll
   for (int r = 0; r < R; r++) {
-    float acc = 0.f;
+    acc[r] = 0.f;
 #pragma unroll
     for (int p = 0; p < PP; p++) {
       const uint32_t w4[4] = {wv[r][p].x, wv[r][p].y, wv[r][p].z, wv[r][p].w};
@@ -269,13 +280,13 @@ __global__ void __launch_bounds__(kWarp * 8)
         isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], isum);
         isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[p][k], isum);
       }
-      acc = fmaf((float)isum, dx[p] * s[r][p], acc);
-      acc = fmaf(b[r][p], xs[p], acc);
+      acc[r] = fmaf((float)isum, dx[p] * s[r][p], acc[r]);
+      acc[r] = fmaf(b[r][p], xs[p], acc[r]);
     }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) red[warp][r] = acc;
   }
+  int row;
+  const float part = fold_rows(acc, lane, &row);
+  if (lane % (kWarp / R) == 0) red[warp][row] = part;
   __syncthreads();
   if (threadIdx.x < R && row0 + threadIdx.x < rows) {
     float sum = 0.f;
@@ -402,8 +413,9 @@ extern "C" rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t co
   const int warps = 8;
   const unsigned grid = (unsigned)((n_groups_all + warps - 1) / warps);
   uint8_t *out = static_cast<uint8_t *>(scratch);
-  if (bits == 4) launch_k(quantize_kernel<4>, grid, warps * kWarp, 0, st, x, cols, group_size, n_groups_all, out);
-  else launch_k(quantize_kernel<8>, grid, warps * kWarp, 0, st, x, cols, group_size, n_groups_all, out);
+#define RLM_Q(G32) launch_k(quantize_kernel<G32>, grid, warps * kWarp, 0, st, x, cols, bits, n_groups_all, out)
+  RLM_CUDA_FOR_G32(group_size, RLM_Q)
+#undef RLM_Q
   const cudaError_t e = cudaGetLastError();
   return cuda_status(e, fn, err);
 }

@@ -70,11 +70,16 @@ static void project_qkv(rlm_session *s, int li, int n) {
   if (own && L->wv.out) ls[k] = &L->wv, ys[k++] = s->v;
   lins(s, ls, ys, k, s->h, n);
   if (own && !L->wv.out) be->copy(s, s->v, s->k, (size_t)n * nkv * hd); /* k_eq_v: V = raw K */
+  const float *cs = rope_row(s, c->sliding[li], 0);
+  const int64_t stride = c->max_head_dim;
+  if (be->qkv_norm_rope) {
+    be->qkv_norm_rope(s, s->q, own ? s->k : NULL, s->v, n, c->n_heads, nkv, hd, L->q_norm, own ? L->k_norm : NULL,
+                      own && c->v_norm, eps, cs, stride);
+    return;
+  }
   if (L->q_norm) be->rmsnorm(s, s->q, s->q, L->q_norm, n * c->n_heads, hd, eps);
   if (own && L->k_norm) be->rmsnorm(s, s->k, s->k, L->k_norm, n * nkv, hd, eps);
   if (own && c->v_norm) be->rmsnorm(s, s->v, s->v, NULL, n * nkv, hd, eps);
-  const float *cs = rope_row(s, c->sliding[li], 0);
-  const int64_t stride = c->max_head_dim;
   be->rope(s, s->q, n, c->n_heads, hd, cs, stride);
   if (own) be->rope(s, s->k, n, nkv, hd, cs, stride);
 }

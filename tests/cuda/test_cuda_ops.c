@@ -114,7 +114,7 @@ static void check_rmsnorm(int rows, int n, bool weight, bool in_place) {
   float *dx = dev_copy(x, (size_t)rows * n * 4), *dw = w ? dev_copy(w, (size_t)n * 4) : NULL;
   float *dy = in_place ? dx : dev_poisoned((size_t)rows * n * 4);
   rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_rmsnorm(dy, dx, dw, rows, n, eps, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_rmsnorm(dy, dx, dw, rows, n, eps, NULL, NULL, &err), RLM_OK);
   download(got, dy, (size_t)rows * n * 4);
   char what[96];
   snprintf(what, sizeof what, "rmsnorm %d x %d%s%s", rows, n, weight ? ", weight" : "", in_place ? ", in place" : "");
@@ -184,7 +184,7 @@ static void check_act(bool gelu, int rows, int n, bool fused, bool in_place) {
   float *dgu = dev_copy(gu, (size_t)(rows * us) * 4), *dg = dev_copy(g, (size_t)rows * n * 4);
   float *dy = in_place ? dg : dev_poisoned((size_t)rows * n * 4);
   rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_act_mul(gelu, dy, dg, fused ? dgu + n : dgu, rows, n, us, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_act_mul(gelu, dy, dg, fused ? dgu + n : dgu, rows, n, us, NULL, NULL, &err), RLM_OK);
   download(got, dy, (size_t)rows * n * 4);
   char what[96];
   snprintf(what, sizeof what, "%s_mul %d x %d%s%s", gelu ? "gelu" : "silu", rows, n, fused ? ", fused u" : "",
@@ -290,6 +290,122 @@ TEST(rope_matches_reference) {
   check_rope(1, 32, 128);
   check_rope(5, 8, 256);
   check_rope(37, 3, 64);
+}
+
+/* The fused per-head step against the ops it replaces, run in turn on the
+ * same input: every element within 1e-6 of max |ref| (only the order of
+ * the norm's double adds differs, which moves r in the rarest ties). */
+static void check_qkv_norm_rope(int n, int hq, int hkv, int hd, bool qn, bool kv, bool kn, bool vn) {
+  const double eps = 1e-6;
+  const int half = hd / 2;
+  const int64_t stride = hd + 6, nq = (int64_t)n * hq * hd, nk = (int64_t)n * hkv * hd;
+  float *inv = xmalloc((size_t)half * 4), *cs = xmalloc((size_t)n * stride * 4);
+  for (int i = 0; i < half; i++) inv[i] = (float)(1.0 / pow(10000.0, (double)(2 * i) / hd));
+  for (int j = 0; j < n; j++) rlm__rope_angles(cs + j * stride, inv, half, 7 + 311 * j);
+  float *q = frand(nq, 3.0f), *k = frand(nk, 3.0f), *v = frand(nk, 3.0f), *qw = frand(hd, 1.5f), *kw = frand(hd, 1.5f);
+  float *dcs = dev_copy(cs, (size_t)n * stride * 4), *dqw = dev_copy(qw, (size_t)hd * 4), *dkw = dev_copy(kw, (size_t)hd * 4);
+  float *d[2][3]; /* [ops in turn, fused][q, k, v] */
+  for (int f = 0; f < 2; f++)
+    d[f][0] = dev_copy(q, (size_t)nq * 4), d[f][1] = dev_copy(k, (size_t)nk * 4), d[f][2] = dev_copy(v, (size_t)nk * 4);
+  rlm_error err = {0};
+  if (qn) CHECK_EQ(rlm__cuda_rmsnorm(d[0][0], d[0][0], dqw, n * hq, hd, eps, NULL, NULL, &err), RLM_OK);
+  if (kv && kn) CHECK_EQ(rlm__cuda_rmsnorm(d[0][1], d[0][1], dkw, n * hkv, hd, eps, NULL, NULL, &err), RLM_OK);
+  if (vn) CHECK_EQ(rlm__cuda_rmsnorm(d[0][2], d[0][2], NULL, n * hkv, hd, eps, NULL, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_rope(d[0][0], n, hq, hd, dcs, stride, NULL, &err), RLM_OK);
+  if (kv) CHECK_EQ(rlm__cuda_rope(d[0][1], n, hkv, hd, dcs, stride, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_qkv_norm_rope(d[1][0], kv ? d[1][1] : NULL, d[1][2], n, hq, hkv, hd, qn ? dqw : NULL,
+                                   kn ? dkw : NULL, vn, eps, dcs, stride, NULL, &err), RLM_OK);
+  static const char *names[3] = {"q", "k", "v"};
+  for (int a = 0; a < 3; a++) {
+    const int64_t m = a ? nk : nq;
+    float *ref = xmalloc((size_t)m * 4), *got = xmalloc((size_t)m * 4);
+    download(ref, d[0][a], (size_t)m * 4);
+    download(got, d[1][a], (size_t)m * 4);
+    char what[128];
+    snprintf(what, sizeof what, "qkv_norm_rope %s: %d tokens, %d/%d heads x %d%s%s%s%s", names[a], n, hq, hkv, hd,
+             qn ? ", q norm" : "", kv ? "" : ", no k", kn ? ", k norm" : "", vn ? ", v norm" : "");
+    expect_close(what, got, ref, m, 1e-6);
+    free(ref), free(got);
+  }
+  for (int f = 0; f < 2; f++) cudaFree(d[f][0]), cudaFree(d[f][1]), cudaFree(d[f][2]);
+  cudaFree(dcs), cudaFree(dqw), cudaFree(dkw);
+  free(inv), free(cs), free(q), free(k), free(v), free(qw), free(kw);
+}
+
+TEST(qkv_norm_rope_matches_ops) {
+  check_qkv_norm_rope(1, 32, 8, 128, false, true, false, false); /* Llama: RoPE only */
+  check_qkv_norm_rope(1, 4, 1, 256, true, true, true, false);    /* Gemma 3 */
+  check_qkv_norm_rope(3, 8, 2, 512, true, true, true, true);     /* Gemma 4's full layers */
+  check_qkv_norm_rope(5, 6, 2, 64, true, false, false, false);   /* a KV-shared layer: q only */
+  check_qkv_norm_rope(2, 3, 3, 192, true, true, true, true);
+  rlm_error err = {0};
+  float *p = dev_poisoned(4096);
+  CHECK_EQ(rlm__cuda_qkv_norm_rope(p, p, p, 1, 1, 1, 96, NULL, NULL, false, 1e-6, p, 96, NULL, &err),
+           RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "head dim 96");
+  cudaFree(p);
+}
+
+/* ---- int8 activations written by their producers ---------------------------- */
+
+/* A producer's output y and int8 activations against the same producer
+ * without them and rlm__cuda_q8act_quantize of that output: both bit for
+ * bit. kind 0: rmsnorm, 1: add_norm (2: with a post-norm), 3: gelu, 4:
+ * silu. */
+static void check_q8_producer(int kind, int rows, int n, int bits, int g) {
+  const size_t fb = (size_t)rows * n * 4, qb = rlm__cuda_q8act_bytes(n, g, rows);
+  float *x = frand((int64_t)rows * n, 3.0f), *h = frand((int64_t)rows * n, 2.0f), *w = frand(n, 1.5f);
+  float *dw = dev_copy(w, (size_t)n * 4), *dpost = dev_copy(h, (size_t)n * 4);
+  float *dx[2], *dh[2], *dy[2];
+  for (int f = 0; f < 2; f++) dx[f] = dev_copy(x, fb), dh[f] = dev_copy(h, fb), dy[f] = dev_poisoned(fb);
+  void *made, *want;
+  CU(cudaMalloc(&made, qb));
+  CU(cudaMalloc(&want, qb));
+  CU(cudaMemset(made, 0, qb));
+  CU(cudaMemset(want, 0, qb));
+  rlm_cuda_q8out q8 = {made, bits, g};
+  rlm_error err = {0};
+  for (int f = 0; f < 2; f++) {
+    const rlm_cuda_q8out *o = f ? &q8 : NULL;
+    rlm_status rc = RLM_OK;
+    if (kind == 0) rc = rlm__cuda_rmsnorm(dy[f], dx[f], dw, rows, n, 1e-6, o, NULL, &err);
+    else if (kind <= 2) rc = rlm__cuda_add_norm(dx[f], dh[f], kind == 2 ? dpost : NULL, dw, dy[f], rows, n, 1e-6, o, NULL, &err);
+    else rc = rlm__cuda_act_mul(kind == 3, dy[f], dx[f], dh[f], rows, n, n, o, NULL, &err);
+    CHECK_EQ(rc, RLM_OK);
+  }
+  CHECK_EQ(rlm__cuda_q8act_quantize(dy[0], rows, n, bits, g, want, NULL, &err), RLM_OK);
+  float *y0 = xmalloc(fb), *y1 = xmalloc(fb);
+  uint8_t *q0 = xmalloc(qb), *q1 = xmalloc(qb);
+  download(y0, dy[0], fb), download(y1, dy[1], fb);
+  download(q0, want, qb), download(q1, made, qb);
+  static const char *names[] = {"rmsnorm", "add_norm", "add_norm post", "gelu_mul", "silu_mul"};
+  test_note("%s %d x %d, %d-bit g%d: output %s, int8 activations %s", names[kind], rows, n, bits, g,
+            memcmp(y0, y1, fb) ? "DIFFERS" : "same bits", memcmp(q0, q1, qb) ? "DIFFER" : "same bits");
+  if (getenv("RINGLM_TEST_VERBOSE")) printf("    %s\n", t_note);
+  CHECK(memcmp(y0, y1, fb) == 0);
+  CHECK(memcmp(q0, q1, qb) == 0);
+  if (kind == 1 || kind == 2) { /* the residual, too */
+    download(y0, dx[0], fb), download(y1, dx[1], fb);
+    CHECK(memcmp(y0, y1, fb) == 0);
+  }
+  for (int f = 0; f < 2; f++) cudaFree(dx[f]), cudaFree(dh[f]), cudaFree(dy[f]);
+  cudaFree(dw), cudaFree(dpost), cudaFree(made), cudaFree(want);
+  free(x), free(h), free(w), free(y0), free(y1), free(q0), free(q1);
+}
+
+TEST(producers_write_q8) {
+  for (int kind = 0; kind < 5; kind++) {
+    check_q8_producer(kind, 1, 4096, 4, 64);
+    check_q8_producer(kind, 3, 1152, 4, 32);
+    check_q8_producer(kind, 2, 6912, 8, 64);
+    check_q8_producer(kind, 8, 2048, 4, 128);
+  }
+  rlm_error err = {0};
+  float *p = dev_poisoned(4096 * 4);
+  rlm_cuda_q8out q8 = {p, 4, 64};
+  CHECK_EQ(rlm__cuda_rmsnorm(p, p, NULL, 1, 1000, 1e-6, &q8, NULL, &err), RLM_ERR_INVALID); /* 1000 % 128 */
+  CHECK_STR_CONTAINS(err.msg, "(1000)");
+  cudaFree(p);
 }
 
 /* ---- embedding ------------------------------------------------------------- */
@@ -664,6 +780,36 @@ static void write_span(const rlm_cuda_kv *c, int r, int64_t p0, int64_t p1, cons
   cudaFree(dk), cudaFree(dv), cudaFree(drow), cudaFree(dpos);
 }
 
+/* The same attention again, writing its output's int8 activations too:
+ * the output bit for bit `out` (the plain call's), the activations
+ * rlm__cuda_q8act_quantize's of it (4-bit layout, the widest group that
+ * divides dim). */
+static void check_attend_q8(const rlm_cuda_kv *c, const float *dq, int H, float scale, const int32_t *drow,
+                            const int64_t *dpos, int n, int dim, const float *out) {
+  const int64_t cols = (int64_t)H * dim;
+  const int g = dim % 128 == 0 ? 128 : dim % 64 == 0 ? 64 : 32;
+  if (cols % 128 || dim % g) return; /* shapes the o projection's int8 path does not take */
+  const size_t fb = (size_t)n * cols * 4, qb = rlm__cuda_q8act_bytes(cols, g, n);
+  float *dout = dev_poisoned(fb);
+  void *scratch = dev_poisoned(rlm__cuda_attend_scratch_bytes(n, H, dim)), *made, *want;
+  CU(cudaMalloc(&made, qb));
+  CU(cudaMalloc(&want, qb));
+  CU(cudaMemset(made, 0, qb));
+  CU(cudaMemset(want, 0, qb));
+  rlm_cuda_q8out q8 = {made, 4, g};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_attend(c, dq, H, scale, drow, dpos, n, dout, scratch, &q8, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_q8act_quantize(dout, n, cols, 4, g, want, NULL, &err), RLM_OK);
+  float *got = xmalloc(fb);
+  uint8_t *q0 = xmalloc(qb), *q1 = xmalloc(qb);
+  download(got, dout, fb);
+  download(q0, want, qb), download(q1, made, qb);
+  CHECK(memcmp(got, out, fb) == 0);
+  CHECK(memcmp(q0, q1, qb) == 0);
+  cudaFree(dout), cudaFree(scratch), cudaFree(made), cudaFree(want);
+  free(got), free(q0), free(q1);
+}
+
 static void check_attend(attn_case *a) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
@@ -701,9 +847,10 @@ static void check_attend(attn_case *a) {
   rlm_error err = {0};
   test_note("attend %s", a->name);
   CHECK_EQ(rlm__cuda_kv_write(&c, dk, dv, drow, dpos, n, NULL, &err), RLM_OK);
-  CHECK_EQ(rlm__cuda_attend(&c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_attend(&c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
   float *got = xmalloc((size_t)n * H * dim * 4), *ref = xmalloc((size_t)n * H * dim * 4);
   download(got, dout, (size_t)n * H * dim * 4);
+  check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
   /* The reference, in double over the stored (rounded) values. */
   const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
   double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
@@ -800,21 +947,21 @@ TEST(refuses_what_it_lacks) {
   rlm_error err = {0};
   void *p = (void *)(uintptr_t)256; /* never dereferenced: refused first */
   rlm_cuda_kv c = {.k = p, .v = p, .dtype = RLM_DTYPE_BF16, .n_kv = 8, .dim = 520, .cap = 1024};
-  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, NULL, &err), RLM_ERR_UNSUPPORTED);
   CHECK_STR_CONTAINS(err.msg, "rlm__cuda_attend");
   c.dim = 100; /* not a multiple of 8 */
-  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, NULL, &err), RLM_ERR_UNSUPPORTED);
   c.dim = 128;
-  CHECK_EQ(rlm__cuda_attend(&c, p, 12, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_INVALID); /* 12 over 8 */
+  CHECK_EQ(rlm__cuda_attend(&c, p, 12, 1.0f, p, p, 1, p, p, NULL, NULL, &err), RLM_ERR_INVALID); /* 12 over 8 */
   c.dtype = RLM_DTYPE_I32;
-  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, NULL, &err), RLM_ERR_UNSUPPORTED);
   CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_UNSUPPORTED);
   c.dtype = RLM_DTYPE_BF16, c.ring = 1000, c.keep = 2; /* ring must be cap - keep */
   CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_INVALID);
   c.ring = 0, c.keep = 0, c.k_bits = c.v_bits = 4, c.group = 64; /* quantized without scales */
   CHECK_EQ(rlm__cuda_kv_write(&c, p, p, p, p, 1, NULL, &err), RLM_ERR_INVALID);
   c.ks = c.kb = c.vs = c.vb = p, c.v_bits = 7; /* no 7-bit format */
-  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, &err), RLM_ERR_INVALID);
+  CHECK_EQ(rlm__cuda_attend(&c, p, 32, 1.0f, p, p, 1, p, p, NULL, NULL, &err), RLM_ERR_INVALID);
   CHECK_STR_CONTAINS(err.msg, "bits, group");
   c.k_bits = c.v_bits = 0;
   rlm_cuda_weight w = {.w = p, .dtype = RLM_DTYPE_BF16, .rows = 8, .cols = 64};
@@ -827,10 +974,10 @@ TEST(refuses_what_it_lacks) {
   e.q.bits = 4, e.q.group_size = 48;
   CHECK_EQ(rlm__cuda_embed(&e, p, 1, 1.0f, p, NULL, &err), RLM_ERR_INVALID);
   CHECK_EQ(rlm__cuda_rope(p, 1, 8, 127, p, 128, NULL, &err), RLM_ERR_INVALID); /* odd head dim */
-  CHECK_EQ(rlm__cuda_rmsnorm(p, p, NULL, 1, 0, 1e-6, NULL, &err), RLM_ERR_INVALID);
+  CHECK_EQ(rlm__cuda_rmsnorm(p, p, NULL, 1, 0, 1e-6, NULL, NULL, &err), RLM_ERR_INVALID);
   /* Nothing to do is not an error, and launches nothing. */
   CHECK_EQ(rlm__cuda_add(p, p, 0, NULL, &err), RLM_OK);
-  CHECK_EQ(rlm__cuda_act_mul(true, p, p, p, 0, 64, 64, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_act_mul(true, p, p, p, 0, 64, 64, NULL, NULL, &err), RLM_OK);
   CU(cudaDeviceSynchronize());
 }
 
@@ -904,7 +1051,7 @@ typedef struct attn_bench {
 static void attn_launch(void *ctx, int i) {
   attn_bench *b = ctx;
   rlm_error err;
-  if (rlm__cuda_attend(&b->c, b->q, b->n_heads, 0.0883883f, b->row, b->pos, b->n, b->out, b->scratch, NULL, &err))
+  if (rlm__cuda_attend(&b->c, b->q, b->n_heads, 0.0883883f, b->row, b->pos, b->n, b->out, b->scratch, NULL, NULL, &err))
     fprintf(stderr, "%s\n", err.msg), exit(1);
 }
 
@@ -971,6 +1118,8 @@ int main(int argc, char **argv) {
   RUN(gather_rows_copies);
   RUN(rope_angles_match_reference);
   RUN(rope_matches_reference);
+  RUN(qkv_norm_rope_matches_ops);
+  RUN(producers_write_q8);
   RUN(embed_matches_reference);
   RUN(dense_gemv_matches_reference);
   RUN(kv_write_matches_convert);
