@@ -48,6 +48,8 @@
 
 #include "common.cuh"
 
+#include <type_traits>
+
 #include <cuda_runtime.h>
 #include <float.h>
 
@@ -228,6 +230,70 @@ __global__ void kv_write_kernel(rlm_cuda_kv c, const float *__restrict__ k, cons
   for (int d = threadIdx.x; d < c.dim; d += blockDim.x) {
     put(kd + d, k[src + d]);
     put(vd + d, v[src + d]);
+  }
+}
+
+/* THE LAYER'S Q, K AND V AFTER THEIR PROJECTIONS, in one launch (the
+ * decode step's norms, RoPE and KV write: four to seven small kernels a
+ * layer in one): a warp a head row of a token, KN = hd / 32 elements a
+ * lane (lane + 32 i), so that the RoPE pair of element i (i + hd/2) is
+ * the same lane's element i + KN/2. Rows of token j: q's hq heads (normed
+ * by qw when given, then rotated), k's nk (kw, rotated), v's nv (normed
+ * without a weight when vnorm). Each step is rmsnorm_kernel's and
+ * rope_kernel's arithmetic (ops.cu); only the order of the norm's double
+ * adds differs (a warp's tree instead of the block's). T (not void): k
+ * and v rows are also written into the dense cache c, as kv_write_kernel
+ * writes them. */
+template <int KN, typename T>
+__global__ void qkv_prep_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
+                                const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
+                                rlm_cuda_kv c, const int32_t *__restrict__ tok_row,
+                                const int64_t *__restrict__ tok_pos) {
+  pdl_enter();
+  constexpr int hd = KN * kWarp, half = KN / 2;
+  const int lane = threadIdx.x % kWarp, per_tok = hq + nk + nv;
+  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (t >= (int64_t)n * per_tok) return;
+  const int64_t j = t / per_tok;
+  const int i = (int)(t % per_tok), kind = i < hq ? 0 : i < hq + nk ? 1 : 2, h = kind == 0 ? i : kind == 1 ? i - hq : i - hq - nk;
+  float *p = kind == 0 ? q + (j * hq + h) * hd : kind == 1 ? k + (j * nk + h) * hd : v + (j * nv + h) * hd;
+  const float *w = kind == 0 ? qw : kind == 1 ? kw : NULL;
+  const bool norm = w || (kind == 2 && vnorm), rope = kind < 2;
+  float e[KN];
+#pragma unroll
+  for (int u = 0; u < KN; u++) e[u] = p[lane + kWarp * u];
+  if (norm) {
+    double ss = 0;
+#pragma unroll
+    for (int u = 0; u < KN; u++) ss += (double)e[u] * (double)e[u];
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = (float)(1.0 / sqrt(ss / hd + eps));
+#pragma unroll
+    for (int u = 0; u < KN; u++) {
+      const float t1 = __fmul_rn(e[u], r);
+      e[u] = w ? __fmul_rn(w[lane + kWarp * u], t1) : t1;
+    }
+  }
+  if (rope) {
+    const float *cj = cs + j * stride;
+#pragma unroll
+    for (int u = 0; u < half; u++) {
+      const int d = lane + kWarp * u;
+      const float co = cj[2 * d], si = cj[2 * d + 1], a = e[u], b = e[u + half];
+      e[u] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
+      e[u + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < KN; u++) p[lane + kWarp * u] = e[u];
+  if constexpr (!std::is_void<T>::value) {
+    int row;
+    const int64_t slot = kind ? token_slot(c, tok_row, tok_pos, j, &row) : -1;
+    if (slot < 0) return;
+    T *dst = static_cast<T *>(kind == 1 ? c.k : c.v) + (((int64_t)row * c.n_kv + h) * c.cap + slot) * c.dim;
+#pragma unroll
+    for (int u = 0; u < KN; u++) put(dst + lane + kWarp * u, e[u]);
   }
 }
 
@@ -717,6 +783,41 @@ extern "C" rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, c
   case RLM_DTYPE_BF16: launch_k(kv_write_kernel<__nv_bfloat16>, grid, threads, 0, s, *c, k, v, tok_row, tok_pos); break;
   default: launch_k(kv_write_kernel<float>, grid, threads, 0, s, *c, k, v, tok_row, tok_pos); break;
   }
+  return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, int hq, int hkv, int hd,
+                                         const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                                         int64_t stride, const rlm_cuda_kv *c, const int32_t *tok_row,
+                                         const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_qkv_prep";
+  if (!q || !cs || ((vnorm || c) && (!k || !v)) || n < 0 || hq < 0 || hkv < 0 || (n > 1 && stride < hd))
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape or stride < head dim");
+  if (hd < 64 || hd > 512 || hd % 64)
+    return fail(err, RLM_ERR_INVALID, fn, "head dim %d: a multiple of 64 up to 512 is needed", hd);
+  if (c && (!cache_ok(c) || c->k_bits || c->v_bits || c->dim != hd || c->n_kv != hkv || !dtype_ok(c->dtype) ||
+            !tok_row || !tok_pos))
+    return fail(err, RLM_ERR_INVALID, fn, "the cache written must be dense, of %d heads x %d, with the pass's rows "
+                "and positions", hkv, hd);
+  const int nk = k ? hkv : 0, nv = c || vnorm ? hkv : 0;
+  const int64_t rows = (int64_t)n * (hq + nk + nv);
+  if (rows == 0) return RLM_OK;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
+  const unsigned grid = (unsigned)((rows + 3) / 4);
+  const rlm_cuda_kv none = {};
+  const rlm_cuda_kv &cc = c ? *c : none;
+#define RLM_L(KN, T) launch_k(qkv_prep_kernel<KN, T>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, \
+                              eps, cs, stride, cc, tok_row, tok_pos)
+#define RLM_K(KN)                                                                                                   \
+  case KN:                                                                                                          \
+    if (!c) RLM_L(KN, void);                                                                                        \
+    else if (c->dtype == RLM_DTYPE_BF16) RLM_L(KN, __nv_bfloat16);                                                  \
+    else if (c->dtype == RLM_DTYPE_F16) RLM_L(KN, __half);                                                          \
+    else RLM_L(KN, float);                                                                                          \
+    break;
+  switch (hd / kWarp) { RLM_K(2) RLM_K(4) RLM_K(6) RLM_K(8) RLM_K(10) RLM_K(12) RLM_K(14) RLM_K(16) }
+#undef RLM_K
+#undef RLM_L
   return launched(fn, err);
 }
 

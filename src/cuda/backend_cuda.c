@@ -282,6 +282,7 @@ typedef struct cuda_sess {
   /* the format norms and gated activations write q8 in along with their
    * output (q8_out), the first layer's q projection's; 0: they do not */
   int q8_fmt_bits, q8_fmt_group;
+  int kv_done;                /* the layer whose k, v qkv_norm_rope wrote, or -1 */
   /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
    * copy of the router's logits (pinned), its chosen experts and weights */
   float *moe_dev, *moe_logit;
@@ -567,10 +568,13 @@ static void cuda_rope(rlm_session *s, float *x, int n, int heads, int hd, const 
 }
 
 /* One launch for the head dims it takes (multiples of 64 up to 512),
- * else the ops in turn. */
-static void cuda_qkv_norm_rope(rlm_session *s, float *q, float *k, float *v, int n, int hq, int hkv, int hd,
-                               const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
-                               int64_t stride) {
+ * else the ops in turn. A layer with a dense cache of its own has k and v
+ * written there too (kv_done: its attend then skips the write). */
+static void cuda_qkv_norm_rope(rlm_session *s, const rlm_pass *ps, int li, float *q, float *k, float *v, int n,
+                               int hq, int hkv, int hd, const float *qw, const float *kw, bool vnorm, double eps,
+                               const float *cs, int64_t stride) {
+  (void)ps;
+  cs_of(s)->kv_done = -1;
   if (!fuse_on() || hd % 64 || hd > 512) {
     if (qw) cuda_rmsnorm(s, q, q, qw, n * hq, hd, eps);
     if (k && kw) cuda_rmsnorm(s, k, k, kw, n * hkv, hd, eps);
@@ -580,9 +584,13 @@ static void cuda_qkv_norm_rope(rlm_session *s, float *q, float *k, float *v, int
     return;
   }
   if (skip(s)) return;
+  cuda_sess *cs_ = cs_of(s);
+  const rlm_cuda_kv *kv = k && !cs_->kv[li].k_bits ? &cs_->kv[li] : NULL;
   rlm_error er;
-  note(s, rlm__cuda_qkv_norm_rope(q, k, v, n, hq, hkv, hd, dvec(s, qw), dvec(s, kw), vnorm, eps, cs, stride,
-                                  cs_of(s)->st, &er), &er);
+  rlm_status rc = rlm__cuda_qkv_prep(q, k, v, n, hq, hkv, hd, dvec(s, qw), dvec(s, kw), vnorm, eps, cs, stride, kv,
+                                     cs_->d_rows, cs_->d_pos, cs_->st, &er);
+  note(s, rc, &er);
+  cs_->kv_done = kv && !rc ? li : -1;
 }
 
 static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
@@ -601,7 +609,9 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
   const int donor = c->kv_donor[li];
   rlm_error er;
   rlm_status rc = RLM_OK;
-  if (donor < 0) rc = rlm__cuda_kv_write(&cs->kv[li], s->k, s->v, cs->d_rows, cs->d_pos, ps->n, cs->st, &er);
+  if (donor < 0 && cs->kv_done != li)
+    rc = rlm__cuda_kv_write(&cs->kv[li], s->k, s->v, cs->d_rows, cs->d_pos, ps->n, cs->st, &er);
+  cs->kv_done = -1;
   const rlm_cuda_kv *kv = &cs->kv[donor >= 0 ? donor : li];
   rlm_cuda_q8out buf; /* the o projection's x, where the group divides the head dim */
   const rlm_cuda_q8out *q8 = q8_out(s, ps->n, c->n_heads * kv->dim, &buf);
@@ -1001,6 +1011,7 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   if (!cs) return rlm__err_nomem(err, "cuda session", sizeof *cs);
   s->dev = cs, s->be = &backend_cuda;
   cs->w = s->m->dev_weights;
+  cs->kv_done = -1;
   if (!(cs->top = rlm__calloc((size_t)s->p.n_rows, sizeof *cs->top)))
     return rlm__err_nomem(err, "cuda rows", (size_t)s->p.n_rows * sizeof *cs->top);
   cudaError_t e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking);

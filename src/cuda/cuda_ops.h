@@ -65,15 +65,6 @@ rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *id
  * then cos and sin in double, rounded once). */
 rlm_status rlm__cuda_rope_angles(float *cs, int64_t stride, const float *inv_freq, int half,
                                  const int64_t *pos, int n, rlm_cuda_stream st, rlm_error *err);
-/* A layer's q, k, v after their projections, in one launch: q [n][hq][hd]
- * = rope(rmsnorm(q) * qw) (qw NULL: no norm); k [n][hkv][hd] likewise with
- * kw (k NULL: a KV-shared layer, none); v [n][hkv][hd] = rmsnorm(v)
- * without a weight when vnorm. What rlm__cuda_rmsnorm then rlm__cuda_rope
- * give, but for the order of the norm's double adds. hd: a multiple of 64
- * up to 512. */
-rlm_status rlm__cuda_qkv_norm_rope(float *q, float *k, float *v, int n, int hq, int hkv, int hd, const float *qw,
-                                   const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
-                                   rlm_cuda_stream st, rlm_error *err);
 /* Token j's heads x[j][h][0:hd) rotated by cs + j * stride (rlm__rope:
  * rotate-half, dims i and i + hd/2 a pair) for j < n, h < heads. */
 rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const float *cs, int64_t stride,
@@ -155,6 +146,19 @@ size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits);
  * codes, scales and biases, bit for bit). */
 rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, const float *v, const int32_t *tok_row,
                               const int64_t *tok_pos, int n, rlm_cuda_stream st, rlm_error *err);
+
+/* A layer's q, k, v after their projections, in one launch (the decode
+ * step's norms, RoPE and KV write): q [n][hq][hd] = rope(rmsnorm(q) * qw)
+ * (qw NULL: no norm); k [n][hkv][hd] likewise with kw (k NULL: a
+ * KV-shared layer, none); v [n][hkv][hd] = rmsnorm(v) without a weight
+ * when vnorm. What rlm__cuda_rmsnorm then rlm__cuda_rope give, but for
+ * the order of the norm's double adds. c (NULL: none, the caller writes
+ * the cache): a dense cache that k and v are then written into, as
+ * rlm__cuda_kv_write writes them. hd: a multiple of 64 up to 512. */
+rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, int hq, int hkv, int hd, const float *qw,
+                              const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
+                              const rlm_cuda_kv *c, const int32_t *tok_row, const int64_t *tok_pos,
+                              rlm_cuda_stream st, rlm_error *err);
 
 /* Scratch for rlm__cuda_attend with n tokens of n_heads heads. */
 size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);

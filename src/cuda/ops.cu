@@ -223,57 +223,6 @@ __global__ void rope_kernel(float *x, int64_t n_pairs, int heads, int hd, const 
   }
 }
 
-/* q, k and v's per-head norms and RoPE in one launch (the decode step's
- * four to six small kernels of a layer in one): a warp a head row of a
- * token, KN = hd / 32 elements a lane (lane + 32 i), so that the RoPE pair
- * of element i (i + hd/2) is the same lane's element i + KN/2. Rows of
- * token j: q's hq heads (normed by qw when given, then rotated), k's nk
- * (kw, rotated), v's nv (normed without a weight). Each step is
- * rmsnorm_kernel's and rope_kernel's arithmetic; only the order of the
- * norm's double adds differs (a warp's tree instead of the block's). */
-template <int KN>
-__global__ void qkv_norm_rope_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
-                                     const float *kw, double eps, const float *cs, int64_t stride) {
-  pdl_enter();
-  constexpr int hd = KN * kWarp, half = KN / 2;
-  const int lane = threadIdx.x % kWarp, per_tok = hq + nk + nv;
-  const int64_t t = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (t >= (int64_t)n * per_tok) return;
-  const int64_t j = t / per_tok;
-  const int i = (int)(t % per_tok);
-  float *p = i < hq ? q + (j * hq + i) * hd : i < hq + nk ? k + (j * nk + i - hq) * hd : v + (j * nv + i - hq - nk) * hd;
-  const float *w = i < hq ? qw : i < hq + nk ? kw : NULL;
-  const bool norm = w || i >= hq + nk, rope = i < hq + nk;
-  float e[KN];
-#pragma unroll
-  for (int c = 0; c < KN; c++) e[c] = p[lane + kWarp * c];
-  if (norm) {
-    double ss = 0;
-#pragma unroll
-    for (int c = 0; c < KN; c++) ss += (double)e[c] * (double)e[c];
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float r = (float)(1.0 / sqrt(ss / hd + eps));
-#pragma unroll
-    for (int c = 0; c < KN; c++) {
-      const float t1 = __fmul_rn(e[c], r);
-      e[c] = w ? __fmul_rn(w[lane + kWarp * c], t1) : t1;
-    }
-  }
-  if (rope) {
-    const float *cj = cs + j * stride;
-#pragma unroll
-    for (int c = 0; c < half; c++) {
-      const int d = lane + kWarp * c;
-      const float co = cj[2 * d], si = cj[2 * d + 1], a = e[c], b = e[c + half];
-      e[c] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
-      e[c + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < KN; c++) p[lane + kWarp * c] = e[c];
-}
-
 /* ---- embedding ------------------------------------------------------------ */
 
 /* Dense rows widened, times scale (forward.c's `x *= embed_scale` after
@@ -732,28 +681,6 @@ extern "C" rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const f
   const int64_t pairs = (int64_t)n * heads * (hd / 2);
   if (pairs == 0) return RLM_OK;
   launch_k(rope_kernel, blocks_for(pairs), kThreads, 0, stream_of(st), x, pairs, heads, hd, cs, stride);
-  return launched(fn, err);
-}
-
-extern "C" rlm_status rlm__cuda_qkv_norm_rope(float *q, float *k, float *v, int n, int hq, int hkv, int hd,
-                                              const float *qw, const float *kw, bool vnorm, double eps,
-                                              const float *cs, int64_t stride, rlm_cuda_stream st, rlm_error *err) {
-  const char *fn = "rlm__cuda_qkv_norm_rope";
-  if (!q || !cs || (vnorm && !v) || n < 0 || hq < 0 || hkv < 0 || (n > 1 && stride < hd))
-    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape or stride < head dim");
-  if (hd < 64 || hd > 512 || hd % 64)
-    return fail(err, RLM_ERR_INVALID, fn, "head dim %d: a multiple of 64 up to 512 is needed", hd);
-  const int nk = k ? hkv : 0, nv = vnorm ? hkv : 0;
-  const int64_t rows = (int64_t)n * (hq + nk + nv);
-  if (rows == 0) return RLM_OK;
-  const unsigned grid = (unsigned)((rows + 3) / 4);
-#define RLM_K(KN)                                                                                                   \
-  case KN:                                                                                                          \
-    launch_k(qkv_norm_rope_kernel<KN>, grid, 4 * kWarp, 0, stream_of(st), q, k, v, n, hq, nk, nv, qw, kw, eps, cs,   \
-             stride);                                                                                               \
-    break;
-  switch (hd / kWarp) { RLM_K(2) RLM_K(4) RLM_K(6) RLM_K(8) RLM_K(10) RLM_K(12) RLM_K(14) RLM_K(16) }
-#undef RLM_K
   return launched(fn, err);
 }
 

@@ -59,12 +59,14 @@ struct rlm_backend {
                       int half);
   /* Token j's heads of x [n][heads][hd] rotated by cs + j * stride. */
   void (*rope)(rlm_session *s, float *x, int n, int heads, int hd, const float *cs, int64_t stride);
-  /* Optional (NULL: rmsnorm and rope in turn): a layer's q [n][hq][hd]
+  /* Optional (NULL: rmsnorm and rope in turn): layer li's q [n][hq][hd]
    * normed by qw (NULL: not normed) and rotated by cs (rope's layout); k
    * [n][hkv][hd] likewise by kw, unless k is NULL (a KV-shared layer); v
-   * normed without a weight when vnorm. One launch on a device. */
-  void (*qkv_norm_rope)(rlm_session *s, float *q, float *k, float *v, int n, int hq, int hkv, int hd,
-                        const float *qw, const float *kw, bool vnorm, double eps, const float *cs, int64_t stride);
+   * normed without a weight when vnorm. One launch on a device, which may
+   * also write k and v into li's cache there (its attend then does not). */
+  void (*qkv_norm_rope)(rlm_session *s, const rlm_pass *ps, int li, float *q, float *k, float *v, int n, int hq,
+                        int hkv, int hd, const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                        int64_t stride);
   /* dst[i] = src[ps->want[i0 + i]] for i < count, rows of width floats. */
   void (*gather_wanted)(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
                         int64_t width);

@@ -313,8 +313,8 @@ static void check_qkv_norm_rope(int n, int hq, int hkv, int hd, bool qn, bool kv
   if (vn) CHECK_EQ(rlm__cuda_rmsnorm(d[0][2], d[0][2], NULL, n * hkv, hd, eps, NULL, NULL, &err), RLM_OK);
   CHECK_EQ(rlm__cuda_rope(d[0][0], n, hq, hd, dcs, stride, NULL, &err), RLM_OK);
   if (kv) CHECK_EQ(rlm__cuda_rope(d[0][1], n, hkv, hd, dcs, stride, NULL, &err), RLM_OK);
-  CHECK_EQ(rlm__cuda_qkv_norm_rope(d[1][0], kv ? d[1][1] : NULL, d[1][2], n, hq, hkv, hd, qn ? dqw : NULL,
-                                   kn ? dkw : NULL, vn, eps, dcs, stride, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_qkv_prep(d[1][0], kv ? d[1][1] : NULL, d[1][2], n, hq, hkv, hd, qn ? dqw : NULL,
+                              kn ? dkw : NULL, vn, eps, dcs, stride, NULL, NULL, NULL, NULL, &err), RLM_OK);
   static const char *names[3] = {"q", "k", "v"};
   for (int a = 0; a < 3; a++) {
     const int64_t m = a ? nk : nq;
@@ -340,7 +340,7 @@ TEST(qkv_norm_rope_matches_ops) {
   check_qkv_norm_rope(2, 3, 3, 192, true, true, true, true);
   rlm_error err = {0};
   float *p = dev_poisoned(4096);
-  CHECK_EQ(rlm__cuda_qkv_norm_rope(p, p, p, 1, 1, 1, 96, NULL, NULL, false, 1e-6, p, 96, NULL, &err),
+  CHECK_EQ(rlm__cuda_qkv_prep(p, p, p, 1, 1, 1, 96, NULL, NULL, false, 1e-6, p, 96, NULL, NULL, NULL, NULL, &err),
            RLM_ERR_INVALID);
   CHECK_STR_CONTAINS(err.msg, "head dim 96");
   cudaFree(p);
@@ -558,6 +558,66 @@ static rlm_cuda_kv kv_make(rlm_dtype dt, int n_rows, int n_kv, int dim, int64_t 
 static void kv_free(rlm_cuda_kv *c) {
   cudaFree(c->k), cudaFree(c->v);
   cudaFree(c->ks), cudaFree(c->kb), cudaFree(c->vs), cudaFree(c->vb);
+}
+
+/* rlm__cuda_qkv_prep with a dense cache: the same q, k, v as without it,
+ * and the cache holding, bit for bit, what rlm__cuda_kv_write writes of
+ * those k and v (tokens of two rows, a ring that wraps, a padded token). */
+static void check_prep_write(rlm_dtype dt, int hd) {
+  enum { N = 4, HQ = 8, HKV = 2 };
+  const int64_t stride = hd, nq = (int64_t)N * HQ * hd, nk = (int64_t)N * HKV * hd;
+  float *cs = frand((int64_t)N * stride, 1.0f), *q = frand(nq, 3.0f), *k = frand(nk, 3.0f), *v = frand(nk, 3.0f);
+  float *kw = frand(hd, 1.5f);
+  const int32_t row[N] = {0, 1, 1, -1};
+  const int64_t pos[N] = {3, 20, 21, 5}; /* cap 16 ring 14 keep 2: 20 and 21 wrap */
+  float *dcs = dev_copy(cs, (size_t)N * stride * 4), *dkw = dev_copy(kw, (size_t)hd * 4);
+  int32_t *drow = dev_copy(row, sizeof row);
+  int64_t *dpos = dev_copy(pos, sizeof pos);
+  rlm_cuda_kv c[2] = {kv_make(dt, 2, HKV, hd, 16, 14, 2, 0), kv_make(dt, 2, HKV, hd, 16, 14, 2, 0)};
+  const size_t cb = (size_t)2 * HKV * 16 * hd * (dt == RLM_DTYPE_F32 ? 4 : 2);
+  float *d[2][3];
+  for (int f = 0; f < 2; f++) {
+    d[f][0] = dev_copy(q, (size_t)nq * 4), d[f][1] = dev_copy(k, (size_t)nk * 4), d[f][2] = dev_copy(v, (size_t)nk * 4);
+    CU(cudaMemset(c[f].k, 0, cb));
+    CU(cudaMemset(c[f].v, 0, cb));
+  }
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qkv_prep(d[0][0], d[0][1], d[0][2], N, HQ, HKV, hd, NULL, dkw, true, 1e-6, dcs, stride, NULL,
+                              NULL, NULL, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_kv_write(&c[0], d[0][1], d[0][2], drow, dpos, N, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_qkv_prep(d[1][0], d[1][1], d[1][2], N, HQ, HKV, hd, NULL, dkw, true, 1e-6, dcs, stride, &c[1],
+                              drow, dpos, NULL, &err), RLM_OK);
+  uint8_t *h0 = xmalloc(nq * 4), *h1 = xmalloc(nq * 4);
+  for (int a = 0; a < 3; a++) {
+    const size_t b = (size_t)(a ? nk : nq) * 4;
+    download(h0, d[0][a], b), download(h1, d[1][a], b);
+    CHECK(memcmp(h0, h1, b) == 0);
+  }
+  uint8_t *k0 = xmalloc(cb), *k1 = xmalloc(cb);
+  download(k0, c[0].k, cb), download(k1, c[1].k, cb);
+  CHECK(memcmp(k0, k1, cb) == 0);
+  download(k0, c[0].v, cb), download(k1, c[1].v, cb);
+  CHECK(memcmp(k0, k1, cb) == 0);
+  test_note("qkv_prep with a %s cache, head dim %d: q, k, v and the cache as the ops in turn give them",
+            dt == RLM_DTYPE_BF16 ? "bf16" : dt == RLM_DTYPE_F16 ? "f16" : "f32", hd);
+  if (getenv("RINGLM_TEST_VERBOSE")) printf("    %s\n", t_note);
+  for (int f = 0; f < 2; f++) cudaFree(d[f][0]), cudaFree(d[f][1]), cudaFree(d[f][2]), kv_free(&c[f]);
+  cudaFree(dcs), cudaFree(dkw), cudaFree(drow), cudaFree(dpos);
+  free(cs), free(q), free(k), free(v), free(kw), free(h0), free(h1), free(k0), free(k1);
+}
+
+TEST(qkv_prep_writes_cache) {
+  check_prep_write(RLM_DTYPE_BF16, 128);
+  check_prep_write(RLM_DTYPE_F16, 256);
+  check_prep_write(RLM_DTYPE_F32, 64);
+  rlm_error err = {0};
+  rlm_cuda_kv c = kv_make_q(RLM_DTYPE_BF16, 1, 2, 64, 8, 0, 0, 0, 4, 4, 32);
+  float *p = dev_poisoned(1 << 16);
+  CHECK_EQ(rlm__cuda_qkv_prep(p, p, p, 1, 2, 2, 64, NULL, NULL, false, 1e-6, p, 64, &c, (int32_t *)p, (int64_t *)p,
+                              NULL, &err), RLM_ERR_INVALID); /* a quantized cache: kv_write's */
+  CHECK_STR_CONTAINS(err.msg, "dense");
+  kv_free(&c);
+  cudaFree(p);
 }
 
 /* One head's row x [dim] as a quantized cache stores it (rounded to dt,
@@ -1120,6 +1180,7 @@ int main(int argc, char **argv) {
   RUN(rope_matches_reference);
   RUN(qkv_norm_rope_matches_ops);
   RUN(producers_write_q8);
+  RUN(qkv_prep_writes_cache);
   RUN(embed_matches_reference);
   RUN(dense_gemv_matches_reference);
   RUN(kv_write_matches_convert);
