@@ -1,5 +1,6 @@
 /* attn.cu -- the KV cache's write and attention over it (cuda_ops.h):
- * rlm__cuda_kv_write, rlm__cuda_attend.
+ * rlm__cuda_kv_write, rlm__cuda_attend, and rlm__cuda_qkv_prep (a layer's
+ * q, k, v norms and RoPE, with the dense write, in one launch).
  *
  * The cache is cuda_ops.h's rlm_cuda_kv: [n_rows][n_kv][cap][dim] for K
  * and for V, position p of a row in slot p (plain, or p < keep) or
@@ -840,11 +841,11 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const char *fn = "rlm__cuda_attend";
   if (!c || !q || !tok_row || !tok_pos || !out || !scratch || n < 0 || !cache_ok(c))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
-  if (q8 && (!q8->scratch || (q8->bits != 4 && q8->bits != 8) ||
-             (q8->group_size != 32 && q8->group_size != 64 && q8->group_size != 128) || c->dim % q8->group_size ||
-             ((int64_t)n_heads * c->dim) % 128))
-    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4 or 8, a group (32/64/128) "
-                "dividing the head dim %d, and heads x dim a multiple of 128", c->dim);
+  rlm_status q8rc = q8_check(q8, (int64_t)n_heads * c->dim, fn, err);
+  if (q8rc) return q8rc;
+  if (q8 && c->dim % q8->group_size)
+    return fail(err, RLM_ERR_INVALID, fn, "int8 activations: group %d does not divide the head dim %d",
+                q8->group_size, c->dim);
   if (!dtype_ok(c->dtype))
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a cache of dtype %d is not supported (f32, f16, bf16 are)",
                 (int)c->dtype);
@@ -871,7 +872,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
   if (rc) return rc;
   const unsigned blocks = (unsigned)((int64_t)n * n_heads);
-  uint8_t *q8s = q8 ? static_cast<uint8_t *>(q8->scratch) : NULL;
+  uint8_t *q8s = q8_scratch(q8);
   const int q8b = q8 ? q8->bits : 0;
 #define RLM_M(G32)                                                                                                    \
   launch_k(merge_kernel<G32>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts,    \

@@ -570,11 +570,11 @@ static void cuda_rope(rlm_session *s, float *x, int n, int heads, int hd, const 
 /* One launch for the head dims it takes (multiples of 64 up to 512),
  * else the ops in turn. A layer with a dense cache of its own has k and v
  * written there too (kv_done: its attend then skips the write). */
-static void cuda_qkv_norm_rope(rlm_session *s, const rlm_pass *ps, int li, float *q, float *k, float *v, int n,
-                               int hq, int hkv, int hd, const float *qw, const float *kw, bool vnorm, double eps,
-                               const float *cs, int64_t stride) {
-  (void)ps;
-  cs_of(s)->kv_done = -1;
+static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float *v, int n, int hq, int hkv, int hd,
+                               const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                               int64_t stride) {
+  cuda_sess *sess = cs_of(s);
+  sess->kv_done = -1;
   if (!fuse_on() || hd % 64 || hd > 512) {
     if (qw) cuda_rmsnorm(s, q, q, qw, n * hq, hd, eps);
     if (k && kw) cuda_rmsnorm(s, k, k, kw, n * hkv, hd, eps);
@@ -584,13 +584,12 @@ static void cuda_qkv_norm_rope(rlm_session *s, const rlm_pass *ps, int li, float
     return;
   }
   if (skip(s)) return;
-  cuda_sess *cs_ = cs_of(s);
-  const rlm_cuda_kv *kv = k && !cs_->kv[li].k_bits ? &cs_->kv[li] : NULL;
+  const rlm_cuda_kv *kv = k && !sess->kv[li].k_bits ? &sess->kv[li] : NULL;
   rlm_error er;
   rlm_status rc = rlm__cuda_qkv_prep(q, k, v, n, hq, hkv, hd, dvec(s, qw), dvec(s, kw), vnorm, eps, cs, stride, kv,
-                                     cs_->d_rows, cs_->d_pos, cs_->st, &er);
+                                     sess->d_rows, sess->d_pos, sess->st, &er);
   note(s, rc, &er);
-  cs_->kv_done = kv && !rc ? li : -1;
+  sess->kv_done = kv && !rc ? li : -1;
 }
 
 static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,

@@ -6,6 +6,7 @@
 #define RLM_CUDA_COMMON_CUH
 
 #include "cuda_backend.h"
+#include "cuda_ops.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -218,6 +219,19 @@ inline rlm_status fail(rlm_error *err, rlm_status st, const char *fn, const char
   snprintf(err->msg, sizeof err->msg, "%s: %s", fn, msg);
   return st;
 }
+
+/* Whether q8 (NULL: no int8 activations wanted) is a layout rows of n
+ * floats can take; the message names fn. */
+inline rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, rlm_error *err) {
+  if (!q8) return RLM_OK;
+  if (!q8->scratch || (q8->bits != 4 && q8->bits != 8) ||
+      (q8->group_size != 32 && q8->group_size != 64 && q8->group_size != 128) || n % 128 || n % q8->group_size)
+    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4 or 8, group 32/64/128 and a "
+                "width (%lld) a multiple of 128 and of the group", (long long)n);
+  return RLM_OK;
+}
+
+inline uint8_t *q8_scratch(const rlm_cuda_q8out *q8) { return q8 ? static_cast<uint8_t *>(q8->scratch) : NULL; }
 
 } // namespace rlm_cuda
 

@@ -546,19 +546,6 @@ __global__ void act_mul_q8_kernel(float *y, const float *g, const float *u, int 
 
 /* ---- element-wise entry points ---------------------------------------------------- */
 
-/* Whether q8 (NULL: no int8 activations wanted) is a layout rows of n
- * floats can take; the message names fn. */
-rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, rlm_error *err) {
-  if (!q8) return RLM_OK;
-  if (!q8->scratch || (q8->bits != 4 && q8->bits != 8) ||
-      (q8->group_size != 32 && q8->group_size != 64 && q8->group_size != 128) || n % 128 || n % q8->group_size)
-    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4 or 8, group 32/64/128 and a "
-                "width (%lld) a multiple of 128 and of the group", (long long)n);
-  return RLM_OK;
-}
-
-uint8_t *q8_scratch(const rlm_cuda_q8out *q8) { return q8 ? static_cast<uint8_t *>(q8->scratch) : NULL; }
-
 extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows,
                                          int n, double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
                                          rlm_error *err) {

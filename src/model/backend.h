@@ -64,9 +64,8 @@ struct rlm_backend {
    * [n][hkv][hd] likewise by kw, unless k is NULL (a KV-shared layer); v
    * normed without a weight when vnorm. One launch on a device, which may
    * also write k and v into li's cache there (its attend then does not). */
-  void (*qkv_norm_rope)(rlm_session *s, const rlm_pass *ps, int li, float *q, float *k, float *v, int n, int hq,
-                        int hkv, int hd, const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
-                        int64_t stride);
+  void (*qkv_norm_rope)(rlm_session *s, int li, float *q, float *k, float *v, int n, int hq, int hkv, int hd,
+                        const float *qw, const float *kw, bool vnorm, double eps, const float *cs, int64_t stride);
   /* dst[i] = src[ps->want[i0 + i]] for i < count, rows of width floats. */
   void (*gather_wanted)(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
                         int64_t width);

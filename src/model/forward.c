@@ -55,7 +55,7 @@ static float *rope_row(const rlm_session *s, bool sliding, int j) {
 
 /* q, k, v of the chunk for layer li: projections, norms, RoPE. A KV-shared
  * layer computes only q. */
-static void project_qkv(rlm_session *s, const rlm_pass *ps, int li, int n) {
+static void project_qkv(rlm_session *s, int li, int n) {
   const rlm_backend *be = s->be;
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
@@ -73,7 +73,7 @@ static void project_qkv(rlm_session *s, const rlm_pass *ps, int li, int n) {
   const float *cs = rope_row(s, c->sliding[li], 0);
   const int64_t stride = c->max_head_dim;
   if (be->qkv_norm_rope) {
-    be->qkv_norm_rope(s, ps, li, s->q, own ? s->k : NULL, s->v, n, c->n_heads, nkv, hd, L->q_norm,
+    be->qkv_norm_rope(s, li, s->q, own ? s->k : NULL, s->v, n, c->n_heads, nkv, hd, L->q_norm,
                       own ? L->k_norm : NULL, own && c->v_norm, eps, cs, stride);
     return;
   }
@@ -93,7 +93,7 @@ static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, bo
   const rlm_layer *L = &m->layers[li];
   const int H = c->hidden, n = ps->n;
   if (!normed) s->be->rmsnorm(s, s->h, s->x, L->attn_norm, n, H, c->rms_eps);
-  project_qkv(s, ps, li, n);
+  project_qkv(s, li, n);
   rlm_status rc = s->be->attend(s, ps, li, err);
   if (rc) return rc;
   lin(s, &L->wo, s->att, n, s->h);
