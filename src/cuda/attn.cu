@@ -53,6 +53,7 @@
 
 #include <cuda_runtime.h>
 #include <float.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -117,9 +118,20 @@ struct Tensor {
   int bits;
 };
 
+/* Bytes [lo, hi) of an array from base, prefetched into the L2 (the bulk
+ * prefetch of sm_90: one instruction, no registers, nothing waits on
+ * it), shrunk to whole 16-byte units as it needs; the bytes left out at
+ * the ends are loaded as usual. */
+__device__ __forceinline__ void prefetch_l2(const void *base, int64_t lo, int64_t hi) {
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (uintptr_t)lo + 15) & ~(uintptr_t)15;
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(base) + (uintptr_t)hi) & ~(uintptr_t)15;
+  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
+}
+
 template <typename T>
 struct DenseRows {
   static constexpr int kVe = 16 / (int)sizeof(T);
+  static constexpr bool kPrefetch = false; /* see prefetch_part */
   using Raw = uint4;
   const T *p;
   int dim;
@@ -130,7 +142,25 @@ struct DenseRows {
   }
   __device__ __forceinline__ static Raw zero() { return make_uint4(0, 0, 0, 0); }
   __device__ __forceinline__ void widen(const Raw &r, float *f) const { widen16<T>(r, f); }
+
 };
+
+/* Codes to floats without I2F (a quarter-rate conversion on Hopper,
+ * which made the widening the largest cost of a quantized key): a code
+ * c < 2^23 placed in the mantissa of 2^23 is the float 2^23 + c, and one
+ * subtraction gives c exactly. A nibble at bit 4i (i < 4) is OR-ed in
+ * place under 2^(23 - 4i), whose mantissa's unit is 2^-4i: the float is
+ * 2^(23 - 4i) + c again, without a shift. Then fmaf(c, s, b): the same
+ * bits as fmaf((float)c, s, b). */
+__device__ __forceinline__ float code_f32(uint32_t code) { return __uint_as_float(code | 0x4B000000u) - 8388608.0f; }
+
+/* Nibbles 0..3 of w (bits 0-15) as c * s + b into f[0..3]. */
+__device__ __forceinline__ void nibbles4(uint32_t w, float s, float b, float *f) {
+  f[0] = fmaf(__uint_as_float((w & 0x000Fu) | 0x4B000000u) - 0x1p23f, s, b);
+  f[1] = fmaf(__uint_as_float((w & 0x00F0u) | 0x49000000u) - 0x1p19f, s, b);
+  f[2] = fmaf(__uint_as_float((w & 0x0F00u) | 0x47000000u) - 0x1p15f, s, b);
+  f[3] = fmaf(__uint_as_float((w & 0xF000u) | 0x45000000u) - 0x1p11f, s, b);
+}
 
 /* 4-bit rows: 16 codes (two words, one 8-byte load) a vector, so a key of
  * 128 elements takes 8 lanes, not 16: half the shuffles and half the
@@ -138,6 +168,7 @@ struct DenseRows {
 template <typename T>
 struct Q4Rows {
   static constexpr int kVe = 16;
+  static constexpr bool kPrefetch = true;
   struct Raw {
     uint32_t lo, hi;
     float s, b;
@@ -157,12 +188,15 @@ struct Q4Rows {
     return Raw{x.x, x.y, to_f32(sc[g]), to_f32(bi[g])};
   }
   __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
+  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const {
+    prefetch_l2(w, s0 * wpr * 4, s1 * wpr * 4);
+    prefetch_l2(sc, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+    prefetch_l2(bi, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+  }
   __device__ __forceinline__ void widen(const Raw &r, float *f) const {
+    const uint32_t w[4] = {r.lo, r.lo >> 16, r.hi, r.hi >> 16};
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-      f[i] = fmaf((float)((r.lo >> (4 * i)) & 15u), r.s, r.b);
-      f[8 + i] = fmaf((float)((r.hi >> (4 * i)) & 15u), r.s, r.b);
-    }
+    for (int k = 0; k < 4; k++) nibbles4(w[k], r.s, r.b, f + 4 * k);
   }
 };
 
@@ -171,6 +205,7 @@ struct Q4Rows {
 template <typename T>
 struct QuantRows {
   static constexpr int kVe = 8;
+  static constexpr bool kPrefetch = true;
   struct Raw {
     uint32_t lo, hi; /* the 8 codes from bit 0 */
     float s, b;
@@ -195,10 +230,15 @@ struct QuantRows {
     return Raw{(uint32_t)v, (uint32_t)(v >> 32), to_f32(sc[g]), to_f32(bi[g])};
   }
   __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
+  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const {
+    prefetch_l2(w, s0 * wpr * 4, s1 * wpr * 4);
+    prefetch_l2(sc, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+    prefetch_l2(bi, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+  }
   __device__ __forceinline__ void widen(const Raw &r, float *f) const {
     const uint64_t v = (uint64_t)r.hi << 32 | r.lo, mask = (1u << bits) - 1u;
 #pragma unroll
-    for (int i = 0; i < kVe; i++) f[i] = fmaf((float)((v >> (i * bits)) & mask), r.s, r.b);
+    for (int i = 0; i < kVe; i++) f[i] = fmaf(code_f32((uint32_t)((v >> (i * bits)) & mask)), r.s, r.b);
   }
 };
 
@@ -432,6 +472,45 @@ __device__ __forceinline__ int64_t slot_at(const Runs &r, const rlm_cuda_kv &c, 
   return c.ring > 0 && s >= c.cap ? s - c.ring : s;
 }
 
+/* DECODE'S PARTS ARE LATENCY-BOUND, not bandwidth-bound: a block's lane
+ * groups hold two steps of keys in registers, so a 128-key part takes
+ * its bytes in several dependent rounds from HBM (at 16k the kernel read
+ * bf16 rows at 27% of the copy bandwidth and 4-bit ones at 8%). At its
+ * start a block therefore asks the L2 for the whole of its part, K and V,
+ * codes, scales and biases (at most three runs of slots: the sinks, the
+ * window up to the ring's end, the rest after it wraps), so that its
+ * rounds wait on the L2 rather than on HBM. Quantized rows only: a
+ * lane's vector of them is 4 or 8 bytes, a bf16 row's 16, and measured
+ * (Llama-8B at 16k, RINGLM_CUDA_ATTN_PREFETCH=1|0) the prefetch took
+ * 4-bit KV decode from 227 to 237 tok/s but bf16 KV from 249 to 244.
+ * Parts of more keys than
+ * kPrefetchKeys (prefill's, one part a query) are left alone: the
+ * queries of a chunk see the same keys, and would ask for them again
+ * and again. */
+constexpr int64_t kPrefetchKeys = 1024;
+
+template <typename KP, typename VP>
+__device__ __forceinline__ void prefetch_part(const KP &kp, const VP &vp, const Runs &r, const rlm_cuda_kv &c,
+                                              int64_t t0, int64_t t1) {
+  int64_t lo[3], hi[3];
+  int n = 0;
+  if (t0 < r.sink_end) lo[n] = t0, hi[n++] = t1 < r.sink_end ? t1 : r.sink_end;
+  const int64_t a = t0 > r.sink_end ? t0 : r.sink_end;
+  if (a < t1) {
+    const int64_t sa = slot_at(r, c, a), sb = slot_at(r, c, t1 - 1) + 1;
+    if (sb > sa) {
+      lo[n] = sa, hi[n++] = sb;
+    } else { /* wraps: to the ring's end, then from its start */
+      lo[n] = sa, hi[n++] = c.cap;
+      lo[n] = c.keep, hi[n++] = sb;
+    }
+  }
+  if ((int)threadIdx.x < n) {
+    kp.prefetch(lo[threadIdx.x], hi[threadIdx.x]);
+    vp.prefetch(lo[threadIdx.x], hi[threadIdx.x]);
+  }
+}
+
 /* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
  * (K's or V's, by P), as vectors sub + k * kLanes of each row; zeros past
  * t1 (no load) and past the row's nv vectors. */
@@ -472,7 +551,7 @@ template <typename KP, typename VP, int DIM, int GQ>
 __global__ void __launch_bounds__(kWarp *kAttnWarps)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
-                  float *__restrict__ part_o, float *__restrict__ part_ml) {
+                  int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
   pdl_enter();
   static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
   using S = Shape<KP::kVe, DIM>;
@@ -492,6 +571,8 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
   const int64_t head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
   const KP kp(c, Tensor{c.k, c.ks, c.kb, c.k_bits}, head);
   const VP vp(c, Tensor{c.v, c.vs, c.vb, c.v_bits}, head);
+  if constexpr (KP::kPrefetch)
+    if (t1 - t0 <= prefetch_keys) prefetch_part(kp, vp, r, c, t0, t1);
 
   /* This lane's elements: vectors sub + k * kLanes of the row. */
   float qf[GQ][kEl], o[GQ][kEl], m[GQ], l[GQ];
@@ -560,15 +641,24 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps)
 #pragma unroll
       for (int u = 0; u < kUnroll; u++) mx = fmaxf(mx, sc[u][g]);
       if (mx == -INFINITY) continue; /* nothing live yet: keep -inf, 0, 0 (no inf - inf) */
-      const float corr = exp2f(m[g] - mx);
       float p[kUnroll], ps = 0.f;
 #pragma unroll
       for (int u = 0; u < kUnroll; u++) p[u] = exp2f(sc[u][g] - mx), ps += p[u];
-      l[g] = fmaf(l[g], corr, ps);
+      /* A new running max rescales what was summed under the old one. The
+       * max rarely moves after the first keys, and when it does not the
+       * factor is exp2f(0) = 1: skipping the multiplies changes no bit. */
+      if (mx != m[g]) {
+        const float corr = exp2f(m[g] - mx);
+        l[g] = fmaf(l[g], corr, ps);
+#pragma unroll
+        for (int e = 0; e < kEl; e++) o[g][e] *= corr;
+      } else {
+        l[g] += ps;
+      }
       m[g] = mx;
 #pragma unroll
       for (int e = 0; e < kEl; e++) {
-        float a = o[g][e] * corr;
+        float a = o[g][e];
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) a = fmaf(p[u], vf[u][e], a);
         o[g][e] = a;
@@ -648,13 +738,15 @@ __global__ void __launch_bounds__(kMergeThreads)
   const float ls = l_sh;
   const float *po = part_o + th * n_parts * dim;
   for (int d = threadIdx.x; d < dim; d += kMergeThreads) {
-    float a[4] = {0.f, 0.f, 0.f, 0.f}; /* four loads in flight, not one */
+    /* eight loads in flight, not one: at 16k a head merges 128 parts, and
+     * with four the merge took 32 rounds of L2 latency */
+    float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     int s = 0;
-    for (; s + 4 <= used; s += 4)
+    for (; s + 8 <= used; s += 8)
 #pragma unroll
-      for (int u = 0; u < 4; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
-    for (; s < used; s++) a[0] = fmaf(po[(int64_t)s * dim + d], w[s], a[0]);
-    const float sum = (a[0] + a[1]) + (a[2] + a[3]);
+      for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
+    for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
+    const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     out[th * dim + d] = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
   }
   if constexpr (G32 > 0) {
@@ -682,12 +774,22 @@ struct AttendArgs {
   float *part_o, *part_ml;
 };
 
+/* kPrefetchKeys, or 0 (no prefetch) with RINGLM_CUDA_ATTN_PREFETCH=0, to
+ * compare (docs/cuda-notes.md). */
+int64_t prefetch_keys() {
+  static const int64_t keys = [] {
+    const char *e = getenv("RINGLM_CUDA_ATTN_PREFETCH");
+    return e && e[0] == '0' ? (int64_t)0 : kPrefetchKeys;
+  }();
+  return keys;
+}
+
 template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
   launch_k(attend_kernel<KP, VP, DIM, GQ>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv, chunks,
-           a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+           a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml);
 }
 
 /* Query heads per block: the kv head's q_per_kv rounded up to a power of
@@ -729,7 +831,8 @@ template <typename T>
 void launch_cache(const AttendArgs &a, cudaStream_t st) {
   if (!a.c.k_bits) return launch_dim<DenseRows<T>, DenseRows<T>>(a, st);
   if constexpr (sizeof(T) == 2)
-    if (a.c.k_bits == 4 && a.c.v_bits == 4) return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
+    if (a.c.k_bits == 4 && a.c.v_bits == 4)
+      return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
   launch_dim<QuantRows<T>, QuantRows<T>>(a, st);
 }
 
