@@ -282,6 +282,7 @@ typedef struct cuda_sess {
   /* the format norms and gated activations write q8 in along with their
    * output (q8_out), the first layer's q projection's; 0: they do not */
   int q8_fmt_bits, q8_fmt_group;
+  int q8_head_bits, q8_head_group; /* the final norm's: lm_head's format (Gemma's 8-bit tied head) */
   int kv_done;                /* the layer whose k, v qkv_norm_rope wrote, or -1 */
   /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
    * copy of the router's logits (pinned), its chosen experts and weights */
@@ -498,12 +499,20 @@ static void q8_made(rlm_session *s, const rlm_cuda_q8out *q8, const float *y, in
 }
 
 /* The hidden state's norms write int8 activations (a product follows);
- * the per-head ones (q, k: rows of head_dim) do not. */
+ * the per-head ones (q, k: rows of head_dim) do not. The final norm
+ * writes them in lm_head's format, which may differ from the layers'
+ * (an 8-bit head over 4-bit layers): else the head quantizes x again, a
+ * launch of its own. */
 static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps) {
   if (skip(s)) return;
   rlm_error er;
   rlm_cuda_q8out buf;
   const rlm_cuda_q8out *q8 = n == s->m->cfg.hidden ? q8_out(s, rows, n, &buf) : NULL;
+  const cuda_sess *cs = cs_of(s);
+  if (q8 && w == s->m->final_norm && cs->q8_head_bits) {
+    if (n % cs->q8_head_group) q8 = NULL;
+    else buf.bits = cs->q8_head_bits, buf.group_size = cs->q8_head_group;
+  }
   note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, q8, cs_of(s)->st, &er), &er);
   q8_made(s, q8, y, rows, n);
 }
@@ -827,6 +836,9 @@ static void set_q8_fmt(rlm_session *s) {
   cuda_sess *cs = cs_of(s);
   if (fuse_on() && s->p.act_bits == 8 && fast_bits(&w) && w.q.cols % 128 == 0)
     cs->q8_fmt_bits = w.q.bits, cs->q8_fmt_group = w.q.group_size;
+  const rlm_cuda_weight h = weight_of(s, &s->m->lm_head);
+  if (cs->q8_fmt_bits && fast_bits(&h) && h.q.cols % 128 == 0)
+    cs->q8_head_bits = h.q.bits, cs->q8_head_group = h.q.group_size;
 }
 
 static rlm_status unsupported(rlm_error *err, const char *what) {

@@ -242,6 +242,13 @@ TEST(q8_matches_reference) {
   check_q8_case(1031, 6912, 4, 64, RLM_DTYPE_BF16, 1);
   check_q8_case(5, 640, 4, 32, RLM_DTYPE_F16, 1);
   check_q8_case(33, 8192, 4, 128, RLM_DTYPE_F32, 1);
+  /* m = 1 at 8 bits (decode's output heads): Gemma's head width (72
+   * vectors a row: a last round with 8 lanes busy), Llama's, one round,
+   * rows not a multiple of a block's */
+  check_q8_case(2051, 1152, 8, 64, RLM_DTYPE_BF16, 1);
+  check_q8_case(1031, 4096, 8, 32, RLM_DTYPE_F16, 1);
+  check_q8_case(77, 512, 8, 128, RLM_DTYPE_F32, 1);
+  check_q8_case(45, 2560, 8, 64, RLM_DTYPE_BF16, 1);
 }
 
 /* The int8 tensor-core product for 9..128 tokens (qgemm_i8.cu) against
