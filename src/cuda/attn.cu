@@ -492,23 +492,21 @@ constexpr int64_t kPrefetchKeys = 1024;
 template <typename KP, typename VP>
 __device__ __forceinline__ void prefetch_part(const KP &kp, const VP &vp, const Runs &r, const rlm_cuda_kv &c,
                                               int64_t t0, int64_t t1) {
-  int64_t lo[3], hi[3];
-  int n = 0;
-  if (t0 < r.sink_end) lo[n] = t0, hi[n++] = t1 < r.sink_end ? t1 : r.sink_end;
+  /* run 0: sinks; 1: the window to its wrap (or end); 2: after the wrap.
+   * Selected, not indexed: an array indexed by the thread would live in
+   * local memory. */
+  const int i = threadIdx.x;
+  if (i > 2) return;
+  int64_t lo = 0, hi = 0;
   const int64_t a = t0 > r.sink_end ? t0 : r.sink_end;
-  if (a < t1) {
+  if (i == 0) {
+    lo = t0, hi = t1 < r.sink_end ? t1 : r.sink_end;
+  } else if (a < t1) {
     const int64_t sa = slot_at(r, c, a), sb = slot_at(r, c, t1 - 1) + 1;
-    if (sb > sa) {
-      lo[n] = sa, hi[n++] = sb;
-    } else { /* wraps: to the ring's end, then from its start */
-      lo[n] = sa, hi[n++] = c.cap;
-      lo[n] = c.keep, hi[n++] = sb;
-    }
+    if (sb > sa) lo = i == 1 ? sa : 0, hi = i == 1 ? sb : 0;
+    else lo = i == 1 ? sa : c.keep, hi = i == 1 ? c.cap : sb;
   }
-  if ((int)threadIdx.x < n) {
-    kp.prefetch(lo[threadIdx.x], hi[threadIdx.x]);
-    vp.prefetch(lo[threadIdx.x], hi[threadIdx.x]);
-  }
+  if (hi > lo) kp.prefetch(lo, hi), vp.prefetch(lo, hi);
 }
 
 /* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
@@ -547,8 +545,8 @@ struct Shape {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-template <typename KP, typename VP, int DIM, int GQ>
-__global__ void __launch_bounds__(kWarp *kAttnWarps)
+template <typename KP, typename VP, int DIM, int GQ, int MINB>
+__global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
                   int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
@@ -784,12 +782,32 @@ int64_t prefetch_keys() {
   return keys;
 }
 
+/* Blocks an SM the 4-bit kernel is compiled for: 1 (the registers it
+ * wants: 235 at 4 heads, two blocks fit), or 3 with
+ * RINGLM_CUDA_ATTN_Q4_BLOCKS=3 (168 registers, a few spilled), to
+ * compare (docs/cuda-notes.md). */
+int q4_blocks() {
+  static const int b = [] {
+    const char *e = getenv("RINGLM_CUDA_ATTN_Q4_BLOCKS");
+    return e && atoi(e) == 3 ? 3 : 1;
+  }();
+  return b;
+}
+
 template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-  launch_k(attend_kernel<KP, VP, DIM, GQ>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv, chunks,
-           a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml);
+#define RLM_ATTEND(MINB)                                                                                            \
+  launch_k(attend_kernel<KP, VP, DIM, GQ, MINB>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv,   \
+           chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml)
+  if constexpr (KP::kVe == 16)
+    if (q4_blocks() == 3) {
+      RLM_ATTEND(3);
+      return;
+    }
+  RLM_ATTEND(1);
+#undef RLM_ATTEND
 }
 
 /* Query heads per block: the kv head's q_per_kv rounded up to a power of
