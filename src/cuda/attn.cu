@@ -128,6 +128,16 @@ __device__ __forceinline__ void prefetch_l2(const void *base, int64_t lo, int64_
   if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
 }
 
+/* Slots [s0, s1) of a quantized row array into the L2: its codes (wpr
+ * words a slot), scales and biases (spr a slot). */
+template <typename T>
+__device__ __forceinline__ void prefetch_codes(const uint32_t *w, int wpr, const T *sc, const T *bi, int spr,
+                                               int64_t s0, int64_t s1) {
+  prefetch_l2(w, s0 * wpr * 4, s1 * wpr * 4);
+  prefetch_l2(sc, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+  prefetch_l2(bi, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+}
+
 template <typename T>
 struct DenseRows {
   static constexpr int kVe = 16 / (int)sizeof(T);
@@ -142,7 +152,6 @@ struct DenseRows {
   }
   __device__ __forceinline__ static Raw zero() { return make_uint4(0, 0, 0, 0); }
   __device__ __forceinline__ void widen(const Raw &r, float *f) const { widen16<T>(r, f); }
-
 };
 
 /* Codes to floats without I2F (a quarter-rate conversion on Hopper,
@@ -188,11 +197,7 @@ struct Q4Rows {
     return Raw{x.x, x.y, to_f32(sc[g]), to_f32(bi[g])};
   }
   __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
-  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const {
-    prefetch_l2(w, s0 * wpr * 4, s1 * wpr * 4);
-    prefetch_l2(sc, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
-    prefetch_l2(bi, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
-  }
+  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const { prefetch_codes(w, wpr, sc, bi, spr, s0, s1); }
   __device__ __forceinline__ void widen(const Raw &r, float *f) const {
     const uint32_t w[4] = {r.lo, r.lo >> 16, r.hi, r.hi >> 16};
 #pragma unroll
@@ -230,11 +235,7 @@ struct QuantRows {
     return Raw{(uint32_t)v, (uint32_t)(v >> 32), to_f32(sc[g]), to_f32(bi[g])};
   }
   __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
-  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const {
-    prefetch_l2(w, s0 * wpr * 4, s1 * wpr * 4);
-    prefetch_l2(sc, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
-    prefetch_l2(bi, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
-  }
+  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const { prefetch_codes(w, wpr, sc, bi, spr, s0, s1); }
   __device__ __forceinline__ void widen(const Raw &r, float *f) const {
     const uint64_t v = (uint64_t)r.hi << 32 | r.lo, mask = (1u << bits) - 1u;
 #pragma unroll
@@ -483,10 +484,9 @@ __device__ __forceinline__ int64_t slot_at(const Runs &r, const rlm_cuda_kv &c, 
  * lane's vector of them is 4 or 8 bytes, a bf16 row's 16, and measured
  * (Llama-8B at 16k, RINGLM_CUDA_ATTN_PREFETCH=1|0) the prefetch took
  * 4-bit KV decode from 227 to 237 tok/s but bf16 KV from 249 to 244.
- * Parts of more keys than
- * kPrefetchKeys (prefill's, one part a query) are left alone: the
- * queries of a chunk see the same keys, and would ask for them again
- * and again. */
+ * Parts of more keys than kPrefetchKeys (prefill's, one part a query)
+ * are left alone: the queries of a chunk see the same keys, and would
+ * ask for them again and again. */
 constexpr int64_t kPrefetchKeys = 1024;
 
 template <typename KP, typename VP>
@@ -849,8 +849,7 @@ template <typename T>
 void launch_cache(const AttendArgs &a, cudaStream_t st) {
   if (!a.c.k_bits) return launch_dim<DenseRows<T>, DenseRows<T>>(a, st);
   if constexpr (sizeof(T) == 2)
-    if (a.c.k_bits == 4 && a.c.v_bits == 4)
-      return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
+    if (a.c.k_bits == 4 && a.c.v_bits == 4) return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
   launch_dim<QuantRows<T>, QuantRows<T>>(a, st);
 }
 

@@ -485,11 +485,16 @@ static bool fuse_on(void) {
   return g_fuse;
 }
 
-static const rlm_cuda_q8out *q8_out(rlm_session *s, int rows, int n, rlm_cuda_q8out *buf) {
-  cuda_sess *cs = cs_of(s);
-  if (!cs->q8_fmt_bits || rows > MAX_M || n % 128 || n % cs->q8_fmt_group) return NULL;
-  *buf = (rlm_cuda_q8out){cs->q8, cs->q8_fmt_bits, cs->q8_fmt_group};
+/* q8_out in a given format (bits 0: none): the final norm's is lm_head's. */
+static const rlm_cuda_q8out *q8_out_as(rlm_session *s, int rows, int n, int bits, int group, rlm_cuda_q8out *buf) {
+  if (!bits || rows > MAX_M || n % 128 || n % group) return NULL;
+  *buf = (rlm_cuda_q8out){cs_of(s)->q8, bits, group};
   return buf;
+}
+
+static const rlm_cuda_q8out *q8_out(rlm_session *s, int rows, int n, rlm_cuda_q8out *buf) {
+  const cuda_sess *cs = cs_of(s);
+  return q8_out_as(s, rows, n, cs->q8_fmt_bits, cs->q8_fmt_group, buf);
 }
 
 static void q8_made(rlm_session *s, const rlm_cuda_q8out *q8, const float *y, int rows, int n) {
@@ -507,13 +512,12 @@ static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *
   if (skip(s)) return;
   rlm_error er;
   rlm_cuda_q8out buf;
-  const rlm_cuda_q8out *q8 = n == s->m->cfg.hidden ? q8_out(s, rows, n, &buf) : NULL;
   const cuda_sess *cs = cs_of(s);
-  if (q8 && w == s->m->final_norm && cs->q8_head_bits) {
-    if (n % cs->q8_head_group) q8 = NULL;
-    else buf.bits = cs->q8_head_bits, buf.group_size = cs->q8_head_group;
-  }
-  note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, q8, cs_of(s)->st, &er), &er);
+  const rlm_cuda_q8out *q8 = n != s->m->cfg.hidden ? NULL
+                             : w == s->m->final_norm && cs->q8_head_bits
+                                 ? q8_out_as(s, rows, n, cs->q8_head_bits, cs->q8_head_group, &buf)
+                                 : q8_out(s, rows, n, &buf);
+  note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, q8, cs->st, &er), &er);
   q8_made(s, q8, y, rows, n);
 }
 
