@@ -443,6 +443,41 @@ TEST(batched_steps_do_not_allocate) {
   }
 }
 
+/* rlm_session_host_alloc: memory the session writes logits into as into
+ * any other (on the CPU, heap memory behind a header that rlm_host_free
+ * reads); zero bytes, a NULL session and a failed allocation give NULL. */
+TEST(host_memory_holds_logits) {
+  rlm_model *m = load("llama");
+  if (!m) return;
+  rlm_session *s = NULL, *ref = NULL;
+  rlm_error err;
+  rlm_session_params p = rlm_session_params_default();
+  p.n_rows = 2;
+  CHECK_EQ(rlm_session_create(&s, m, &p, &err), RLM_OK);
+  CHECK_EQ(rlm_session_create(&ref, m, &p, &err), RLM_OK);
+  const int V = rlm_model_vocab_size(m);
+  float *lg = rlm_session_host_alloc(s, sizeof(float) * 2 * V), *lr = malloc(sizeof(float) * 2 * V);
+  CHECK(lg != NULL);
+  CHECK_EQ((uintptr_t)lg % 16, 0);
+  const rlm_batch b = {4, g_prompt, (int32_t[]){0, 0, 1, 1}, NULL};
+  CHECK_EQ(rlm_session_decode(s, &b, lg, &err), RLM_OK);
+  CHECK_EQ(rlm_session_decode(ref, &b, lr, &err), RLM_OK);
+  CHECK(!memcmp(lg, lr, sizeof(float) * 2 * V));
+  CHECK(rlm_session_host_alloc(s, 0) == NULL);
+  CHECK(rlm_session_host_alloc(NULL, 64) == NULL);
+  CHECK(rlm_session_host_alloc(s, SIZE_MAX) == NULL);
+  rlm__alloc_fail_at(0);
+  CHECK(rlm_session_host_alloc(s, 64) == NULL);
+  rlm__alloc_fail_at(-1);
+  rlm_session_free(s); /* the memory outlives its session */
+  lg[0] = 1.0f;
+  rlm_host_free(lg);
+  rlm_host_free(NULL);
+  free(lr);
+  rlm_session_free(ref);
+  rlm_model_free(m);
+}
+
 int main(void) {
   g_src = t_env("RINGLM_SOURCE_DIR");
   if (!g_src) return 1;
@@ -453,5 +488,6 @@ int main(void) {
   RUN(all_or_nothing);
   RUN(out_of_memory_changes_nothing);
   RUN(batched_steps_do_not_allocate);
+  RUN(host_memory_holds_logits);
   return test_summary();
 }

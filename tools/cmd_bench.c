@@ -179,7 +179,7 @@ typedef struct result {
 
 /* One timed test, reps times; tokens/s per rep into r. */
 static rlm_status run_test(model_ctx *c, const model_opts *o, const bench_opts *b, bool decode,
-                           long depth, int32_t *ids, float *logits, result *r, rlm_error *err) {
+                           long depth, int32_t *ids, result *r, rlm_error *err) {
   double sum = 0, sum2 = 0;
   uint64_t st = 0x9E3779B97F4A7C15ULL;
   /* The GPU loads kernels (cuBLAS's too) at their first use: one untimed
@@ -187,6 +187,14 @@ static rlm_status run_test(model_ctx *c, const model_opts *o, const bench_opts *
   for (long rep = o->sp.device == RLM_DEVICE_CUDA ? -1 : 0; rep < b->reps; rep++) {
     rlm_session *s = filled(c, o, depth, decode ? b->n : b->p, ids, &st, err);
     if (!s) return err->code ? err->code : RLM_ERR_NOMEM;
+    /* the logits in the session's host memory: page-locked on a GPU, as
+     * llama.cpp's output buffer is (pageable memory cost Gemma's 1 MB of
+     * logits about 0.1 ms a token) */
+    float *logits = rlm_session_host_alloc(s, (size_t)c->vocab * sizeof *logits);
+    if (!logits) {
+      rlm_session_free(s);
+      return out_of_memory(err);
+    }
     long n = decode ? b->n : b->p;
     for (long i = 0; i < n; i++) ids[i] = next_id(&st, c->vocab);
     rlm_status rc = RLM_OK;
@@ -201,6 +209,7 @@ static rlm_status run_test(model_ctx *c, const model_opts *o, const bench_opts *
     double tps = n / (cli_now_s() - t0 + 1e-12);
     r->kv_bytes = rlm_session_kv_bytes(s);
     rlm_session_free(s);
+    rlm_host_free(logits);
     if (rc) return rc;
     if (rep >= 0) sum += tps, sum2 += tps * tps;
   }
@@ -255,18 +264,17 @@ static int bench_depths(model_ctx *c, const model_opts *o, const bench_opts *b) 
   rlm_model_get_info(c->m, &mi);
   long most = b->p > b->n ? b->p : b->n;
   int32_t *ids = malloc((size_t)(most > 4096 ? most : 4096) * sizeof *ids);
-  float *logits = malloc((size_t)c->vocab * sizeof *logits);
   result res[2 * MAX_DEPTHS];
   int n_res = 0, rc = CLI_OK;
   rlm_error err = {0};
-  rlm_status st = ids && logits ? RLM_OK : RLM_ERR_NOMEM;
+  rlm_status st = ids ? RLM_OK : RLM_ERR_NOMEM;
   for (int d = 0; !st && d < b->n_depth; d++)
     for (int t = 0; !st && t < 2; t++) {
       if ((t ? b->n : b->p) == 0) continue;
       if (!b->json)
         fprintf(stderr, "\rbench: %s @ depth %ld (%d/%d)   ", t ? "decode" : "prefill", b->depth[d],
                 2 * d + t + 1, 2 * b->n_depth);
-      st = run_test(c, o, b, t == 1, b->depth[d], ids, logits, &res[n_res], &err);
+      st = run_test(c, o, b, t == 1, b->depth[d], ids, &res[n_res], &err);
       if (!st) n_res++;
     }
   if (!b->json) fprintf(stderr, "\r%60s\r", "");
@@ -274,7 +282,7 @@ static int bench_depths(model_ctx *c, const model_opts *o, const bench_opts *b) 
   if (st) rc = cli_fail(&err);
   else if (b->json) print_json(o, res, n_res, mi.arch);
   else print_table(o, b, res, n_res, mi.arch);
-  free(ids), free(logits);
+  free(ids);
   return rc;
 }
 
@@ -292,12 +300,14 @@ typedef struct batch_bufs {
   bool *pp_want;          /* [b*p]: only the last (as llama-batched-bench) */
   int32_t *tg_ids;        /* [n][b]: step i's id of row r at i*b + r     */
   int32_t *tg_rows;       /* [b]: 0, 1, ..., b-1                        */
-  float *logits;          /* [b][vocab]: a decode step's                */
+  float *logits;          /* [b][vocab]: a decode step's (the session's
+                             host memory: page-locked on a GPU, as
+                             llama.cpp's output buffer is)               */
 } batch_bufs;
 
 static void batch_bufs_free(batch_bufs *bb) {
   free(bb->pp_ids), free(bb->pp_rows), free(bb->pp_want);
-  free(bb->tg_ids), free(bb->tg_rows), free(bb->logits);
+  free(bb->tg_ids), free(bb->tg_rows), rlm_host_free(bb->logits);
   memset(bb, 0, sizeof *bb);
 }
 
@@ -309,8 +319,7 @@ static bool batch_bufs_make(batch_bufs *bb, int b, long p, long n, long vocab) {
   bb->pp_want = calloc(np, sizeof *bb->pp_want);
   bb->tg_ids = malloc((size_t)n * (size_t)b * sizeof *bb->tg_ids);
   bb->tg_rows = malloc((size_t)b * sizeof *bb->tg_rows);
-  bb->logits = malloc((size_t)b * (size_t)vocab * sizeof *bb->logits);
-  if (!bb->pp_ids || !bb->pp_rows || !bb->pp_want || !bb->tg_ids || !bb->tg_rows || !bb->logits) {
+  if (!bb->pp_ids || !bb->pp_rows || !bb->pp_want || !bb->tg_ids || !bb->tg_rows) {
     batch_bufs_free(bb);
     return false;
   }
@@ -352,12 +361,18 @@ static rlm_status batch_timed(rlm_session *s, const batch_bufs *bb, double *t_pp
 /* A session for bb: o's parameters with bb->b rows that reserve -p + -n
  * positions each, warmed by one untimed decode step (which makes the
  * reservation and touches the caches, as llama-batched-bench warms up). */
-static rlm_status batch_session(model_ctx *c, const model_opts *o, const batch_bufs *bb,
+static rlm_status batch_session(model_ctx *c, const model_opts *o, batch_bufs *bb,
                                 rlm_session **out, rlm_error *err) {
   rlm_session_params sp = o->sp;
   sp.n_rows = bb->b, sp.n_ctx = bb->p + bb->n;
   rlm_status rc = rlm_session_create(out, c->m, &sp, err);
   if (rc) return rc;
+  bb->logits = rlm_session_host_alloc(*out, (size_t)bb->b * (size_t)c->vocab * sizeof *bb->logits);
+  if (!bb->logits) {
+    rlm_session_free(*out);
+    *out = NULL;
+    return out_of_memory(err);
+  }
   const rlm_batch warm = {bb->b, bb->tg_ids, bb->tg_rows, NULL};
   rc = rlm_session_decode(*out, &warm, bb->logits, err);
   if (rc) {

@@ -800,6 +800,15 @@ static void cuda_fini(rlm_session *s);
 static rlm_status cuda_row_out(const rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
 static rlm_status cuda_row_in(rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
 
+/* Page-locked host memory: the logits' device-to-host copies run at the
+ * bus's speed into it (33 MB, 64 rows of Llama's vocabulary: 0.6 ms
+ * against 2 ms into pageable memory on the H200's host). */
+static void *cuda_host_alloc(size_t bytes) {
+  void *p = NULL;
+  return cudaMallocHost(&p, bytes) == cudaSuccess ? p : NULL;
+}
+static void cuda_host_free(void *p) { cudaFreeHost(p); }
+
 static const rlm_backend backend_cuda = {
     .name = "cuda",
     .logit_rows = LOGIT_ROWS,
@@ -829,6 +838,8 @@ static const rlm_backend backend_cuda = {
     .fini = cuda_fini,
     .row_out = cuda_row_out,
     .row_in = cuda_row_in,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
 };
 
 /* ---- create / free --------------------------------------------------------- */

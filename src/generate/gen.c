@@ -152,8 +152,8 @@ static rlm_status alloc_engine(rlm_gen *g, rlm_error *err) {
   g->ids = rlm__malloc((size_t)g->cap * sizeof *g->ids);
   g->brow = rlm__malloc((size_t)g->cap * sizeof *g->brow);
   g->want = rlm__malloc((size_t)g->cap * sizeof *g->want);
-  g->lg = rlm__malloc(R * (K + 1) * V * sizeof *g->lg);
-  g->dlg = g->d ? rlm__malloc(R * V * sizeof *g->dlg) : NULL;
+  g->lg = rlm_session_host_alloc(g->t, R * (K + 1) * V * sizeof *g->lg); /* a GPU's copies at full speed */
+  g->dlg = g->d ? rlm_session_host_alloc(g->d, R * V * sizeof *g->dlg) : NULL;
   g->q = g->d ? rlm__malloc(R * K * V * sizeof *g->q) : NULL;
   g->pv = rlm__malloc(V * sizeof *g->pv);
   g->resid = rlm__malloc(V * sizeof *g->resid);
@@ -206,7 +206,7 @@ void rlm_gen_free(rlm_gen *g) {
     rlm__free(g->rows[r].lp), rlm__free(g->rows[r].top_ids), rlm__free(g->rows[r].top_lp);
   }
   rlm__free(g->rows), rlm__free(g->ids), rlm__free(g->brow), rlm__free(g->want);
-  rlm__free(g->lg), rlm__free(g->dlg), rlm__free(g->q);
+  rlm_host_free(g->lg), rlm_host_free(g->dlg), rlm__free(g->q);
   rlm__free(g->pv), rlm__free(g->resid), rlm__free(g->w), rlm__free(g->ids_s);
   rlm__free(g->raw), rlm__free(g->wbits);
   rlm__free(g->piece), rlm__free(g->ev);

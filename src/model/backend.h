@@ -95,6 +95,10 @@ struct rlm_backend {
    * NULL on the CPU, whose rows are host caches already. */
   rlm_status (*row_out)(const rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
   rlm_status (*row_in)(rlm_session *s, int row, rlm_kv *const *twin, rlm_error *err);
+  /* Host memory the device copies logits into at the bus's speed
+   * (page-locked), and its release; NULL on the CPU (the heap's). */
+  void *(*host_alloc)(size_t bytes);
+  void (*host_free)(void *p);
 };
 
 /* The MoE router's rule, shared by the backends: logit [n_experts] (the

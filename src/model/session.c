@@ -199,6 +199,34 @@ rlm_status rlm_session_create(rlm_session **out, rlm_model *m, const rlm_session
   return RLM_OK;
 }
 
+/* rlm_session_host_alloc's blocks: a header of HOST_HEAD bytes before the
+ * caller's part says how to free the block (the backend's host_free, or
+ * the heap's), so rlm_host_free needs no session. */
+enum { HOST_HEAD = 64 };
+typedef struct host_head {
+  uint64_t magic;
+  void (*release)(void *);
+} host_head;
+#define HOST_MAGIC 0x726c6d486f737431ull /* "rlmHost1" */
+
+void *rlm_session_host_alloc(const rlm_session *s, size_t bytes) {
+  if (!s || !bytes || bytes > SIZE_MAX - HOST_HEAD) return NULL;
+  const bool dev = s->be->host_alloc != NULL;
+  unsigned char *b = dev ? s->be->host_alloc(bytes + HOST_HEAD) : rlm__malloc(bytes + HOST_HEAD);
+  if (!b) return NULL;
+  *(host_head *)b = (host_head){HOST_MAGIC, dev ? s->be->host_free : rlm__free};
+  return b + HOST_HEAD;
+}
+
+void rlm_host_free(void *p) {
+  if (!p) return;
+  unsigned char *b = (unsigned char *)p - HOST_HEAD;
+  host_head h = *(host_head *)b;
+  if (h.magic != HOST_MAGIC) return; /* not ours: leaking beats freeing the wrong way */
+  ((host_head *)b)->magic = 0;
+  h.release(b);
+}
+
 void rlm_session_free(rlm_session *s) {
   if (!s) return;
   /* Borrowers first: row 0's caches own the scratch. */

@@ -503,7 +503,8 @@ TEST(rollback_after_wrap) {
 
 /* A ragged batch of three rows (a prefill of 10, a decode step, a prefill
  * of 5), then decode steps of all three rows at once (a captured graph of
- * three tokens), against the CPU doing the same. */
+ * three tokens), against the CPU doing the same; the GPU writes its logits
+ * into page-locked memory from rlm_session_host_alloc. */
 TEST(batched_rows) {
   for (int a = 0; a < N_ARCHS; a++) {
     rlm_model *m = load(archs[a], 0);
@@ -511,10 +512,15 @@ TEST(batched_rows) {
     const int V = rlm_model_vocab_size(m);
     rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .rows = 3, .chunk = 32});
     rlm_session *c = open_s(m, (opts){.device = RLM_DEVICE_CPU, .rows = 3, .chunk = 32});
-    float *lg = xmalloc((size_t)16 * V * 4), *lc = xmalloc((size_t)16 * V * 4);
+    /* the GPU's logits into its page-locked host memory (rlm_session_host_alloc) */
+    float *lg = g ? rlm_session_host_alloc(g, (size_t)16 * V * 4) : NULL, *lc = xmalloc((size_t)16 * V * 4);
     rlm_error err;
     double worst = 0;
-    if (g && c) {
+    if (g) {
+      struct cudaPointerAttributes at;
+      CHECK(lg && cudaPointerGetAttributes(&at, lg) == cudaSuccess && at.type == cudaMemoryTypeHost);
+    }
+    if (g && c && lg) {
       int32_t ids[16], rows[16];
       for (int i = 0; i < 16; i++) ids[i] = g_prompt[i], rows[i] = i < 10 ? 0 : i < 11 ? 1 : 2;
       rlm_batch b = {16, ids, rows, NULL};
@@ -534,7 +540,7 @@ TEST(batched_rows) {
     CHECK(worst <= 1e-4);
     if (worst > 1e-4) test_note("%s: %.2e", archs[a], worst);
     rlm_session_free(g), rlm_session_free(c);
-    free(lg), free(lc);
+    rlm_host_free(lg), free(lc);
     rlm_model_free(m);
   }
 }
