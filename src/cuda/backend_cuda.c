@@ -65,7 +65,10 @@
  * 32-64 tokens on the H200, slower at 512), else cuBLAS's. Passes past
  * GEMM_MIN are never captured in a graph (graph_shape), so a replayed
  * step runs the kernels the same step without a graph runs. */
-enum { LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128, I8_MAX = 128, I8_DEFAULT = 32 };
+enum {
+  LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
+  I8_MAX = 128, I8_DEFAULT = 16, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
+};
 
 /* ---- the model's weights on the device ------------------------------------ */
 
@@ -373,17 +376,23 @@ static rlm_status q8_of(rlm_session *s, const rlm_cuda_qmat *w, const float *x, 
  * (in MLX's format, or converted from GGUF blocks) at 4 or 8 bits. */
 static bool fast_bits(const rlm_cuda_weight *w) { return w->q.wq && (w->q.bits == 4 || w->q.bits == 8); }
 
-/* Tokens up to which the int8 tensor-core product runs (I8_MAX at most;
- * RINGLM_CUDA_I8_MAX=n, to compare: docs/cuda-notes.md). */
-static int64_t g_i8_max;
+/* Tokens up to which the int8 tensor-core product runs for a product of
+ * `rows` rows: I8_NARROW_MAX where rows <= I8_NARROW_ROWS (qgemm.cu's
+ * 256-row tiles are too few there to fill the card: at 64 tokens the 8B's
+ * q, o and down took 34 / 85 us against 40 / 108 on the H200), else
+ * I8_DEFAULT (gate and up at 32 tokens: 58 us against qgemm's 51, the
+ * 8-bit head 503 against 348). RINGLM_CUDA_I8_MAX=n sets one limit for
+ * all (I8_MAX at most), to compare: docs/cuda-notes.md. */
+static int64_t g_i8_max = -1;
 static void read_i8_max(void) {
   const char *e = getenv("RINGLM_CUDA_I8_MAX");
-  g_i8_max = e ? RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e)) : I8_DEFAULT;
+  if (e) g_i8_max = RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e));
 }
-static int64_t i8_max(void) {
+static int64_t i8_max(int64_t rows) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, read_i8_max);
-  return g_i8_max;
+  if (g_i8_max >= 0) return g_i8_max;
+  return rows <= I8_NARROW_ROWS ? I8_NARROW_MAX : I8_DEFAULT;
 }
 
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
@@ -396,7 +405,7 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   rlm_cuda_weight w = weight_of(s, l);
   rlm_status rc = RLM_OK;
   const bool fast = fast_bits(&w), q8 = fast && s->p.act_bits == 8 && l->in % 128 == 0;
-  if (q8 && n > MAX_M && n <= i8_max() && cs->i8_part) {
+  if (q8 && n > MAX_M && n <= i8_max(l->out) && cs->i8_part) {
     rc = q8_of(s, &w.q, x, (int)n, &er);
     if (!rc) rc = rlm__cuda_qgemm_i8(&w.q, cs->q8, n, y, cs->i8_part, cs->st, &er);
     if (y == cs->q8_x) cs->q8_x = NULL;

@@ -129,8 +129,10 @@ __device__ __forceinline__ void q8_group(const float (&v)[G32], int bits, int64_
  * f16 GEMMs (gemm.cu, qgemm.cu): 2^-e with max |x| in [2^(e-1), 2^e), so
  * the scaled row's largest element is in [0.5, 1), x * 2^-e rounded to
  * f16 into xs, and *back = 2^e (exact: powers of two). THREADS: the
- * block's size, a multiple of the warp. */
-template <int THREADS>
+ * block's size, a multiple of the warp. PERM8: each run of 8 elements
+ * stored as 0 4 1 5 2 6 3 7 (cols a multiple of 8), the pairs a 4-bit
+ * word's codes widen into by shifts and masks (qgemm.cu, deq4). */
+template <int THREADS, bool PERM8 = false>
 __device__ __forceinline__ void scale_row_f16(const float *__restrict__ xr, int64_t cols, __half *__restrict__ xs,
                                               float *__restrict__ back) {
   __shared__ float part[THREADS / kWarp];
@@ -145,7 +147,8 @@ __device__ __forceinline__ void scale_row_f16(const float *__restrict__ xr, int6
   int e = 0;
   if (amax > 0.f && isfinite(amax)) frexpf(amax, &e);
   const float down = ldexpf(1.0f, -e);
-  for (int64_t i = threadIdx.x; i < cols; i += THREADS) xs[i] = __float2half_rn(xr[i] * down);
+  for (int64_t i = threadIdx.x; i < cols; i += THREADS)
+    xs[PERM8 ? (i & ~7) | (i & 3) << 1 | (i >> 2 & 1) : i] = __float2half_rn(xr[i] * down);
   if (threadIdx.x == 0) *back = ldexpf(1.0f, e);
 }
 

@@ -19,6 +19,10 @@
  *     scales never are) is used as s 2^-64 and the bias added by
  *     fma(v, 2^64, b), exact too. Only infinite scales differ: NaN here
  *     where gemm.cu has inf (every code but 0 overflows f16 anyway).
+ *   - Except 4-bit codes under f16 or bf16 scales (every MLX checkpoint's
+ *     case): W = f16(code * s + b) rounded once (one HFMA2 on s and b as
+ *     f16), which is gemm.cu's value unless the f32 sum rounded first;
+ *     half the instructions a weight (deq4h).
  *
  * TILING. A block (8 warps) computes 256 weight rows x BN tokens (BN = 8,
  * 16, 32 or 64: the template NT = BN / 8, picked from m; larger m loops
@@ -29,12 +33,17 @@
  * as the 4-byte words that hold them). Per slice a lane dequantizes the
  * 16 consecutive columns [16t, 16t+16) of its rows (t = lane % 4: one
  * 8- or 16-byte read of codes, one group's scale), which is the MMA's k
- * order permuted: in k-step j the lane's fragment positions {2t, 2t+1,
- * 2t+8, 2t+9} are columns 16t + 4j + {0, 1, 2, 3}. The B fragments (x)
- * follow the same permutation, so each is one 16-byte shared-memory read
- * of consecutive columns, and no shuffling is needed on either side.
+ * order permuted: at 8 bits, in k-step j the lane's fragment positions
+ * {2t, 2t+1, 2t+8, 2t+9} are columns 16t + 4j + {0, 1, 2, 3}; at 4 bits
+ * word w = 16t + 8(j/2) .. + 7 gives k-step j the columns w + {h, h + 4,
+ * h + 1, h + 5}, h = 2(j%2) (its codes paired by shifts). The B fragments
+ * (x) follow the same permutation, so each is one 16-byte shared-memory
+ * read of x as the x pass stored it (in order, or at 4 bits each 8
+ * columns as 0 4 1 5 2 6 3 7), and no shuffling is needed on either side.
  * Dequantizing costs about 4 instructions per weight (the f32 arithmetic
- * the numerics demand, one f16 pack per two), once per token tile.
+ * the numerics demand, one f16 pack per two), about 2 for deq4h, once per
+ * token tile. The deq4h instances are built for two blocks an SM (128
+ * registers): at 64 tokens one block of 158 was alone on its SM.
  *
  * STATUS (H200, first version): exact (tests/cuda/test_cuda_qgemv.c), and
  * 2-3.8x faster than gemm.cu's path at m = 32 and 64, but far from the
@@ -63,6 +72,9 @@
 #include "common.cuh"
 
 #include <cooperative_groups.h>
+#include <atomic>
+#include <cstdlib>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 namespace {
@@ -151,7 +163,8 @@ __device__ __forceinline__ Deq make_deq(float s, float b) {
   return d;
 }
 
-/* A 4-bit word (8 consecutive columns) as 4 half2: (c0,c1) (c2,c3) (c4,c5) (c6,c7). */
+/* A 4-bit word (8 consecutive columns) as 4 half2: (c0,c4) (c1,c5) (c2,c6)
+ * (c3,c7), deq4h's pairs (x is stored in that order: scale_row_f16's PERM8). */
 __device__ __forceinline__ void deq4(uint32_t w, const Deq &d, uint32_t (&p)[4]) {
   const uint32_t hi = w >> 16; /* codes 4..7 at bits 0, 4, 8, 12 */
   float f[8];
@@ -164,7 +177,32 @@ __device__ __forceinline__ void deq4(uint32_t w, const Deq &d, uint32_t (&p)[4])
   f[6] = __fmaf_rn(__uint_as_float((hi & 0xF00u) | 0x47000000u), d.s, d.c[2]);
   f[7] = __fmaf_rn(__uint_as_float((hi & 0xF000u) | 0x45000000u), d.s, d.c[3]);
 #pragma unroll
-  for (int k = 0; k < 4; k++) p[k] = pack_h2(__fmaf_rn(f[2 * k], d.up, d.b), __fmaf_rn(f[2 * k + 1], d.up, d.b));
+  for (int k = 0; k < 4; k++) p[k] = pack_h2(__fmaf_rn(f[k], d.up, d.b), __fmaf_rn(f[k + 4], d.up, d.b));
+}
+
+/* 4-bit codes under f16 or bf16 scales: W = fma(code, s, b) in f16, one
+ * rounding, with s and b as f16 (exact for f16 scales, and for bf16 ones
+ * inside f16's range; past it W is not finite, as a W past 65504 already
+ * is on the f32 path). About 2 instructions a weight against deq4's 4.5:
+ * code k of the word masked into 1024's mantissa (half2 1024 + c), 1024
+ * taken off exactly, then one HFMA2. The shifts pair codes k and k + 4,
+ * so the pairs are (c0,c4) (c1,c5) (c2,c6) (c3,c7), as in deq4. */
+struct DeqH {
+  __half2 s, b;
+};
+
+__device__ __forceinline__ DeqH make_deqh(float s, float b) { return {__float2half2_rn(s), __float2half2_rn(b)}; }
+
+__device__ __forceinline__ void deq4h(uint32_t w, const DeqH &d, uint32_t (&p)[4]) {
+  const __half2 k1024 = __half2half2(__ushort_as_half((unsigned short)0x6400u));
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const uint32_t u = (w >> (4 * k) & 0x000f000fu) | 0x64006400u;
+    __half2 h;
+    memcpy(&h, &u, 4);
+    h = __hfma2(__hsub2(h, k1024), d.s, d.b);
+    memcpy(&p[k], &h, 4);
+  }
 }
 
 /* An 8-bit word (4 consecutive columns) as 2 half2: (c0,c1) (c2,c3). The
@@ -289,15 +327,25 @@ struct Producer {
 
 /* The Deq of local row rl for slot q; e_odd: the parity of its element
  * index (row * cols/g + group). */
-template <typename S>
-__device__ __forceinline__ Deq row_deq(const uint32_t *sw, const Args &p, int rl, int q, int e_odd) {
-  return make_deq(scale_value<S>(sw[q * kBM + rl], e_odd ^ p.sc_odd), scale_value<S>(sw[(2 + q) * kBM + rl], e_odd ^ p.bi_odd));
+template <typename S, typename D = Deq>
+__device__ __forceinline__ D row_deq(const uint32_t *sw, const Args &p, int rl, int q, int e_odd) {
+  const float sc = scale_value<S>(sw[q * kBM + rl], e_odd ^ p.sc_odd);
+  const float bi = scale_value<S>(sw[(2 + q) * kBM + rl], e_odd ^ p.bi_odd);
+  if constexpr (std::is_same<D, DeqH>::value)
+    return make_deqh(sc, bi);
+  else
+    return make_deq(sc, bi);
 }
+
+/* Half-precision arithmetic for 4-bit codes under half-precision scales. */
+template <int BITS, typename S>
+constexpr bool kHalfDeq = BITS == 4 && !std::is_same<S, float>::value;
 
 /* acc[i][n] += rows (warp*32 + 16i ..) x tokens (8n ..) over one slice.
  * Lane (g8 = lane/4, t = lane%4) handles columns [16t, 16t+16) of rows
- * 16i + g8 and 16i + g8 + 8: k-step j's A fragment is columns 16t + 4j ..
- * + 3 of those rows, its B fragment the same columns of token 8n + g8.
+ * 16i + g8 and 16i + g8 + 8: k-step j's A fragment is 4 of those columns
+ * of those rows (the top's order), its B fragment the same columns of
+ * token 8n + g8.
  * row_odd: bit 2i + h, the parity of row 16i + g8 + 8h (clamped). */
 template <int BITS, int NT, typename S>
 __device__ __forceinline__ void compute_slice(float (&acc)[kMTiles][NT][4], const uint8_t *stage, const Args &p,
@@ -323,8 +371,9 @@ __device__ __forceinline__ void compute_slice(float (&acc)[kMTiles][NT][4], cons
 #pragma unroll
     for (int i = 0; i < kMTiles; i++) {
       const int rl = warp * kWarpRows + i * 16 + g8;
-      const Deq dl = row_deq<S>(sw, p, rl, q, gi_odd ^ ((row_odd >> (2 * i)) & ng_odd)),
-                dh = row_deq<S>(sw, p, rl + 8, q, gi_odd ^ ((row_odd >> (2 * i + 1)) & ng_odd));
+      using D = typename std::conditional<kHalfDeq<BITS, S>, DeqH, Deq>::type;
+      const D dl = row_deq<S, D>(sw, p, rl, q, gi_odd ^ ((row_odd >> (2 * i)) & ng_odd)),
+              dh = row_deq<S, D>(sw, p, rl + 8, q, gi_odd ^ ((row_odd >> (2 * i + 1)) & ng_odd));
       uint32_t a[KB][4];
       if (BITS == 4) { /* words 2t, 2t+1 of the row: k-steps 0-1 and 2-3 */
         const uint32_t *cl = reinterpret_cast<const uint32_t *>(codes + rl * C::kCodeBytes) + 2 * t;
@@ -333,12 +382,14 @@ __device__ __forceinline__ void compute_slice(float (&acc)[kMTiles][NT][4], cons
         for (int wq = 0; wq < KB / 2; wq++) {
           const int wi = KB == 4 ? wq : kb;
           uint32_t pl[4], ph[4];
-          deq4(cl[wi], dl, pl);
-          deq4(ch[wi], dh, ph);
+          if constexpr (kHalfDeq<BITS, S>)
+            deq4h(cl[wi], dl, pl), deq4h(ch[wi], dh, ph);
+          else
+            deq4(cl[wi], dl, pl), deq4(ch[wi], dh, ph);
           a[2 * wq][0] = pl[0], a[2 * wq][1] = ph[0], a[2 * wq][2] = pl[1], a[2 * wq][3] = ph[1];
           a[2 * wq + 1][0] = pl[2], a[2 * wq + 1][1] = ph[2], a[2 * wq + 1][2] = pl[3], a[2 * wq + 1][3] = ph[3];
         }
-      } else { /* words 4t .. 4t+3: one k-step each */
+      } else if constexpr (!kHalfDeq<BITS, S>) { /* words 4t .. 4t+3: one k-step each */
         const uint32_t *cl = reinterpret_cast<const uint32_t *>(codes + rl * C::kCodeBytes) + 4 * t;
         const uint32_t *ch = reinterpret_cast<const uint32_t *>(codes + (rl + 8) * C::kCodeBytes) + 4 * t;
 #pragma unroll
@@ -362,18 +413,19 @@ __device__ __forceinline__ void compute_slice(float (&acc)[kMTiles][NT][4], cons
 /* A block a row of x, scaled into f16's range (common.cuh, as gemm.cu
  * does); it lets the product's blocks start at once (PDL). */
 constexpr int kScaleThreads = 256;
+template <bool PERM8>
 __global__ void __launch_bounds__(kScaleThreads)
     scale_rows_kernel(const float *__restrict__ x, int64_t cols, __half *__restrict__ xs, float *__restrict__ back) {
   pdl_launch(); /* the product's blocks come in now and load codes (common.cuh) */
   pdl_wait();
-  scale_row_f16<kScaleThreads>(x + (int64_t)blockIdx.x * cols, cols, xs + (int64_t)blockIdx.x * cols,
-                               back + blockIdx.x);
+  scale_row_f16<kScaleThreads, PERM8>(x + (int64_t)blockIdx.x * cols, cols, xs + (int64_t)blockIdx.x * cols,
+                                      back + blockIdx.x);
 }
 
 /* Block (tile * S + r, token tile): rows [256 tile, +256) x tokens [8 NT ty,
  * +8 NT), slices [r nsl / S, (r+1) nsl / S) of the cluster's S blocks. */
 template <int BITS, int NT, typename S>
-__global__ void __launch_bounds__(kThreads) qgemm_kernel(const Args p) {
+__global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_kernel(const Args p) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
   cg::cluster_group cluster = cg::this_cluster();
@@ -475,6 +527,44 @@ int pick_cluster(int64_t blocks, int n_slices) {
   return s;
 }
 
+/* Clusters of s blocks of this instance the card holds at once (0: the
+ * query failed), asked once per s. */
+template <int BITS, int NT, typename S>
+int resident_clusters(int s) {
+  static std::atomic<int> known[kMaxCluster + 1];
+  int n = known[s].load(std::memory_order_relaxed);
+  if (n) return n - 1;
+  cudaLaunchAttribute at;
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = (unsigned)s, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)s, 1, 1), cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = Cfg<BITS, NT>::kSmem, cfg.attrs = &at, cfg.numAttrs = 1;
+  if (cudaOccupancyMaxActiveClusters(&n, qgemm_kernel<BITS, NT, S>, &cfg) != cudaSuccess) (void)cudaGetLastError(), n = 0;
+  known[s].store(n + 1, std::memory_order_relaxed);
+  return n;
+}
+
+/* Blocks per cluster. One token tile of 32 or 64 tokens: the widest split
+ * (each block 4 slices at least) whose clusters all fit on the card at
+ * once, so the grid is one wave. pick_cluster's rule gave the 8B's gate
+ * 448 blocks of 8 slices, about two waves at two blocks an SM: 75.8 us at
+ * 64 tokens, 63.8 at 32, against 65.9 and 50.6 in one wave of 224 (H200).
+ * Elsewhere pick_cluster's rule, which was faster at 16 tokens (57 against
+ * 76 us) and at 128 (down: 160 against 190). RINGLM_CUDA_QGEMM_WAVE=0:
+ * pick_cluster's rule everywhere, to compare. */
+template <int BITS, int NT, typename S>
+int pick_cluster_wave(int64_t clusters, int n_slices) {
+  static const bool off = [] {
+    const char *e = getenv("RINGLM_CUDA_QGEMM_WAVE");
+    return e && e[0] == '0';
+  }();
+  if (off || NT < 4) return pick_cluster(clusters, n_slices);
+  int s = 1;
+  while (s < kMaxCluster && n_slices / (2 * s) >= 4 && clusters <= resident_clusters<BITS, NT, S>(2 * s)) s *= 2;
+  return s;
+}
+
 template <int BITS, int NT, typename S>
 cudaError_t launch(const Args &a, cudaStream_t st) {
   using C = Cfg<BITS, NT>;
@@ -482,7 +572,8 @@ cudaError_t launch(const Args &a, cudaStream_t st) {
       cudaFuncSetAttribute(qgemm_kernel<BITS, NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (attr != cudaSuccess) return attr;
   const int64_t tiles = (a.rows + kBM - 1) / kBM, tok_tiles = (a.m + C::kBN - 1) / C::kBN;
-  const int s = pick_cluster(tiles * tok_tiles, a.cols / kSlice);
+  const int s = tok_tiles == 1 ? pick_cluster_wave<BITS, NT, S>(tiles, a.cols / kSlice)
+                               : pick_cluster(tiles * tok_tiles, a.cols / kSlice);
   cudaLaunchAttribute at[2];
   at[0].id = cudaLaunchAttributeClusterDimension;
   at[0].val.clusterDim.x = (unsigned)s, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
@@ -545,7 +636,10 @@ extern "C" rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, in
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   __half *xs = static_cast<__half *>(scratch);
   float *back = reinterpret_cast<float *>(static_cast<char *>(scratch) + x_bytes(m, w->cols));
-  launch_k(scale_rows_kernel, (unsigned)m, kScaleThreads, 0, st, x, w->cols, xs, back);
+  if (w->bits == 4) /* x in deq4's pair order */
+    launch_k(scale_rows_kernel<true>, (unsigned)m, kScaleThreads, 0, st, x, w->cols, xs, back);
+  else
+    launch_k(scale_rows_kernel<false>, (unsigned)m, kScaleThreads, 0, st, x, w->cols, xs, back);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
   const Args a = {reinterpret_cast<const uint8_t *>(w->wq), w->scales, w->biases, xs, back, y, m, w->rows,

@@ -393,8 +393,12 @@ static void qgemm_scale_x(const float *x, int64_t m, int64_t cols, float *xs, fl
   }
 }
 
-/* W [rows][cols]: f16(f32(f32(code * s) + b)), gemm.cu's dequantization. */
+/* W [rows][cols]: f16(f32(f32(code * s) + b)), gemm.cu's dequantization;
+ * 4-bit codes under f16 or bf16 scales: f16(code * s16 + b16), one
+ * rounding of the exact value, s16 and b16 the scale and bias as f16
+ * (qgemm.cu's deq4h: HFMA2). */
 static float *qgemm_dequant(const rlm_qmat *w) {
+  const bool half = w->bits == 4 && w->sdtype != RLM_DTYPE_F32;
   float *out = malloc((size_t)w->rows * (size_t)w->cols * 4);
   const int64_t ng = w->cols / w->group_size;
   for (int64_t o = 0; o < w->rows; o++)
@@ -402,6 +406,11 @@ static float *qgemm_dequant(const rlm_qmat *w) {
       const float s = rlm__load_f(w->scales, w->sdtype, o * ng + j / w->group_size);
       const float b = rlm__load_f(w->biases, w->sdtype, o * ng + j / w->group_size);
       const uint32_t q = rlm__quant_get(w->wq + o * rlm__quant_row_words(w->cols, w->bits), j, w->bits);
+      if (half) {
+        const double s16 = rlm__f16_to_f32(rlm__f32_to_f16(s)), b16 = rlm__f16_to_f32(rlm__f32_to_f16(b));
+        out[o * w->cols + j] = rlm__f16_to_f32(rlm__f32_to_f16((float)((double)q * s16 + b16)));
+        continue;
+      }
       volatile float prod = (float)q * s; /* rounded before the add: no contraction */
       out[o * w->cols + j] = rlm__f16_to_f32(rlm__f32_to_f16(prod + b));
     }
