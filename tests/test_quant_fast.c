@@ -479,9 +479,12 @@ static int qmv_q8_kernels(int bits, rlm__qmv_q8_fn fn[2], const char *name[2]) {
   return n;
 }
 
-static int qmm_q8_kernels(int bits, rlm__qmm_q8_fn fn[2], const char *name[2]) {
+static int qmm_q8_kernels(int bits, rlm__qmm_q8_fn fn[3], const char *name[3]) {
   int n = 0;
   fn[n] = rlm__qmm_q8_kernel(bits), name[n++] = "dispatched";
+#if defined(__x86_64__)
+  if (fn[0] == rlm__qmm_q8_amx) name[0] = "amx", fn[n] = rlm__qmm_q8_vnni, name[n++] = "vnni";
+#endif
 #if defined(__x86_64__) || defined(__i386__)
   if (rlm__cpu_avx2() && fn[0] != rlm__qmm_q8_avx2) fn[n] = rlm__qmm_q8_avx2, name[n++] = "avx2";
 #endif
@@ -674,6 +677,27 @@ TEST(q8act_quantize_matches_ref) {
   free(a), free(b), free(x);
 }
 
+/* The inputs of an m-row int8 product for w: m random rows of x, each
+ * quantized for w's width into scratch (stride bytes apart), then their
+ * group sums (xsum, in the same block). */
+typedef struct q8_inputs {
+  float *x, *xsum;
+  char *scratch;
+  size_t stride;
+} q8_inputs;
+
+static q8_inputs q8_inputs_make(const rlm_qmat *w, int64_t m) {
+  const int64_t cols = w->cols;
+  q8_inputs in = {make_x(m, cols, &g_seed), NULL, xmalloc(rlm__qmatmul_q8_bytes(m, cols, w->group_size)),
+                  (rlm__q8act_bytes(cols) + 63) & ~(size_t)63};
+  in.xsum = (float *)(in.scratch + m * in.stride);
+  rlm__group_sums(in.x, m, cols, w->group_size, in.xsum);
+  for (int64_t i = 0; i < m; i++) q8act_quantize_for(w, in.x + i * cols, in.scratch + i * in.stride);
+  return in;
+}
+
+static void q8_inputs_free(q8_inputs *in) { free(in->scratch), free(in->x); }
+
 /* Many input rows (prefill, batched decode) and one: the fastest kernel
  * for each width (4 and 6 bits: VNNI tiles of 2 rows x up to 8 inputs, or
  * AVX2 1 x 8; 8 bits: VNNI or AVX2 1 x 8) and the AVX2 one called
@@ -688,19 +712,17 @@ TEST(qmatmul_int8_activations) {
       for (int g = 32; g <= 128; g *= 2) {
         const int64_t m = M[mi];
         const int bits = Q8_BITS[bi];
-        rlm__qmm_q8_fn fast[2];
-        const char *fname[2];
+        rlm__qmm_q8_fn fast[3];
+        const char *fname[3];
         const int n_fast = qmm_q8_kernels(bits, fast, fname);
         test_qmat t;
         qmat_make(&t, rows, cols, bits, g, RLM_DTYPE_BF16, &g_seed);
-        float *x = make_x(m, cols, &g_seed), *yr = xmalloc(m * rows * sizeof *yr);
+        q8_inputs in = q8_inputs_make(&t.w, m);
+        float *x = in.x, *xsum = in.xsum, *yr = xmalloc(m * rows * sizeof *yr);
         float *yf = xmalloc(m * rows * sizeof *yf);
         float *yp = xmalloc(m * rows * sizeof *yp);
-        const size_t stride = (rlm__q8act_bytes(cols) + 63) & ~(size_t)63;
-        char *scratch = xmalloc(rlm__qmatmul_q8_bytes(m, cols, g));
-        float *xsum = (float *)(scratch + m * stride);
-        rlm__group_sums(x, m, cols, g, xsum);
-        for (int64_t i = 0; i < m; i++) q8act_quantize_for(&t.w, x + i * cols, scratch + i * stride);
+        const size_t stride = in.stride;
+        char *scratch = in.scratch;
         rlm__qmm_q8_ref(&t.w, scratch, stride, xsum, m, 0, rows, yr);
         int bad = 0;
         for (int f = 0; f < n_fast; f++) {
@@ -717,11 +739,46 @@ TEST(qmatmul_int8_activations) {
         for (int64_t i = 0; i < m; i++)
           for (int64_t o = 0; o < rows; o++)
             bad += fabs((double)yp[i * rows + o] - yr[i * rows + o]) > REL_TOL * error_scale(&t.w, x + i * cols, o);
-        test_note("bits %d m %lld group %d, %s%s", bits, (long long)m, g, fname[0], n_fast > 1 ? " + avx2" : "");
+        test_note("bits %d m %lld group %d, %s%s%s", bits, (long long)m, g, fname[0], n_fast > 1 ? " + " : "",
+                  n_fast > 1 ? fname[1] : "");
         CHECK_EQ(bad, 0);
-        free(scratch), free(yp), free(yf), free(yr), free(x);
+        q8_inputs_free(&in), free(yp), free(yf), free(yr);
         qmat_free(&t);
       }
+}
+
+/* The AMX product (qdot_amx.c) on shapes the small cases above do not
+ * reach: two panels (64 chunks and 2: 8,448 columns), several 16-row tiles
+ * and 8 rows left to the VNNI kernel, token groups of 8 and a partial one,
+ * groups of 32 (256 in a panel) and 128, bf16 and f32 scales. */
+TEST(amx_panels) {
+#if defined(__x86_64__)
+  if (!rlm__cpu_amx_int8()) {
+    printf("skipped: AMX int8 not supported by this CPU (or not granted by its OS)\n");
+    return;
+  }
+  const int64_t rows = 56, cols = 8448;
+  static const int64_t M[] = {8, 9, 16, 21};
+  for (int mi = 0; mi < N_OF(M); mi++)
+    for (int g = 32; g <= 128; g *= 4) {
+      const int64_t m = M[mi];
+      test_qmat t;
+      qmat_make(&t, rows, cols, 4, g, g == 32 ? RLM_DTYPE_BF16 : RLM_DTYPE_F32, &g_seed);
+      q8_inputs in = q8_inputs_make(&t.w, m);
+      float *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
+      rlm__qmm_q8_ref(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yr);
+      poison(yf, m * rows);
+      rlm__qmm_q8_amx(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yf);
+      int bad = 0;
+      for (int64_t i = 0; i < m; i++)
+        for (int64_t o = 0; o < rows; o++)
+          bad += !(fabs((double)yf[i * rows + o] - yr[i * rows + o]) <= REL_TOL * error_scale(&t.w, in.x + i * cols, o));
+      test_note("m %lld group %d: %d off", (long long)m, g, bad);
+      CHECK_EQ(bad, 0);
+      q8_inputs_free(&in), free(yf), free(yr);
+      qmat_free(&t);
+    }
+#endif
 }
 
 /* The tied heads this path exists for, at a slice of their real width
@@ -733,8 +790,8 @@ TEST(int8_w6_head_shapes) {
   for (int ci = 0; ci < 2; ci++)
     for (int mi = 0; mi < 2; mi++) {
       const int64_t rows = 67, cols = COLS[ci], m = M[mi];
-      rlm__qmm_q8_fn fast[2];
-      const char *fname[2];
+      rlm__qmm_q8_fn fast[3];
+      const char *fname[3];
       const int n_fast = qmm_q8_kernels(6, fast, fname);
       rlm__qmv_q8_fn mv[2];
       qmv_q8_kernels(6, mv, fname);
@@ -775,6 +832,7 @@ int main(void) {
   RUN(int8_w6_catches_one_wrong_code);
   RUN(q8act_quantize_matches_ref);
   RUN(qmatmul_int8_activations);
+  RUN(amx_panels);
   RUN(int8_w6_head_shapes);
   printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
          REL_TOL);

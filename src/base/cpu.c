@@ -15,11 +15,32 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
-enum { CPU_KNOWN = 1, CPU_AVX2 = 2, CPU_AVX512 = 4, CPU_VNNI = 8 };
+enum { CPU_KNOWN = 1, CPU_AVX2 = 2, CPU_AVX512 = 4, CPU_VNNI = 8, CPU_AMX = 16 };
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+/* AMX tiles with int8 products (CPUID leaf 7: EDX bits 24, 25), usable
+ * only once Linux grants the process the tile data state (the request is
+ * process-wide and idempotent; kernels without it refuse, and so the
+ * answer is false there; RINGLM_NO_AMX=1 turns it off, to compare). */
+static bool amx_int8(void) {
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 24)) || !(edx & (1u << 25)))
+    return false;
+#if defined(__linux__) && defined(SYS_arch_prctl)
+  enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+  return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+  return false;
+#endif
+}
 
 static int probe(void) {
   unsigned eax, ebx, ecx, edx;
@@ -29,7 +50,9 @@ static int probe(void) {
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  return CPU_KNOWN | (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0) | (vnni ? CPU_VNNI : 0);
+  const char *no_amx = getenv("RINGLM_NO_AMX"); /* to compare with the VNNI kernels */
+  const bool amx = vnni && !(no_amx && no_amx[0] == '1') && amx_int8();
+  return CPU_KNOWN | (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0) | (vnni ? CPU_VNNI : 0) | (amx ? CPU_AMX : 0);
 }
 #else
 static int probe(void) { return CPU_KNOWN; }
@@ -46,6 +69,7 @@ static int features(void) {
 bool rlm__cpu_avx2(void) { return features() & CPU_AVX2; }
 bool rlm__cpu_avx512(void) { return features() & CPU_AVX512; }
 bool rlm__cpu_avx512_vnni(void) { return features() & CPU_VNNI; }
+bool rlm__cpu_amx_int8(void) { return features() & CPU_AMX; }
 
 /* ------------------------------------------------------------------------
  * Cores. The default thread count is the physical cores this process may
