@@ -9,10 +9,11 @@
  * products; a chain of them ran at 628 GMAC/s on one thread there), so
  * what is left is preparing its operands and scaling its sums.
  *
- * NUMERICS: rlm__qmv_q8_ref's, up to the order of the f32 additions. Each
- * block of 32 columns gives exact int32 sums (u8 codes x s8 activations),
- * then acc += isum * (d_b * s_g) per block, and the bias term
- * sum_g b_g * xsum_g is added per group, as in every kernel of qdot.c.
+ * NUMERICS: rlm__qmv_q8_ref's, up to the order and association of the f32
+ * additions. Each block of 32 columns gives exact int32 sums (u8 codes x
+ * s8 activations); a group's blocks add isum * d_b, then acc += s_g times
+ * that (the reference: acc += isum * (d_b * s_g) per block), and the bias
+ * term sum_g b_g * xsum_g is added per group, as in every kernel of qdot.c.
  *
  * TILES (palette 1): C0..C3 (16 weight rows x 8 inputs, int32: a chunk's 4
  * blocks, each scaled by its own d), A (16 rows x 32 u8 codes), B (8 rows x
@@ -28,9 +29,10 @@
  *
  * SPEED (Sapphire Rapids VM, one thread, bench_qmm -m 8 --reps 9, RINGLM_NO_AMX
  * =1 for the VNNI figures): Gemma-3-1B's q 124-129 GMAC/s against 107, gate
- * 115-117 against 100, down 120 against 113. The TDPBUSD is the cheap part:
- * preparing A (8 instructions a row a chunk) and scaling C (7 a row pair a
- * block) bound it.
+ * 115-117 against 100, down 120 against 113; summing a group's blocks
+ * before its scale (scale_chunk) added 2-3%. The TDPBUSD is the cheap
+ * part: preparing A (8 instructions a row a chunk) and scaling C (about 5
+ * a row pair a block at groups of 64) bound it.
  *
  * Rows past the last whole tile of 16, and products of fewer than
  * AMX_MIN_M inputs, go to qdot.c's VNNI kernel (rlm__qmm_q8_vnni).
@@ -145,14 +147,22 @@ RLM_AMX static inline void codes_a(const uint8_t *r0, int64_t rb, int64_t c, uin
   }
 }
 
-/* acc[p] += block j's sums, rows 2p and 2p+1, scaled by d_b * s_g. */
-RLM_AMX static inline void scale_block(const int32_t (*cs)[TN], const panel_x *px, const panel_w *pw, int pb, int g,
-                                       __m512 acc[8]) {
-  const __m512 d = _mm512_load_ps(px->d[pb]);
-  for (int p = 0; p < 8; p++) {
-    const __m512 v = _mm512_cvtepi32_ps(_mm512_load_si512(cs[2 * p]));
-    acc[p] = _mm512_fmadd_ps(v, _mm512_mul_ps(row_pair(pw->s, p, g), d), acc[p]);
-  }
+/* acc[p] += a chunk's 4 blocks, rows 2p and 2p + 1: each block's sums
+ * times its inputs' d, summed over the BPG blocks of a group, times the
+ * group's s (BPG = 1, 2, 4 for groups of 32, 64, 128: a constant where
+ * inlined). g0: the chunk's first group in the panel. */
+RLM_AMX static inline __attribute__((always_inline)) void scale_chunk(const int32_t (*cs)[TR][TN], const panel_x *px,
+                                                                      const panel_w *pw, int pb, int g0, const int BPG,
+                                                                      __m512 acc[8]) {
+  __m512 d[4];
+  for (int j = 0; j < 4; j++) d[j] = _mm512_load_ps(px->d[pb + j]);
+  for (int p = 0; p < 8; p++)
+    for (int j = 0; j < 4; j += BPG) {
+      __m512 t = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cs[j][2 * p])), d[j]);
+      for (int k = 1; k < BPG; k++)
+        t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cs[j + k][2 * p])), d[j + k], t);
+      acc[p] = _mm512_fmadd_ps(t, row_pair(pw->s, p, g0 + j / BPG), acc[p]);
+    }
 }
 
 /* Rows o .. o + TR - 1 over the panel, into y (set at the first panel,
@@ -191,7 +201,13 @@ RLM_AMX static void tile_panel(const rlm_qmat *w, int64_t o, int64_t c0, int nc,
     _tile_stored(T_C1, cs[1], 4 * TN);
     _tile_stored(T_C2, cs[2], 4 * TN);
     _tile_stored(T_C3, cs[3], 4 * TN);
-    for (int j = 0; j < 4; j++) scale_block(cs[j], px, pw, pb + j, (ci * 128 + 32 * j) / G, acc);
+    const int g0 = ci * 128 / G;
+    if (G == 32)
+      scale_chunk(cs, px, pw, pb, g0, 1, acc);
+    else if (G == 64)
+      scale_chunk(cs, px, pw, pb, g0, 2, acc);
+    else
+      scale_chunk(cs, px, pw, pb, g0, 4, acc);
   }
   for (int g = 0; g < gp; g++) {
     const __m512 xs = _mm512_load_ps(px->xs[g]);
