@@ -748,9 +748,10 @@ TEST(qmatmul_int8_activations) {
 }
 
 /* The AMX product (qdot_amx.c) on shapes the small cases above do not
- * reach: two panels (64 chunks and 2: 8,448 columns), several 16-row tiles
- * and 8 rows left to the VNNI kernel, token groups of 8 and a partial one,
- * groups of 32 (256 in a panel) and 128, bf16 and f32 scales. */
+ * reach: 4- and 8-bit weights, two panels (64 chunks and 2: 8,448
+ * columns), several 16-row tiles and 8 rows left to the VNNI kernel, token
+ * groups of 8 and a partial one, groups of 32 (256 in a panel) and 128,
+ * bf16 and f32 scales. */
 TEST(amx_panels) {
 #if defined(__x86_64__)
   if (!rlm__cpu_amx_int8()) {
@@ -759,25 +760,26 @@ TEST(amx_panels) {
   }
   const int64_t rows = 56, cols = 8448;
   static const int64_t M[] = {8, 9, 16, 21};
-  for (int mi = 0; mi < N_OF(M); mi++)
-    for (int g = 32; g <= 128; g *= 4) {
-      const int64_t m = M[mi];
-      test_qmat t;
-      qmat_make(&t, rows, cols, 4, g, g == 32 ? RLM_DTYPE_BF16 : RLM_DTYPE_F32, &g_seed);
-      q8_inputs in = q8_inputs_make(&t.w, m);
-      float *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
-      rlm__qmm_q8_ref(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yr);
-      poison(yf, m * rows);
-      rlm__qmm_q8_amx(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yf);
-      int bad = 0;
-      for (int64_t i = 0; i < m; i++)
-        for (int64_t o = 0; o < rows; o++)
-          bad += !(fabs((double)yf[i * rows + o] - yr[i * rows + o]) <= REL_TOL * error_scale(&t.w, in.x + i * cols, o));
-      test_note("m %lld group %d: %d off", (long long)m, g, bad);
-      CHECK_EQ(bad, 0);
-      q8_inputs_free(&in), free(yf), free(yr);
-      qmat_free(&t);
-    }
+  for (int bits = 4; bits <= 8; bits += 4)
+    for (int mi = 0; mi < N_OF(M); mi++)
+      for (int g = 32; g <= 128; g *= 4) {
+        const int64_t m = M[mi];
+        test_qmat t;
+        qmat_make(&t, rows, cols, bits, g, g == 32 ? RLM_DTYPE_BF16 : RLM_DTYPE_F32, &g_seed);
+        q8_inputs in = q8_inputs_make(&t.w, m);
+        float *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
+        rlm__qmm_q8_ref(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yr);
+        poison(yf, m * rows);
+        rlm__qmm_q8_amx(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yf);
+        int bad = 0;
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t o = 0; o < rows; o++)
+            bad += !(fabs((double)yf[i * rows + o] - yr[i * rows + o]) <= REL_TOL * error_scale(&t.w, in.x + i * cols, o));
+        test_note("bits %d m %lld group %d: %d off", bits, (long long)m, g, bad);
+        CHECK_EQ(bad, 0);
+        q8_inputs_free(&in), free(yf), free(yr);
+        qmat_free(&t);
+      }
 #endif
 }
 

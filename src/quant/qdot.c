@@ -694,14 +694,17 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
 #if defined(__x86_64__) || defined(__i386__)
 void rlm__qmm_q8_vnni(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                       int64_t o0, int64_t o1, float *y) {
-  qmm_q8_rows(w, scratch, stride, xsum, m, o0, o1, y);
+  if (w->bits == 8)
+    qmm_w8_rows(w, scratch, stride, xsum, m, o0, o1, y);
+  else
+    qmm_q8_rows(w, scratch, stride, xsum, m, o0, o1, y);
 }
 #endif
 
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
 #if defined(__x86_64__)
-  if (bits == 4 && rlm__cpu_amx_int8()) return rlm__qmm_q8_amx;
+  if ((bits == 4 || bits == 8) && rlm__cpu_amx_int8()) return rlm__qmm_q8_amx;
 #endif
   if (bits == 8 && rlm__cpu_avx512_vnni()) return qmm_w8_rows;
   if (bits == 8 && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;

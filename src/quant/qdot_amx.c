@@ -1,6 +1,6 @@
-/* qdot_amx.c -- 4-bit MLX weights times int8 activations for several input
- * rows on Intel AMX (TDPBUSD): batched decode steps, verification passes
- * and prefill on CPUs with AMX tiles (Sapphire Rapids and later).
+/* qdot_amx.c -- 4- and 8-bit MLX weights times int8 activations for
+ * several input rows on Intel AMX (TDPBUSD): batched decode steps and
+ * prefill on CPUs with AMX tiles (Sapphire Rapids and later).
  *
  * Why: a step of 8 rows is bound by qdot.c's VNNI register tiles (about 75
  * GMAC/s a thread on a Sapphire Rapids VM), whose every 64 products cost a
@@ -23,14 +23,18 @@
  * ones. So an A row is one AND and one shift of the codes (a chunk's 4
  * blocks at once, their 128-bit lanes interleaved into a row of 128 bytes
  * that TILELOADD reads with a stride), and a B tile is the 8 inputs' two
- * 16-byte halves of the block with their 4-byte groups side by side. B
+ * 16-byte halves of the block with their 4-byte groups side by side.
+ * 8-bit weights need no widening: TILELOADD reads A from the codes as they
+ * are stored (row stride: the row's bytes), in natural order, and B from
+ * the quad layout's int16 codes narrowed back to bytes (|code| <= 127). B
  * depends on x only: it is built once per panel of PANEL chunks and token
  * group, and used by every 16-row tile of the caller's range.
  *
  * SPEED (Sapphire Rapids VM, one thread, bench_qmm -m 8 --reps 9, RINGLM_NO_AMX
  * =1 for the VNNI figures): Gemma-3-1B's q 124-129 GMAC/s against 107, gate
- * 115-117 against 100, down 120 against 113; summing a group's blocks
- * before its scale (scale_chunk) added 2-3%. The TDPBUSD is the cheap
+ * 115-117 against 100, down 120 against 113, the 8-bit head's slice
+ * 16384 x 1152 115-117 against 61; summing a group's blocks before its
+ * scale (scale_chunk) added 2-3%. The TDPBUSD is the cheap
  * part: preparing A (8 instructions a row a chunk) and scaling C (about 5
  * a row pair a block at groups of 64) bound it.
  *
@@ -105,11 +109,15 @@ static void build_x(const rlm_qmat *w, const void *scratch, size_t stride, const
   memset(px, 0, sizeof *px);
   for (int k = 0; k < n; k++) {
     const int8_t *xq = (const int8_t *)scratch + (size_t)(i0 + k) * stride;
-    const float *d = (const float *)(xq + cols) + (cols / 128) * 16;
+    const int16_t *x16 = (const int16_t *)xq; /* 8-bit weights: the quad layout's int16 codes */
+    const float *d = w->bits == 8 ? (const float *)(x16 + cols) : (const float *)(xq + cols) + (cols / 128) * 16;
     for (int pb = 0; pb < nc * 4; pb++) {
       const int64_t c = c0 + pb / 4, j = pb % 4;
-      for (int r = 0; r < 8; r++) /* k = 4r .. 4r+3: evens of the block, then odds */
-        memcpy(&px->b[pb][r][4 * k], xq + c * 128 + (r < 4 ? 16 * j + 4 * r : 64 + 16 * j + 4 * (r - 4)), 4);
+      if (w->bits == 8) /* the block's elements in order, narrowed (|code| <= 127) */
+        for (int e = 0; e < 32; e++) px->b[pb][e / 4][4 * k + e % 4] = (int8_t)x16[rlm__q8act_w8_pos(c * 128 + 32 * j + e)];
+      else /* k = 4r .. 4r+3: evens of the block, then odds */
+        for (int r = 0; r < 8; r++)
+          memcpy(&px->b[pb][r][4 * k], xq + c * 128 + (r < 4 ? 16 * j + 4 * r : 64 + 16 * j + 4 * (r - 4)), 4);
       px->d[pb][k] = px->d[pb][k + 8] = d[c * 4 + j];
     }
     for (int g = 0; g < gp; g++) px->xs[g][k] = px->xs[g][k + 8] = xsum[(i0 + k) * ng + c0 * 128 / w->group_size + g];
@@ -169,7 +177,7 @@ RLM_AMX static inline __attribute__((always_inline)) void scale_chunk(const int3
  * added to after it) for inputs i0 .. i0 + n - 1. */
 RLM_AMX static void tile_panel(const rlm_qmat *w, int64_t o, int64_t c0, int nc, const panel_x *px, panel_w *pw,
                                int64_t i0, int n, float *y) {
-  const int64_t rb = w->cols / 2;
+  const int64_t rb = w->cols * w->bits / 8;
   const int G = w->group_size, gp = nc * 128 / G;
   _Alignas(64) uint8_t a[TR][128];
   _Alignas(64) int32_t cs[4][TR][TN];
@@ -178,23 +186,27 @@ RLM_AMX static void tile_panel(const rlm_qmat *w, int64_t o, int64_t c0, int nc,
   build_w(w, o, c0, nc, pw);
   const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
   for (int ci = 0; ci < nc; ci++) {
-    codes_a(r0, rb, c0 + ci, a);
+    /* A rows: 8-bit codes as they are stored (a row's block j is its 32
+     * bytes at 128 c + 32 j), 4-bit ones widened into a */
+    const uint8_t *ab = w->bits == 8 ? r0 + (c0 + ci) * 128 : a[0];
+    const int64_t as = w->bits == 8 ? rb : 128;
+    if (w->bits == 4) codes_a(r0, rb, c0 + ci, a);
     const int pb = ci * 4;
     /* the tile intrinsics are statements (immediate tile numbers) */
     _tile_zero(T_C0);
     _tile_zero(T_C1);
     _tile_zero(T_C2);
     _tile_zero(T_C3);
-    _tile_loadd(T_A, a[0], 128);
+    _tile_loadd(T_A, ab, as);
     _tile_loadd(T_B, px->b[pb], 4 * TN);
     _tile_dpbusd(T_C0, T_A, T_B);
-    _tile_loadd(T_A, a[0] + 32, 128);
+    _tile_loadd(T_A, ab + 32, as);
     _tile_loadd(T_B, px->b[pb + 1], 4 * TN);
     _tile_dpbusd(T_C1, T_A, T_B);
-    _tile_loadd(T_A, a[0] + 64, 128);
+    _tile_loadd(T_A, ab + 64, as);
     _tile_loadd(T_B, px->b[pb + 2], 4 * TN);
     _tile_dpbusd(T_C2, T_A, T_B);
-    _tile_loadd(T_A, a[0] + 96, 128);
+    _tile_loadd(T_A, ab + 96, as);
     _tile_loadd(T_B, px->b[pb + 3], 4 * TN);
     _tile_dpbusd(T_C3, T_A, T_B);
     _tile_stored(T_C0, cs[0], 4 * TN);
@@ -227,7 +239,7 @@ RLM_AMX static void tile_panel(const rlm_qmat *w, int64_t o, int64_t c0, int nc,
 RLM_AMX void rlm__qmm_q8_amx(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                              int64_t o0, int64_t o1, float *y) {
   const int64_t tiled = o0 + (o1 - o0) / TR * TR, chunks = w->cols / 128;
-  if (w->bits != 4 || m < AMX_MIN_M || tiled == o0) {
+  if ((w->bits != 4 && w->bits != 8) || m < AMX_MIN_M || tiled == o0) {
     rlm__qmm_q8_vnni(w, scratch, stride, xsum, m, o0, o1, y);
     return;
   }

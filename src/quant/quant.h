@@ -194,8 +194,8 @@ typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const flo
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y);
 /* The fastest for weights of `bits` (4 and 6: AVX-512 VNNI, else AVX2; 8:
- * AVX2; the m-row one for 8: AVX-512 VNNI, else AVX2; for 4: AMX, else as
- * the mat-vec) or the reference. */
+ * AVX2; the m-row one for 4 and 8: AMX where granted, else AVX-512 VNNI,
+ * else AVX2; for 6 as the mat-vec) or the reference. */
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits);
 /* m rows: row i's quantized x at scratch + i * stride; y [m][rows]. */
 typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
@@ -212,10 +212,10 @@ void rlm__qmv_q8_avx2(const rlm_qmat *w, const void *scratch, const float *xsum,
                       float *y);
 void rlm__qmm_q8_avx2(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                       int64_t o0, int64_t o1, float *y);
-/* qdot.c's AVX-512 VNNI m-row product for 4 and 6 bits (x86 only; call
- * only where rlm__cpu_avx512_vnni()), and qdot_amx.c's for 4 bits on AMX
- * tiles (only where rlm__cpu_amx_int8(); other widths, fewer than 8 rows
- * of x and the rows past its tiles of 16 go to the VNNI one). */
+/* qdot.c's AVX-512 VNNI m-row product (x86 only; call only where
+ * rlm__cpu_avx512_vnni()), and qdot_amx.c's for 4 and 8 bits on AMX tiles
+ * (only where rlm__cpu_amx_int8(); 6 bits, fewer than 8 rows of x and the
+ * rows past its tiles of 16 go to the VNNI one). */
 void rlm__qmm_q8_vnni(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                       int64_t o0, int64_t o1, float *y);
 void rlm__qmm_q8_amx(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
