@@ -124,16 +124,14 @@ static void build_x(const rlm_qmat *w, const void *scratch, size_t stride, const
   }
 }
 
-static float scale_at(const void *p, rlm_dtype t, int64_t i) { return rlm__load_f(p, t, i); }
-
 /* Rows o .. o + TR - 1's scales and biases over the panel's groups. */
 static void build_w(const rlm_qmat *w, int64_t o, int64_t c0, int nc, panel_w *pw) {
   const int64_t ng = w->cols / w->group_size, g0 = c0 * 128 / w->group_size;
   const int gp = nc * 128 / w->group_size;
   for (int r = 0; r < TR; r++)
     for (int g = 0; g < gp; g++) {
-      pw->s[r][g] = scale_at(w->scales, w->sdtype, (o + r) * ng + g0 + g);
-      pw->b[r][g] = scale_at(w->biases, w->sdtype, (o + r) * ng + g0 + g);
+      pw->s[r][g] = rlm__load_f(w->scales, w->sdtype, (o + r) * ng + g0 + g);
+      pw->b[r][g] = rlm__load_f(w->biases, w->sdtype, (o + r) * ng + g0 + g);
     }
 }
 
