@@ -38,6 +38,11 @@
  * the same launch every step): the others return at once and the merge
  * reads only the used ones, so a short context pays for one part.
  *
+ * 4-BIT K AND V of f16/bf16 scales at head dims 64, 128 and 256 take a
+ * kernel of their own in step 1, attend_q4_lanekey_kernel (a key a lane,
+ * then the lanes over dim for P x V; its comment says why), writing the
+ * same parts for the same merge.
+ *
  * QUANTIZED CACHES (k_bits, v_bits): the write quantizes each head's row
  * in the block (kv_write_q_kernel, bit for bit the CPU's quantizer), and
  * attend_kernel reads rows through a policy (DenseRows, QuantRows) that
@@ -509,6 +514,53 @@ __device__ __forceinline__ void prefetch_part(const KP &kp, const VP &vp, const 
   if (hi > lo) kp.prefetch(lo, hi), vp.prefetch(lo, hi);
 }
 
+/* A block's keys: part `part` of what token j's query sees, [t0, t1) of
+ * the runs r, in the cache of (its row, kv head kvh) = `head`; false
+ * when the query uses fewer parts. */
+struct Span {
+  Runs r;
+  int64_t t0, t1, head;
+};
+
+__device__ __forceinline__ bool part_span(const rlm_cuda_kv &c, const int32_t *tok_row, const int64_t *tok_pos,
+                                          int64_t j, int part, int n_parts, int kvh, Span *sp) {
+  const int row = tok_row[j];
+  sp->r = runs_of(c, row < 0 ? -1 : tok_pos[j]);
+  const int used = parts_used(sp->r.n, n_parts);
+  if (part >= used) return false;
+  sp->t0 = sp->r.n * part / used, sp->t1 = sp->r.n * (part + 1) / used;
+  sp->head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
+  return true;
+}
+
+/* The block's NG partial states (a lane group's or a warp's m, l and
+ * unnormalised o per head, in shared memory) merged into the part's
+ * entry of scratch: (token j, head h0 + g, part), heads n_parts apart. */
+template <int NG, int GQ, int DIM>
+__device__ __forceinline__ void write_part(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
+                                           float (&sm_w)[NG][GQ], const float (&sm_o)[NG][GQ][DIM], int ng, int dim,
+                                           int64_t first, int n_parts, float *part_o, float *part_ml) {
+  if (threadIdx.x < GQ) {
+    const int g = threadIdx.x;
+    float mx = -INFINITY, ls = 0.f;
+    for (int i = 0; i < NG; i++) mx = fmaxf(mx, sm_m[i][g]);
+    for (int i = 0; i < NG; i++) {
+      const float w = mx == -INFINITY ? 0.f : exp2f(sm_m[i][g] - mx);
+      sm_w[i][g] = w;
+      ls = fmaf(sm_l[i][g], w, ls);
+    }
+    if (g < ng) part_ml[(first + (int64_t)g * n_parts) * 2] = mx, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = ls;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < GQ * DIM; idx += blockDim.x) {
+    const int g = idx / DIM, d = idx % DIM;
+    if (g >= ng || d >= dim) continue;
+    float a = 0.f;
+    for (int i = 0; i < NG; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
+    part_o[(first + (int64_t)g * n_parts) * dim + d] = a;
+  }
+}
+
 /* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
  * (K's or V's, by P), as vectors sub + k * kLanes of each row; zeros past
  * t1 (no load) and past the row's nv vectors. */
@@ -561,12 +613,10 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   const int h0 = kvh * q_per_kv + g0, ng = q_per_kv - g0 < GQ ? q_per_kv - g0 : GQ;
   const int sub = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, dim = c.dim, nv = dim / kVe;
 
-  const int row = tok_row[j];
-  const Runs r = runs_of(c, row < 0 ? -1 : tok_pos[j]);
-  const int used = parts_used(r.n, n_parts);
-  if (part >= used) return; /* the whole block: the merge does not read it */
-  const int64_t t0 = r.n * part / used, t1 = r.n * (part + 1) / used;
-  const int64_t head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
+  Span sp;
+  if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
+  const Runs &r = sp.r;
+  const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
   const KP kp(c, Tensor{c.k, c.ks, c.kb, c.k_bits}, head);
   const VP vp(c, Tensor{c.v, c.vs, c.vb, c.v_bits}, head);
   if constexpr (KP::kPrefetch)
@@ -678,26 +728,218 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
       for (int e = 0; e < kVe; e++) sm_o[grp][g][(sub + k * kLanes) * kVe + e] = o[g][k * kVe + e];
   }
   __syncthreads();
-  const int64_t first = (j * n_heads + h0) * n_parts + part; /* (j, h0, part); heads n_parts apart */
-  if (threadIdx.x < GQ) {
-    const int g = threadIdx.x;
-    float mx = -INFINITY, ls = 0.f;
-    for (int i = 0; i < kGroups; i++) mx = fmaxf(mx, sm_m[i][g]);
-    for (int i = 0; i < kGroups; i++) {
-      const float w = mx == -INFINITY ? 0.f : exp2f(sm_m[i][g] - mx);
-      sm_w[i][g] = w;
-      ls = fmaf(sm_l[i][g], w, ls);
-    }
-    if (g < ng) part_ml[(first + (int64_t)g * n_parts) * 2] = mx, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = ls;
+  write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
+}
+
+/* ---- attention over 4-bit K and V: a key a lane ----------------------------- */
+
+/* WHY A SECOND KERNEL FOR 4-BIT KV. attend_kernel gives a key to a group
+ * of lanes, each holding q and o of the block's heads for its slice of
+ * the row (128 of its 235 registers at four heads): two blocks an SM,
+ * and every lane of the group repeats the key's softmax step after three
+ * shuffles of its scores. At 16k it read 4-bit rows at a few per cent of
+ * the copy bandwidth, slower than bf16 rows for a third of the bytes
+ * (docs/cuda-notes.md). Here lane i of a warp owns key i of the warp's
+ * 32, whole:
+ *
+ *   1. it loads all of its key's K and V codes, scales and biases at once
+ *      (a 128-element row: 4 + 4 16-byte loads, the part's bytes in one
+ *      round);
+ *   2. its scores for the block's GQ heads, with q read from shared memory
+ *      (the same address for every lane: a broadcast), no shuffle;
+ *   3. the warp's online-softmax step over its 32 keys (a max and the
+ *      correction per head; each lane keeps its own sum of p);
+ *   4. P x V with the lanes over dim instead: the keys' V rows and p go
+ *      through the warp's tile in shared memory, lane l taking elements
+ *      [l E, l E + E) (E = DIM / 32) of every key.
+ *
+ * The block's warps then merge in shared memory and write the part's m,
+ * l and o in attend_kernel's format, so merge_kernel is unchanged. Taken
+ * for 4-bit K and V of f16/bf16 scales and head dims 64, 128 and 256
+ * (RINGLM_CUDA_ATTN_LANEKEY=0: attend_kernel, to compare). */
+constexpr int kLkWarps = 4;
+
+template <int DIM, int GQ, typename T>
+struct alignas(16) LaneKeyTile {
+  static constexpr int kV = DIM / 32;          /* 16-byte vectors of codes a row; a lane's elements in P x V */
+  static constexpr int kRowW = DIM / 8 + 4;    /* words a V row takes: 16 bytes of padding, no bank conflicts */
+  uint32_t v[kWarp][kRowW];                    /* codes of the warp's keys' V rows                          */
+  T sb[kWarp][kV + 1][2];                      /* scale and bias of each 32-element vector (padded row)     */
+  float p[kWarp][GQ];                          /* the keys' softmax weights, by head                        */
+};
+
+template <int DIM, int GQ, typename T>
+union alignas(16) LaneKeyShared {
+  LaneKeyTile<DIM, GQ, T> tile[kLkWarps];
+  struct {
+    float o[kLkWarps][GQ][DIM];
+    float m[kLkWarps][GQ], l[kLkWarps][GQ], w[kLkWarps][GQ];
+  } fin;
+};
+
+/* E nibbles from bit 0 of w as code * s + b. */
+template <int E>
+__device__ __forceinline__ void nibbles_n(uint32_t w, float s, float b, float *f) {
+  if constexpr (E == 2) {
+    f[0] = fmaf(code_f32(w & 0xFu), s, b);
+    f[1] = fmaf(code_f32((w >> 4) & 0xFu), s, b);
+  } else if constexpr (E == 4) {
+    nibbles4(w, s, b, f);
+  } else {
+#pragma unroll
+    for (int h = 0; h < E / 4; h++) nibbles4(w >> (16 * h), s, b, f + 4 * h);
+  }
+}
+
+/* The E / 2 bytes of codes at byte `at` of a V row in the tile. */
+template <int E>
+__device__ __forceinline__ uint32_t tile_codes(const uint32_t *row, int at) {
+  if constexpr (E == 8) return row[at / 4];
+  else if constexpr (E == 4) return reinterpret_cast<const uint16_t *>(row)[at / 2];
+  else return reinterpret_cast<const uint8_t *>(row)[at];
+}
+
+template <typename T, int DIM, int GQ>
+__global__ void __launch_bounds__(kWarp *kLkWarps)
+    attend_q4_lanekey_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks,
+                             float scale2, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos,
+                             int n_parts, float *__restrict__ part_o, float *__restrict__ part_ml) {
+  pdl_enter();
+  using Tile = LaneKeyTile<DIM, GQ, T>;
+  constexpr int kV = Tile::kV, kE = DIM / kWarp;
+  __shared__ float q_s[GQ][DIM];
+  __shared__ LaneKeyShared<DIM, GQ, T> sm;
+  const int64_t j = blockIdx.x;
+  const int part = blockIdx.z, kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GQ;
+  const int h0 = kvh * q_per_kv + g0, ng = q_per_kv - g0 < GQ ? q_per_kv - g0 : GQ;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+
+  Span sp;
+  if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
+  const Runs &r = sp.r;
+  const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
+  const int spr = DIM / c.group, gshift = __ffs(c.group / 32) - 1; /* groups a row; log2(vectors a group) */
+  const uint4 *kq = static_cast<const uint4 *>(c.k) + head * c.cap * kV;
+  const uint4 *vq = static_cast<const uint4 *>(c.v) + head * c.cap * kV;
+  const T *ks = static_cast<const T *>(c.ks) + head * c.cap * spr, *kb = static_cast<const T *>(c.kb) + head * c.cap * spr;
+  const T *vs = static_cast<const T *>(c.vs) + head * c.cap * spr, *vb = static_cast<const T *>(c.vb) + head * c.cap * spr;
+
+  for (int i = threadIdx.x; i < GQ * DIM; i += blockDim.x) {
+    const int g = i / DIM, d = i % DIM;
+    q_s[g][d] = g < ng ? q[(j * n_heads + h0 + g) * DIM + d] : 0.f;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < GQ * DIM; idx += blockDim.x) {
-    const int g = idx / DIM, d = idx % DIM;
-    if (g >= ng || d >= dim) continue;
-    float a = 0.f;
-    for (int i = 0; i < kGroups; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
-    part_o[(first + (int64_t)g * n_parts) * dim + d] = a;
+
+  float m[GQ], l[GQ], o[GQ][kE];
+#pragma unroll
+  for (int g = 0; g < GQ; g++) {
+    m[g] = -INFINITY, l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kE; e++) o[g][e] = 0.f;
   }
+  Tile &tl = sm.tile[warp];
+  /* The trip count is the block's; keys past t1 are masked (p = 0, zeros
+   * loaded), and a warp's P x V stops at its last live key. */
+  for (int64_t base = t0; base < t1; base += kLkWarps * kWarp) {
+    const int64_t wb = base + (int64_t)warp * kWarp, t = wb + lane;
+    const bool live = t < t1;
+    const int64_t slot = live ? slot_at(r, c, t) : 0;
+    uint4 kw[kV], vw[kV];
+    T kss[kV], kbs[kV], vss[kV], vbs[kV];
+#pragma unroll
+    for (int v = 0; v < kV; v++) {
+      const int64_t gi = slot * spr + (v >> gshift);
+      kw[v] = live ? __ldg(kq + slot * kV + v) : make_uint4(0, 0, 0, 0);
+      vw[v] = live ? __ldg(vq + slot * kV + v) : make_uint4(0, 0, 0, 0);
+      kss[v] = live ? ks[gi] : T(0.f), kbs[v] = live ? kb[gi] : T(0.f);
+      vss[v] = live ? vs[gi] : T(0.f), vbs[v] = live ? vb[gi] : T(0.f);
+    }
+    /* 2. scores */
+    float s[GQ];
+#pragma unroll
+    for (int g = 0; g < GQ; g++) s[g] = 0.f;
+#pragma unroll
+    for (int v = 0; v < kV; v++) {
+      const uint32_t w4[4] = {kw[v].x, kw[v].y, kw[v].z, kw[v].w};
+      const float sc = to_f32(kss[v]), bi = to_f32(kbs[v]);
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        float f[8];
+        nibbles4(w4[k], sc, bi, f);
+        nibbles4(w4[k] >> 16, sc, bi, f + 4);
+        const int d0 = v * 32 + k * 8;
+#pragma unroll
+        for (int g = 0; g < GQ; g++) {
+          const float4 qa = *reinterpret_cast<const float4 *>(&q_s[g][d0]);
+          const float4 qb = *reinterpret_cast<const float4 *>(&q_s[g][d0 + 4]);
+          float a = s[g];
+          a = fmaf(qa.x, f[0], a), a = fmaf(qa.y, f[1], a), a = fmaf(qa.z, f[2], a), a = fmaf(qa.w, f[3], a);
+          a = fmaf(qb.x, f[4], a), a = fmaf(qb.y, f[5], a), a = fmaf(qb.z, f[6], a), a = fmaf(qb.w, f[7], a);
+          s[g] = a;
+        }
+      }
+    }
+    /* 3. the warp's softmax step; V rows, scales and p into the tile */
+#pragma unroll
+    for (int v = 0; v < kV; v++) {
+      *reinterpret_cast<uint4 *>(&tl.v[lane][v * 4]) = vw[v];
+      tl.sb[lane][v][0] = vss[v], tl.sb[lane][v][1] = vbs[v];
+    }
+#pragma unroll
+    for (int g = 0; g < GQ; g++) {
+      const float sg = live ? s[g] * scale2 : -INFINITY;
+      float mx = sg;
+#pragma unroll
+      for (int off = kWarp / 2; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float mn = fmaxf(m[g], mx);
+      float p = 0.f;
+      if (mn != -INFINITY) { /* warp-uniform */
+        p = exp2f(sg - mn);
+        if (mn != m[g]) { /* a new running max rescales what was summed (exp2f(-inf) = 0 at the start) */
+          const float corr = exp2f(m[g] - mn);
+          l[g] *= corr;
+#pragma unroll
+          for (int e = 0; e < kE; e++) o[g][e] *= corr;
+        }
+        m[g] = mn;
+        l[g] += p;
+      }
+      tl.p[lane][g] = p;
+    }
+    __syncwarp();
+    /* 4. P x V: lane over dim, key by key */
+    const int64_t left = t1 - wb;
+    const int nk = left <= 0 ? 0 : left < kWarp ? (int)left : kWarp;
+    const int vec = lane * kE / 32, at = lane * kE / 2;
+    for (int kk = 0; kk < nk; kk++) {
+      float vf[kE];
+      nibbles_n<kE>(tile_codes<kE>(tl.v[kk], at), to_f32(tl.sb[kk][vec][0]), to_f32(tl.sb[kk][vec][1]), vf);
+      float p[GQ];
+#pragma unroll
+      for (int g = 0; g < GQ; g++) p[g] = tl.p[kk][g];
+#pragma unroll
+      for (int g = 0; g < GQ; g++)
+#pragma unroll
+        for (int e = 0; e < kE; e++) o[g][e] = fmaf(p[g], vf[e], o[g][e]);
+    }
+    __syncwarp(); /* the tile is rewritten next round */
+  }
+
+  /* The warps' states merged as attend_kernel merges its lane groups. */
+#pragma unroll
+  for (int g = 0; g < GQ; g++)
+#pragma unroll
+    for (int off = kWarp / 2; off > 0; off /= 2) l[g] += __shfl_xor_sync(0xffffffffu, l[g], off);
+  __syncthreads(); /* every warp is done with its tile: fin reuses the bytes */
+#pragma unroll
+  for (int g = 0; g < GQ; g++) {
+    if (lane == 0) sm.fin.m[warp][g] = m[g], sm.fin.l[warp][g] = l[g];
+#pragma unroll
+    for (int e = 0; e < kE; e++) sm.fin.o[warp][g][lane * kE + e] = o[g][e];
+  }
+  __syncthreads();
+  write_part(sm.fin.m, sm.fin.l, sm.fin.w, sm.fin.o, ng, DIM, (j * n_heads + h0) * n_parts + part, n_parts, part_o,
+             part_ml);
 }
 
 /* ---- attention: the merge ------------------------------------------------- */
@@ -842,6 +1084,39 @@ void launch_dim(const AttendArgs &a, cudaStream_t st) {
   else launch_gq<KP, VP, 512>(a, st);
 }
 
+/* attend_q4_lanekey_kernel for GQ heads a block. */
+template <typename T, int DIM, int GQ>
+void launch_lanekey_gq(const AttendArgs &a, cudaStream_t st) {
+  const int chunks = (a.q_per_kv + GQ - 1) / GQ;
+  const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
+  launch_k(attend_q4_lanekey_kernel<T, DIM, GQ>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv,
+           chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+}
+
+/* Up to 8 heads a block (4 at dim 256: the shared memory's 48 KB). */
+template <typename T, int DIM>
+void launch_lanekey(const AttendArgs &a, cudaStream_t st) {
+  constexpr int kMax = DIM >= 256 ? 4 : 8;
+  switch (gq_for(kMax, a.q_per_kv)) {
+  case 1: launch_lanekey_gq<T, DIM, 1>(a, st); break;
+  case 2: launch_lanekey_gq<T, DIM, 2>(a, st); break;
+  case 4: launch_lanekey_gq<T, DIM, 4>(a, st); break;
+  default:
+    if constexpr (kMax >= 8) launch_lanekey_gq<T, DIM, 8>(a, st);
+    break;
+  }
+}
+
+/* The key-a-lane kernel for 4-bit KV, unless RINGLM_CUDA_ATTN_LANEKEY=0
+ * (attend_kernel's Q4Rows, to compare: docs/cuda-notes.md). */
+bool lanekey_on() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_ATTN_LANEKEY");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
 /* Dense caches read 16-byte vectors of their dtype; 4-bit K and V of f16
  * or bf16 scales (decode's quantized KV) a word of codes a vector; every
  * other quantized cache the generic cut at the cache's bits. */
@@ -849,7 +1124,15 @@ template <typename T>
 void launch_cache(const AttendArgs &a, cudaStream_t st) {
   if (!a.c.k_bits) return launch_dim<DenseRows<T>, DenseRows<T>>(a, st);
   if constexpr (sizeof(T) == 2)
-    if (a.c.k_bits == 4 && a.c.v_bits == 4) return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
+    if (a.c.k_bits == 4 && a.c.v_bits == 4) {
+      if (lanekey_on()) switch (a.c.dim) {
+        case 64: return launch_lanekey<T, 64>(a, st);
+        case 128: return launch_lanekey<T, 128>(a, st);
+        case 256: return launch_lanekey<T, 256>(a, st);
+        default: break;
+        }
+      return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
+    }
   launch_dim<QuantRows<T>, QuantRows<T>>(a, st);
 }
 

@@ -978,7 +978,7 @@ TEST(attend_matches_reference) {
 }
 
 /* Quantized caches (the same cases at the bits and groups of the CPU's
- * caches: 4/4 the fast path of 16-bit scales, the rest the generic cut,
+ * caches: 4/4 the fast paths of 16-bit scales, the rest the generic cut,
  * K and V apart), against the values the CPU's quantizer stores. */
 TEST(attend_quantized_matches_reference) {
   /* clang-format off */
@@ -996,6 +996,17 @@ TEST(attend_quantized_matches_reference) {
        4, 4, 128},
       {"q dim 96, ring with 1 sink, k6 v3", RLM_DTYPE_F16, 96, 4, 4, 30, 29, 1, 20, 1, {100}, 2, {0}, {0}, 6, 3, 32},
       {"q dim 32, prefill", RLM_DTYPE_BF16, 32, 8, 1, 64, 0, 0, 0, 1, {10}, 20, {0}, {0}, 4, 4, 32},
+      /* 4/4 at head dims 64, 128, 256: attn.cu's key-a-lane kernel; parts of
+       * several rounds of 128 keys (the prefill after 2000), rings wrapped,
+       * 1 to 8 heads a block */
+      {"q4 window 64, ring wrapped, dim 256", RLM_DTYPE_BF16, 256, 4, 1, 71, 71, 0, 64, 1, {300}, 4, {0}, {0}, 4, 4, 64},
+      {"q4 prefill 40 after 2000", RLM_DTYPE_BF16, 128, 32, 8, 2048, 0, 0, 0, 1, {2000}, 40, {0}, {0}, 4, 4, 64},
+      {"q4 dim 64, 8 heads a kv head, two rows", RLM_DTYPE_F16, 64, 16, 2, 1600, 0, 0, 0, 2, {1500, 700}, 2, {1, 0},
+       {0}, 4, 4, 32},
+      {"q4 dim 128, 2 heads a kv head, ring with sinks", RLM_DTYPE_F16, 128, 8, 4, 300, 296, 4, 280, 1, {1000}, 3,
+       {0}, {0}, 4, 4, 128},
+      {"q4 dim 256, 8 heads on one kv head (two blocks of 4)", RLM_DTYPE_BF16, 256, 8, 1, 500, 0, 0, 0, 1, {450}, 1,
+       {0}, {0}, 4, 4, 32},
   };
   /* clang-format on */
   for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i]);
