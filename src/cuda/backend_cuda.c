@@ -454,17 +454,40 @@ static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, i
   return true;
 }
 
+/* Whether k dense products of one x can be one launch: decode-sized
+ * passes, the same cols and dtype. RINGLM_CUDA_DENSE_MULTI=0 launches
+ * them one by one, to compare (docs/cuda-notes.md). */
+static bool g_dense_multi;
+static void read_dense_multi(void) {
+  const char *e = getenv("RINGLM_CUDA_DENSE_MULTI");
+  g_dense_multi = !(e && e[0] == '0');
+}
+static bool one_launch_dense(const rlm_cuda_weight *ws, int k, int64_t n) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_dense_multi);
+  if (!g_dense_multi || n > MAX_M) return false;
+  for (int i = 0; i < k; i++)
+    if (ws[i].q.wq || !ws[i].w || ws[i].cols != ws[0].cols || ws[i].dtype != ws[0].dtype) return false;
+  return true;
+}
+
 static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x,
                          int64_t n) {
   if (skip(s)) return;
   rlm_cuda_weight dw[3];
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
-  if (k > 3 || !one_launch(s, dw, k, n)) {
+  const bool dense = k <= 3 && one_launch_dense(dw, k, n);
+  if (k > 3 || (!dense && !one_launch(s, dw, k, n))) {
     for (int i = 0; i < k; i++) cuda_linear(s, ls[i], x, n, ys[i]);
     return;
   }
   cuda_sess *cs = cs_of(s);
   rlm_error er;
+  if (dense) {
+    cs->q8_x = NULL; /* as cuda_linear's dense products */
+    note(s, rlm__cuda_dense_gemv_multi(dw, ys, k, x, (int)n, cs->st, &er), &er);
+    return;
+  }
   rlm_cuda_qmat ws[3];
   for (int i = 0; i < k; i++) ws[i] = dw[i].q;
   rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);

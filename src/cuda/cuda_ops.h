@@ -90,6 +90,10 @@ rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *ids, int n, 
  * f32), W dense f32/f16/bf16 read once for all m rows (rlm__dense_matmul). */
 rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
                                 rlm_cuda_stream st, rlm_error *err);
+/* k <= 3 such products of one x (q, k, v; gate, up) in one launch: the
+ * same cols and dtype, ys[i] [m][ws[i].rows]. */
+rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int m,
+                                      rlm_cuda_stream st, rlm_error *err);
 
 /* ---- many-token products (gemm.cu) ------------------------------------------ */
 

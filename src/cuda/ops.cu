@@ -352,39 +352,71 @@ constexpr int kDenseUnroll = RLM_CUDA_DENSE_UNROLL; /* 16-byte vectors per row i
  * split over more warps, so small matrices still keep the chip busy. */
 constexpr int64_t kDenseTargetWarps = 8192;
 
+/* THE PRODUCTS OF ONE x: q, k and v (gate and up) multiply the same x,
+ * and one launch over their rows in turn saves two launches a layer
+ * (each costs ~6 us of ramp and tail at m = 1: Llama-8B's k and v read
+ * at 29% of the copy bandwidth alone). Segment i's row groups are the
+ * blocks [first_block[i], first_block[i+1]); same cols and dtype. */
+constexpr int kDenseMaxSegs = 3;
+struct DenseSegs {
+  const uint4 *w[kDenseMaxSegs];
+  float *y[kDenseMaxSegs];
+  int64_t rows[kDenseMaxSegs];
+  int64_t first_block[kDenseMaxSegs + 1];
+  int n;
+};
+
+/* Vectors v0 + u * step (u < kDenseUnroll) of rows row0 .. row0 + n_rows
+ * - 1; zeros (no load) past n_vec or n_rows. Streaming: W is read once a
+ * step, keep the L2 for x. */
+__device__ __forceinline__ void dense_load(uint4 (&wv)[kDenseUnroll][kDenseRows], const uint4 *__restrict__ w,
+                                           int64_t row0, int n_rows, int64_t n_vec, int64_t v0, int64_t step) {
+#pragma unroll
+  for (int u = 0; u < kDenseUnroll; u++)
+#pragma unroll
+    for (int i = 0; i < kDenseRows; i++) {
+      const int64_t v = v0 + u * step;
+      wv[u][i] = v < n_vec && i < n_rows ? __ldcs(w + (row0 + i) * n_vec + v) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 /* kDenseRows weight rows x M rows of x, one warp a part of the row group
  * (`parts` warps per group, 1, 2, 4 or 8, chosen on the host from the
  * shape): part p's lane l takes the 16-byte vectors p*32 + l + k*32*parts
  * of each row, coalesced, kDenseUnroll of them per row loaded before the
- * first use (streaming: W is read once per step, keep L2 for x). Each
+ * first use. (Loading the first step before the PDL wait, and each step
+ * before the previous one's arithmetic, measured no faster on the H200:
+ * 220.2 and 205.9 tok/s against 220.5 on Llama-8B bf16, the second at 98
+ * registers instead of 64, two blocks an SM: docs/cuda-notes.md.) Each
  * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
  * serves all the warp's rows. f32 accumulators per lane, then the warp's
  * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
 template <typename T, int M>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
-    dense_kernel(const uint4 *__restrict__ w, const float *__restrict__ x, int64_t rows, int64_t cols, int parts,
-                 float *__restrict__ y) {
-  pdl_enter();
+    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts) {
   constexpr int kVe = 16 / sizeof(T);
   __shared__ float red[kDenseWarps][kDenseRows][M];
+  int si = 0; /* the segment, selected rather than indexed (a runtime index into the parameters) */
+#pragma unroll
+  for (int k = 1; k < kDenseMaxSegs; k++) si += k < segs.n && (int64_t)blockIdx.x >= segs.first_block[k];
+  const uint4 *__restrict__ w = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
+  float *__restrict__ y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
+  const int64_t rows = si == 0 ? segs.rows[0] : si == 1 ? segs.rows[1] : segs.rows[2];
+  const int64_t blk = (int64_t)blockIdx.x - (si == 0 ? 0 : si == 1 ? segs.first_block[1] : segs.first_block[2]);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
-  const int64_t row0 = ((int64_t)blockIdx.x * (kDenseWarps / parts) + warp / parts) * kDenseRows;
+  const int64_t row0 = (blk * (kDenseWarps / parts) + warp / parts) * kDenseRows;
   const int n_rows = row0 >= rows ? 0 : rows - row0 < kDenseRows ? (int)(rows - row0) : kDenseRows;
-  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts;
+  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * kDenseUnroll;
   float acc[kDenseRows][M];
 #pragma unroll
   for (int i = 0; i < kDenseRows; i++)
 #pragma unroll
     for (int r = 0; r < M; r++) acc[i][r] = 0.f;
-  for (int64_t v0 = part * kWarp + lane; n_rows > 0 && v0 < n_vec; v0 += step * kDenseUnroll) {
+  int64_t v0 = part * kWarp + lane;
+  pdl_enter();
+  for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
     uint4 wv[kDenseUnroll][kDenseRows];
-#pragma unroll
-    for (int u = 0; u < kDenseUnroll; u++)
-#pragma unroll
-      for (int i = 0; i < kDenseRows; i++) {
-        const int64_t v = v0 + u * step;
-        wv[u][i] = v < n_vec && i < n_rows ? __ldcs(w + (row0 + i) * n_vec + v) : make_uint4(0, 0, 0, 0);
-      }
+    dense_load(wv, w, row0, n_rows, n_vec, v0, step);
 #pragma unroll
     for (int u = 0; u < kDenseUnroll; u++) {
       const int64_t v = v0 + u * step;
@@ -464,24 +496,37 @@ int dense_parts(int64_t rows, int64_t n_vec) {
   return parts;
 }
 
+/* The k products of ws (vectorizable: 16-byte rows, aligned) as one launch. */
 template <typename T, int M>
-void launch_dense_one(const rlm_cuda_weight *wt, const float *x, float *y, bool vec, cudaStream_t st) {
-  if (!vec) {
-    const unsigned grid = (unsigned)((wt->rows + kDenseWarps - 1) / kDenseWarps);
-    launch_k(dense_scalar_kernel<T, M>, grid, kWarp * kDenseWarps, 0, st, static_cast<const T *>(wt->w), x, wt->rows,
-             wt->cols, y);
-    return;
+void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st) {
+  int64_t all = 0;
+  for (int i = 0; i < k; i++) all += ws[i].rows;
+  const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)));
+  const int64_t per_block = kDenseWarps / parts;
+  DenseSegs p = {};
+  p.n = k;
+  for (int i = 0; i < k; i++) {
+    const int64_t groups = (ws[i].rows + kDenseRows - 1) / kDenseRows;
+    p.w[i] = static_cast<const uint4 *>(ws[i].w), p.y[i] = ys[i], p.rows[i] = ws[i].rows;
+    p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
-  const int parts = dense_parts(wt->rows, wt->cols / (16 / (int64_t)sizeof(T)));
-  const int64_t groups = (wt->rows + kDenseRows - 1) / kDenseRows, per_block = kDenseWarps / parts;
-  const unsigned grid = (unsigned)((groups + per_block - 1) / per_block);
-  launch_k(dense_kernel<T, M>, grid, kWarp * kDenseWarps, 0, st, static_cast<const uint4 *>(wt->w), x, wt->rows,
-           wt->cols, parts, y);
+  launch_k(dense_kernel<T, M>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols, parts);
+}
+
+template <typename T, int M>
+void launch_dense_one(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, bool vec, cudaStream_t st) {
+  if (vec) return launch_dense_segs<T, M>(ws, ys, k, x, st);
+  for (int i = 0; i < k; i++) {
+    const unsigned grid = (unsigned)((ws[i].rows + kDenseWarps - 1) / kDenseWarps);
+    launch_k(dense_scalar_kernel<T, M>, grid, kWarp * kDenseWarps, 0, st, static_cast<const T *>(ws[i].w), x,
+             ws[i].rows, ws[i].cols, ys[i]);
+  }
 }
 
 template <typename T>
-void launch_dense(const rlm_cuda_weight *wt, const float *x, int m, float *y, bool vec, cudaStream_t st) {
-#define RLM_ONE(MM) launch_dense_one<T, MM>(wt, x, y, vec, st)
+void launch_dense(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int m, bool vec,
+                  cudaStream_t st) {
+#define RLM_ONE(MM) launch_dense_one<T, MM>(ws, ys, k, x, vec, st)
   RLM_CUDA_FOR_M(m, RLM_ONE)
 #undef RLM_ONE
 }
@@ -717,24 +762,38 @@ extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *i
   return launched(fn, err);
 }
 
-extern "C" rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
-                                           rlm_cuda_stream st, rlm_error *err) {
+extern "C" rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x,
+                                                 int m, rlm_cuda_stream st, rlm_error *err) {
   const char *fn = "rlm__cuda_dense_gemv";
-  if (!w || !x || !y || m < 1 || m > 8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m outside [1, 8]");
-  if (w->q.wq || !w->w)
-    return fail(err, RLM_ERR_INVALID, fn, "not a dense matrix (quantized ones go through rlm__cuda_qgemv)");
-  if (!float_dtype(w->dtype))
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of dtype %d are not supported (f32, f16, bf16 are)",
-                (int)w->dtype);
-  if (w->rows < 1 || w->cols < 1)
-    return fail(err, RLM_ERR_INVALID, fn, "bad shape %lld x %lld", (long long)w->rows, (long long)w->cols);
-  /* 16-byte vectors need every row of W and of x to start aligned. */
-  const bool vec = (w->cols * (int64_t)elem_size(w->dtype)) % 16 == 0 && aligned16(w->w) && aligned16(x);
+  if (!ws || !ys || !x || m < 1 || m > 8 || k < 1 || k > kDenseMaxSegs)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m outside [1, 8] or k outside [1, %d]", kDenseMaxSegs);
+  bool vec = aligned16(x);
+  for (int i = 0; i < k; i++) {
+    const rlm_cuda_weight *w = &ws[i];
+    if (!ys[i]) return fail(err, RLM_ERR_INVALID, fn, "NULL output %d", i);
+    if (w->q.wq || !w->w)
+      return fail(err, RLM_ERR_INVALID, fn, "not a dense matrix (quantized ones go through rlm__cuda_qgemv)");
+    if (!float_dtype(w->dtype))
+      return fail(err, RLM_ERR_UNSUPPORTED, fn, "weights of dtype %d are not supported (f32, f16, bf16 are)",
+                  (int)w->dtype);
+    if (w->rows < 1 || w->cols < 1)
+      return fail(err, RLM_ERR_INVALID, fn, "bad shape %lld x %lld", (long long)w->rows, (long long)w->cols);
+    if (w->cols != ws[0].cols || w->dtype != ws[0].dtype)
+      return fail(err, RLM_ERR_INVALID, fn, "product %d differs from the first in cols or dtype", i);
+    /* 16-byte vectors need every row of W and of x to start aligned. */
+    vec = vec && (w->cols * (int64_t)elem_size(w->dtype)) % 16 == 0 && aligned16(w->w);
+  }
   cudaStream_t s = stream_of(st);
-  switch (w->dtype) {
-  case RLM_DTYPE_F16: launch_dense<__half>(w, x, m, y, vec, s); break;
-  case RLM_DTYPE_BF16: launch_dense<__nv_bfloat16>(w, x, m, y, vec, s); break;
-  default: launch_dense<float>(w, x, m, y, vec, s); break;
+  switch (ws[0].dtype) {
+  case RLM_DTYPE_F16: launch_dense<__half>(ws, ys, k, x, m, vec, s); break;
+  case RLM_DTYPE_BF16: launch_dense<__nv_bfloat16>(ws, ys, k, x, m, vec, s); break;
+  default: launch_dense<float>(ws, ys, k, x, m, vec, s); break;
   }
   return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
+                                           rlm_cuda_stream st, rlm_error *err) {
+  if (!w || !y) return fail(err, RLM_ERR_INVALID, "rlm__cuda_dense_gemv", "NULL argument");
+  return rlm__cuda_dense_gemv_multi(w, &y, 1, x, m, st, err);
 }

@@ -507,6 +507,66 @@ static void check_dense(rlm_dtype dt, int64_t rows, int64_t cols, int m, int ske
   free(w), free(x), free(ref), free(got);
 }
 
+/* k products of one x in one launch (rows[i] x cols each; W i not
+ * 16-byte aligned where skew_i is set: the scalar path for all). */
+static void check_dense_multi(rlm_dtype dt, const int64_t *rows, int k, int64_t cols, int m, int skew_i) {
+  const size_t es = dt_size(dt);
+  rlm_cuda_weight dw[3];
+  float *dy[3], *ref[3], *got[3];
+  char *dbuf[3];
+  float *x = frand(m * cols, 1.0f), *dx = dev_copy(x, (size_t)(m * cols) * 4);
+  for (int i = 0; i < k; i++) {
+    const size_t wb = (size_t)(rows[i] * cols) * es;
+    const int skew = i == skew_i;
+    void *w = xmalloc(wb);
+    for (int64_t e = 0; e < rows[i] * cols; e++) rlm__store_f(w, dt, e, rndf());
+    ref[i] = xmalloc((size_t)(m * rows[i]) * 4), got[i] = xmalloc((size_t)(m * rows[i]) * 4);
+    rlm__dense_matmul_isa("scalar")(NULL, w, dt, rows[i], cols, x, m, ref[i]);
+    CU(cudaMalloc((void **)&dbuf[i], wb + 16));
+    CU(cudaMemcpy(dbuf[i] + skew * es, w, wb, cudaMemcpyHostToDevice));
+    dw[i] = (rlm_cuda_weight){.w = dbuf[i] + skew * es, .dtype = dt, .rows = rows[i], .cols = cols};
+    dy[i] = dev_poisoned((size_t)(m * rows[i]) * 4);
+    free(w);
+  }
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_dense_gemv_multi(dw, dy, k, dx, m, NULL, &err), RLM_OK);
+  for (int i = 0; i < k; i++) {
+    download(got[i], dy[i], (size_t)(m * rows[i]) * 4);
+    char what[112];
+    snprintf(what, sizeof what, "dense multi %s product %d of %d: %lld x %lld, m %d%s", rlm_dtype_name(dt), i, k,
+             (long long)rows[i], (long long)cols, m, skew_i >= 0 ? ", one unaligned" : "");
+    expect_close(what, got[i], ref[i], m * rows[i], 1e-5);
+    cudaFree(dbuf[i]), cudaFree(dy[i]), free(ref[i]), free(got[i]);
+  }
+  cudaFree(dx), free(x);
+}
+
+/* q, k, v (or gate, up) of one x: each product as the reference, every
+ * block of the launch in its own segment, the odd row group at each end. */
+TEST(dense_gemv_multi_matches_reference) {
+  static const int64_t qkv[3] = {4096 / 8, 1024 / 8 + 3, 1024 / 8 + 5}, gu[2] = {1433, 1433};
+  check_dense_multi(RLM_DTYPE_BF16, qkv, 3, 512, 1, -1);
+  check_dense_multi(RLM_DTYPE_BF16, qkv, 3, 512, 7, -1);
+  check_dense_multi(RLM_DTYPE_F16, gu, 2, 4096, 1, -1);
+  check_dense_multi(RLM_DTYPE_F32, qkv, 3, 256, 2, -1);
+  check_dense_multi(RLM_DTYPE_BF16, qkv, 3, 512, 3, 1); /* one W unaligned: every product on the scalar path */
+  check_dense_multi(RLM_DTYPE_BF16, gu, 1, 64, 4, -1);
+  /* what one launch cannot take */
+  rlm_cuda_weight w[4] = {{.w = (void *)16, .dtype = RLM_DTYPE_BF16, .rows = 8, .cols = 64}};
+  w[1] = w[2] = w[3] = w[0];
+  float *ys[4] = {(float *)16, (float *)16, (float *)16, (float *)16};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_dense_gemv_multi(w, ys, 4, (float *)16, 1, NULL, &err), RLM_ERR_INVALID); /* k > 3 */
+  w[1].cols = 128;
+  CHECK_EQ(rlm__cuda_dense_gemv_multi(w, ys, 2, (float *)16, 1, NULL, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "product 1 differs");
+  w[1] = w[0], w[1].dtype = RLM_DTYPE_F16;
+  CHECK_EQ(rlm__cuda_dense_gemv_multi(w, ys, 2, (float *)16, 1, NULL, &err), RLM_ERR_INVALID);
+  ys[1] = NULL, w[1] = w[0];
+  CHECK_EQ(rlm__cuda_dense_gemv_multi(w, ys, 2, (float *)16, 1, NULL, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "NULL output 1");
+}
+
 TEST(dense_gemv_matches_reference) {
   static const rlm_dtype dts[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
   for (int d = 0; d < 3; d++) {
@@ -1079,34 +1139,43 @@ static double median_us(launch_fn fn, void *ctx, int iters) {
 }
 
 typedef struct dense_bench {
-  rlm_cuda_weight w[64];
-  int copies, m;
-  float *x, *y;
+  rlm_cuda_weight w[64][3]; /* copies of the k products */
+  int copies, m, k;
+  float *x, *y[3];
 } dense_bench;
 
 static void dense_launch(void *ctx, int i) {
   dense_bench *b = ctx;
   rlm_error err;
-  if (rlm__cuda_dense_gemv(&b->w[i % b->copies], b->x, b->m, b->y, NULL, &err))
+  if (rlm__cuda_dense_gemv_multi(b->w[i % b->copies], b->y, b->k, b->x, b->m, NULL, &err))
     fprintf(stderr, "%s\n", err.msg), exit(1);
 }
 
-static void bench_dense(const char *name, int64_t rows, int64_t cols, int m, double bw) {
-  dense_bench b = {.m = m};
-  const size_t wb = (size_t)(rows * cols) * 2;
+/* k bf16 products of one x (rows[i] x cols), one launch, in copies
+ * larger than the L2 taken in turn. */
+static void bench_dense(const char *name, const int64_t *rows, int k, int64_t cols, int m, double bw) {
+  dense_bench b = {.m = m, .k = k};
+  size_t wb = 0;
+  int64_t all = 0;
+  for (int i = 0; i < k; i++) wb += (size_t)(rows[i] * cols) * 2, all += rows[i];
   b.copies = (int)(((size_t)400 << 20) / wb) + 1;
   b.copies = b.copies > 64 ? 64 : b.copies;
   uint16_t *hw = xmalloc(wb);
   for (size_t i = 0; i < wb / 2; i++) hw[i] = rlm__f32_to_bf16(rndf());
   for (int c = 0; c < b.copies; c++)
-    b.w[c] = (rlm_cuda_weight){.w = dev_copy(hw, wb), .dtype = RLM_DTYPE_BF16, .rows = rows, .cols = cols};
+    for (int i = 0; i < k; i++)
+      b.w[c][i] = (rlm_cuda_weight){.w = dev_copy(hw, (size_t)(rows[i] * cols) * 2), .dtype = RLM_DTYPE_BF16,
+                                    .rows = rows[i], .cols = cols};
   float *hx = frand(m * cols, 1.0f);
-  b.x = dev_copy(hx, (size_t)(m * cols) * 4), b.y = dev_poisoned((size_t)(m * rows) * 4);
+  b.x = dev_copy(hx, (size_t)(m * cols) * 4);
+  for (int i = 0; i < k; i++) b.y[i] = dev_poisoned((size_t)(m * rows[i]) * 4);
   const double us = median_us(dense_launch, &b, 50);
-  const double bytes = (double)wb + 4.0 * m * (double)(cols + rows), gbps = bytes / (us * 1e-6) / 1e9;
+  const double bytes = (double)wb + 4.0 * m * (double)(cols + all), gbps = bytes / (us * 1e-6) / 1e9;
   printf("%-26s %3d %10.1f %9.0f %7.0f%%\n", name, m, us, gbps, 100 * gbps / bw);
-  for (int c = 0; c < b.copies; c++) cudaFree((void *)b.w[c].w);
-  cudaFree(b.x), cudaFree(b.y);
+  for (int c = 0; c < b.copies; c++)
+    for (int i = 0; i < k; i++) cudaFree((void *)b.w[c][i].w);
+  cudaFree(b.x);
+  for (int i = 0; i < k; i++) cudaFree(b.y[i]);
   free(hw), free(hx);
 }
 
@@ -1165,14 +1234,17 @@ static void bench(void) {
   printf("%-26s %3s %10s %9s %8s\n", "dense bf16 product", "m", "us", "GB/s", "of copy");
   static const struct {
     const char *name;
-    int64_t rows, cols;
-  } sh[] = {{"llama8b q|o 4096x4096", 4096, 4096},
-            {"llama8b k|v 1024x4096", 1024, 4096},
-            {"llama8b gate|up 14336x4096", 14336, 4096},
-            {"llama8b down 4096x14336", 4096, 14336},
-            {"llama8b head 128256x4096", 128256, 4096}};
+    int64_t rows[3], cols;
+    int k;
+  } sh[] = {{"llama8b q|o 4096x4096", {4096}, 4096, 1},
+            {"llama8b k|v 1024x4096", {1024}, 4096, 1},
+            {"llama8b q+k+v, one launch", {4096, 1024, 1024}, 4096, 3},
+            {"llama8b gate|up 14336x4096", {14336}, 4096, 1},
+            {"llama8b gate+up, one launch", {14336, 14336}, 4096, 2},
+            {"llama8b down 4096x14336", {4096}, 14336, 1},
+            {"llama8b head 128256x4096", {128256}, 4096, 1}};
   for (int i = 0; i < N_OF(sh); i++)
-    for (int m = 1; m <= 8; m *= 8) bench_dense(sh[i].name, sh[i].rows, sh[i].cols, m, bw);
+    for (int m = 1; m <= 8; m *= 8) bench_dense(sh[i].name, sh[i].rows, sh[i].k, sh[i].cols, m, bw);
   for (int bits = 0; bits <= 4; bits += 4) {
     bench_attend(1, 16384, bits, bw);
     bench_attend(1, 4096, bits, bw);
@@ -1194,6 +1266,7 @@ int main(int argc, char **argv) {
   RUN(qkv_prep_writes_cache);
   RUN(embed_matches_reference);
   RUN(dense_gemv_matches_reference);
+  RUN(dense_gemv_multi_matches_reference);
   RUN(kv_write_matches_convert);
   RUN(kv_write_quantized_matches_cpu);
   RUN(attend_matches_reference);
