@@ -258,19 +258,11 @@ static int xcode_of(const rlm_qmat *w, const void *scratch, int64_t e) {
   return ((const int8_t *)scratch)[c * 128 + (k % 2 ? 64 + k / 2 : k / 2)];
 }
 
-/* The block scales d [cols/32] in the layout for w's bits (4 and 6: the
- * same place). */
-static const float *block_scales(const rlm_qmat *w, const void *scratch) {
-  const int64_t cols = w->cols;
-  if (w->bits == 8) return (const float *)((const char *)scratch + 2 * cols);
-  return (const float *)((const char *)scratch + cols) + (cols / 128) * 16;
-}
-
 /* The reference: integer block sums in natural order, then floats. */
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y) {
   const int64_t cols = w->cols, ng = cols / w->group_size;
-  const float *d = block_scales(w, scratch);
+  const float *d = rlm__q8act_block_scales(w, scratch);
   for (int64_t o = o0; o < o1; o++) {
     float acc = 0;
     for (int64_t b = 0; b < cols / 32; b++) {

@@ -110,7 +110,7 @@ static void build_x(const rlm_qmat *w, const void *scratch, size_t stride, const
   for (int k = 0; k < n; k++) {
     const int8_t *xq = (const int8_t *)scratch + (size_t)(i0 + k) * stride;
     const int16_t *x16 = (const int16_t *)xq; /* 8-bit weights: the quad layout's int16 codes */
-    const float *d = w->bits == 8 ? (const float *)(x16 + cols) : (const float *)(xq + cols) + (cols / 128) * 16;
+    const float *d = rlm__q8act_block_scales(w, xq);
     for (int pb = 0; pb < nc * 4; pb++) {
       const int64_t c = c0 + pb / 4, j = pb % 4;
       if (w->bits == 8) /* the block's elements in order, narrowed (|code| <= 127) */

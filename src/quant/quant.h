@@ -178,6 +178,14 @@ static inline int64_t rlm__q8act_w8_pos(int64_t e) {
   const int64_t i = e % 32, j = (e % 128) / 32;
   return e / 128 * 128 + 16 * ((i % 16) / 2) + 8 * (i / 16) + 2 * j + i % 2;
 }
+/* The block scales d (one float a block of 32) of a quantized activation
+ * row in the layout for w->bits (after the codes, and for 4- and 6-bit
+ * weights after the per-lane scales). */
+static inline const float *rlm__q8act_block_scales(const rlm_qmat *w, const void *row) {
+  const int64_t cols = w->cols;
+  if (w->bits == 8) return (const float *)((const char *)row + 2 * cols);
+  return (const float *)((const char *)row + cols) + (cols / 128) * 16;
+}
 /* For 6-bit weights: the same codes as int8 in the half-block layout, then
  * the nibble layout's per-lane and block scales. */
 void rlm__q8act_quantize_w6(const float *x, int64_t cols, void *scratch);
