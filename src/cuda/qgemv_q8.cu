@@ -223,75 +223,108 @@ __device__ __forceinline__ float fold_rows(float (&a)[R], int lane, int *row) {
  * the same R rows; each warp folds its R sums (fold_rows), and the warps
  * add up in shared memory in a fixed order (a replay gives the same
  * bits). The bias term b_g * xsum_g is added by the one lane
- * whose block starts group g. */
+ * whose block starts group g.
+ *
+ * PERSISTENT: launched one-shot (a block a row group), the blocks each
+ * loaded once, waited, summed and exited; Llama-8B's gate (1,792 groups,
+ * about 7 blocks resident an SM) ran as two waves whose loads all waited
+ * at once, the last wave's tail a whole block's latency. So a grid that
+ * fills the card once walks the row groups (blk, blk + gridDim.x, ...),
+ * the next group's codes, scales and biases loading while the current
+ * one is summed. Every output row is summed the same way whichever block
+ * takes it, so the grid changes no bit. RINGLM_CUDA_XREG_LOOP=0 launches
+ * a block a group, to compare. */
+template <int PP, int R, typename T>
+struct XregRows {
+  uint4 wv[R][PP];
+  float s[R][PP], b[R][PP];
+};
+
+/* Row group blk's weights as lane `vec` of each pass sees them (rows past
+ * the segment's end repeat its last row, weighed by nothing). */
+template <int PP, int R, typename T>
+__device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int64_t (&vec)[PP], int64_t n_vec,
+                                          int64_t n_groups, int g, XregRows<PP, R, T> &o) {
+  const Seg &sg = seg_of(segs, &blk);
+  const uint4 *__restrict__ wq = sg.wq;
+  const T *__restrict__ sc = static_cast<const T *>(sg.sc), *__restrict__ bi = static_cast<const T *>(sg.bi);
+  const int64_t rows = sg.rows, row0 = blk * R;
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int p = 0; p < PP; p++) {
+      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
+      o.wv[r][p] = __ldcs(wq + row * n_vec + vec[p]);
+      o.s[r][p] = to_f32(__ldg(sc + row * n_groups + vec[p] * 32 / g));
+      o.b[r][p] = to_f32(__ldg(bi + row * n_groups + vec[p] * 32 / g));
+    }
+}
+
 template <int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
     qgemv_q4_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
-  int64_t blk = blockIdx.x;
-  const Seg &sg = seg_of(segs, &blk);
-  const uint4 *__restrict__ wq = sg.wq;
-  const T *__restrict__ sc = static_cast<const T *>(sg.sc), *__restrict__ bi = static_cast<const T *>(sg.bi);
-  float *__restrict__ y = sg.y;
-  const int64_t rows = sg.rows, row0 = blk * R, n_vec = cols / 32, n_groups = cols / g;
+  const int64_t n_vec = cols / 32, n_groups = cols / g, total = segs.first_block[segs.n];
   const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
-  int64_t vec[PP]; /* an idle lane (the last pass may cover fewer than 32 blocks) reads block 0, weighed by 0 */
+  int64_t vec[PP];
 #pragma unroll
   for (int p = 0; p < PP; p++) {
     const int64_t v = (int64_t)(warp + p * W) * kWarp + lane;
     vec[p] = v < n_vec ? v : 0;
   }
-  uint4 wv[R][PP];
-  float s[R][PP], b[R][PP];
-#pragma unroll
-  for (int r = 0; r < R; r++) /* the weights first, R * PP vectors in flight while the kernel */
-                               /* before (x's quantization) drains: no kernel writes them (PDL) */
-#pragma unroll
-    for (int p = 0; p < PP; p++) {
-      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
-      wv[r][p] = __ldcs(wq + row * n_vec + vec[p]);
-      s[r][p] = to_f32(__ldg(sc + row * n_groups + vec[p] * 32 / g));
-      b[r][p] = to_f32(__ldg(bi + row * n_groups + vec[p] * 32 / g));
-    }
+  int64_t blk = blockIdx.x;
+  XregRows<PP, R, T> cur;
+  xreg_load<PP, R, T>(segs, blk, vec, n_vec, n_groups, g, cur); /* before the wait: no kernel writes weights */
   pdl_enter();
   int xe[PP][4], xo[PP][4];
   float dx[PP], xs[PP];
 #pragma unroll
   for (int p = 0; p < PP; p++) {
     const int64_t v = (int64_t)(warp + p * W) * kWarp + lane, c0 = v * 32;
-    const bool in = v < n_vec; /* the last pass may cover fewer than 32 blocks */
+    const bool in = v < n_vec;
     const int4 *xv = reinterpret_cast<const int4 *>(scratch + (in ? c0 : 0));
     const int4 a = in ? __ldg(xv) : make_int4(0, 0, 0, 0), b = in ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
     xe[p][0] = a.x, xe[p][1] = a.z, xe[p][2] = b.x, xe[p][3] = b.z;
     xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
     dx[p] = in ? __ldg(dq + v) : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
   }
-  float acc[R];
+  for (; blk < total; blk += gridDim.x) {
+    XregRows<PP, R, T> nxt;
+    if (blk + gridDim.x < total) xreg_load<PP, R, T>(segs, blk + gridDim.x, vec, n_vec, n_groups, g, nxt);
+    float acc[R];
 #pragma unroll
-  for (int r = 0; r < R; r++) {
-    acc[r] = 0.f;
+    for (int r = 0; r < R; r++) {
+      acc[r] = 0.f;
 #pragma unroll
-    for (int p = 0; p < PP; p++) {
-      const uint32_t w4[4] = {wv[r][p].x, wv[r][p].y, wv[r][p].z, wv[r][p].w};
-      int isum = 0;
+      for (int p = 0; p < PP; p++) {
+        const uint32_t w4[4] = {cur.wv[r][p].x, cur.wv[r][p].y, cur.wv[r][p].z, cur.wv[r][p].w};
+        int isum = 0;
 #pragma unroll
-      for (int k = 0; k < 4; k++) {
-        isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], isum);
-        isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[p][k], isum);
+        for (int k = 0; k < 4; k++) {
+          isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], isum);
+          isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[p][k], isum);
+        }
+        acc[r] = fmaf((float)isum, dx[p] * cur.s[r][p], acc[r]);
+        acc[r] = fmaf(cur.b[r][p], xs[p], acc[r]);
       }
-      acc[r] = fmaf((float)isum, dx[p] * s[r][p], acc[r]);
-      acc[r] = fmaf(b[r][p], xs[p], acc[r]);
     }
-  }
-  int row;
-  const float part = fold_rows(acc, lane, &row);
-  if (lane % (kWarp / R) == 0) red[warp][row] = part;
-  __syncthreads();
-  if (threadIdx.x < R && row0 + threadIdx.x < rows) {
-    float sum = 0.f;
-    for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
-    y[row0 + threadIdx.x] = sum;
+    int row;
+    const float part = fold_rows(acc, lane, &row);
+    if (lane % (kWarp / R) == 0) red[warp][row] = part;
+    __syncthreads();
+    if (threadIdx.x < R) {
+      int64_t b = blk;
+      const Seg &sg = seg_of(segs, &b);
+      const int64_t o = b * R + threadIdx.x;
+      if (o < sg.rows) {
+        float sum = 0.f;
+        for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
+        sg.y[o] = sum;
+      }
+    }
+    __syncthreads(); /* red is rewritten next group */
+    cur = nxt;
   }
 }
 
@@ -334,18 +367,49 @@ int xreg_rows(int pp) {
   return r;
 }
 
+bool xreg_loop_on() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_XREG_LOOP");
+    return !(e && e[0] == '0');
+  }();
+  return on;
+}
+
+/* The persistent kernel's grid: as many blocks as fit on the card at
+ * once (the occupancy of this instance at this block size), at most one
+ * a row group. */
+template <int PP, int R, typename T>
+unsigned loop_grid(int threads, int64_t groups) {
+  static int per_sm[9] = {0}, sms = 0; /* by warps a block (1..8) */
+  const int wi = threads / kWarp;
+  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+    (void)cudaGetLastError(), sms = 1;
+  if (!per_sm[wi] &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_q4_xreg_kernel<PP, R, T>, threads, 0) !=
+          cudaSuccess)
+    (void)cudaGetLastError(), per_sm[wi] = 1;
+  const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
+  return (unsigned)(groups < n ? groups : n);
+}
+
+template <int PP, int R, typename T>
+void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
+  const int64_t groups = p.first_block[p.n];
+  const unsigned grid = xreg_loop_on() ? loop_grid<PP, R, T>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_q4_xreg_kernel<PP, R, T>, grid, threads, 0, st, p, x, cols, g);
+}
+
 template <int R, typename T>
 void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
   const Segs p = make_segs(ws, ys, k, R);
   const int64_t cols = ws[0].cols;
-  const int g = ws[0].group_size;
-  const dim3 block((unsigned)(kWarp * ((cols + 1023) / 1024 / pp))), grid((unsigned)p.first_block[k]);
+  const int g = ws[0].group_size, threads = (int)(kWarp * ((cols + 1023) / 1024 / pp));
   /* only the pairs xreg_rows allows are instantiated (R * PP <= 16) */
-  if (pp == 1) launch_k(qgemv_q4_xreg_kernel<1, R, T>, grid, block, 0, st, p, x, cols, g);
+  if (pp == 1) launch_xreg_pp<1, R, T>(p, x, cols, g, threads, st);
   if constexpr (R <= 8)
-    if (pp == 2) launch_k(qgemv_q4_xreg_kernel<2, R, T>, grid, block, 0, st, p, x, cols, g);
+    if (pp == 2) launch_xreg_pp<2, R, T>(p, x, cols, g, threads, st);
   if constexpr (R <= 4)
-    if (pp == 4) launch_k(qgemv_q4_xreg_kernel<4, R, T>, grid, block, 0, st, p, x, cols, g);
+    if (pp == 4) launch_xreg_pp<4, R, T>(p, x, cols, g, threads, st);
 }
 
 template <typename T>
