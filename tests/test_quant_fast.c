@@ -783,6 +783,61 @@ TEST(amx_panels) {
 #endif
 }
 
+/* qdot.c's panel kernel (4-bit weights, 16 inputs or more: whole blocks
+ * summed per lane) gives rlm__qmv_q8_ref's bits, not just its value within
+ * the tolerance: it adds the blocks and biases in the reference's order
+ * with the reference's multiplies. Two panels of 16 rows from row 3, the 3
+ * rows after them left to the register tiles (checked within the
+ * tolerance) and poison outside the range; one chunk of columns, many,
+ * and the most a panel holds; groups of 32, 64, 128; f32, f16 and bf16
+ * scales; 16 inputs and 21 (a partial tile of 5). A wrong code in row 20
+ * of the weights (after the reference ran) must show. */
+TEST(qmm_panels_equal_reference) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (!rlm__cpu_avx512_vnni()) {
+    printf("skipped: AVX-512 VNNI not supported by this CPU\n");
+    return;
+  }
+  const int64_t rows = 40, o0 = 3, o1 = 38; /* panels [3, 35), tiles [35, 38) */
+  static const int64_t COLS[] = {128, 1152, 8192}, M[] = {16, 21};
+  int cases = 0;
+  for (int ci = 0; ci < N_OF(COLS); ci++)
+    for (int gi = 0; gi < 3; gi++)
+      for (int mi = 0; mi < N_OF(M); mi++) {
+        const int64_t cols = COLS[ci], m = M[mi];
+        const rlm_dtype dt = DTYPES[(ci + gi + mi) % 3];
+        test_qmat t;
+        qmat_make(&t, rows, cols, 4, GROUPS[gi], dt, &g_seed);
+        q8_inputs in = q8_inputs_make(&t.w, m);
+        float *yr = xmalloc(m * rows * sizeof *yr), *yf = xmalloc(m * rows * sizeof *yf);
+        rlm__qmm_q8_ref(&t.w, in.scratch, in.stride, in.xsum, m, 0, rows, yr);
+        const bool mutate = ci == 1 && gi == 1 && mi == 0;
+        if (mutate) ((uint8_t *)t.w.wq)[20 * cols / 2 + 7] ^= 0x30; /* one code of row 20 */
+        poison(yf, m * rows);
+        rlm__qmm_q8_vnni(&t.w, in.scratch, in.stride, in.xsum, m, o0, o1, yf);
+        int64_t differ = 0, off = 0, unpoisoned = 0;
+        for (int64_t i = 0; i < m; i++)
+          for (int64_t o = 0; o < rows; o++) {
+            const float *v = &yf[i * rows + o], *r = &yr[i * rows + o];
+            if (o < o0 || o >= o1) unpoisoned += !is_poison(v);
+            else if (o < 35) differ += memcmp(v, r, sizeof *v) != 0;
+            else off += !(fabs((double)*v - *r) <= REL_TOL * error_scale(&t.w, in.x + i * cols, o));
+          }
+        test_note("cols %lld group %d %s m %lld%s: %lld panel outputs differ, %lld tile outputs off",
+                  (long long)cols, GROUPS[gi], rlm_dtype_name(dt), (long long)m, mutate ? " (a code mutated)" : "",
+                  (long long)differ, (long long)off);
+        if (mutate) CHECK(differ > 0); /* row 20 read again by the panel: its outputs move */
+        else CHECK_EQ(differ, 0);
+        CHECK_EQ(off, 0);
+        CHECK_EQ(unpoisoned, 0);
+        cases++;
+        q8_inputs_free(&in), free(yf), free(yr);
+        qmat_free(&t);
+      }
+  CHECK_EQ(cases, 18);
+#endif
+}
+
 /* The tied heads this path exists for, at a slice of their real width
  * (6-bit g64 bf16: Llama 3.2 1B's 2048 columns, Qwen 3 0.6B's 1024):
  * many chunks per row, every kernel, m = 1 and a verification pass's 5. */
@@ -835,6 +890,7 @@ int main(void) {
   RUN(q8act_quantize_matches_ref);
   RUN(qmatmul_int8_activations);
   RUN(amx_panels);
+  RUN(qmm_panels_equal_reference);
   RUN(int8_w6_head_shapes);
   printf("     products: worst |fast - ref| / error scale = %.2g (tolerance %g)\n", g_worst,
          REL_TOL);

@@ -76,6 +76,8 @@
 #include "quant/quant.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -547,6 +549,140 @@ typedef void (*rows_fn)(const rlm_qmat *w, int64_t ob, int64_t oe, const int8_t 
 ROWS_ALL(4)
 ROWS_ALL(6)
 
+/* THE PANEL KERNEL: 4-bit weights against many inputs (prefill), a whole
+ * block of 32 columns summed in each int32 lane. tile_rxn's lanes hold 8
+ * codes of one row, so each 16-lane vector of 8-product sums costs a
+ * convert, a scale and an add: 3 float instructions for every 2 vpdpbusd.
+ * Here a panel of 16 weight rows is first rewritten (once per product and
+ * panel, for all the inputs) so that lane r of vector j holds code bytes
+ * 4j..4j+3 of row r's block: the block's 16 even codes (low nibbles of its
+ * 16 code bytes) in j = 0..3, its 16 odd ones in 4..7, the order of the
+ * activations' nibble layout, so the 8 vpdpbusd of a block meet x as 8
+ * broadcast dwords of its two 16-byte halves and leave 16 rows' whole
+ * block sums, scaled with one convert, two multiplies and an add: 12
+ * instructions for 512 products against tile_rxn's 26. The 16 lanes are
+ * 16 consecutive outputs, stored as one vector (no reduction).
+ *
+ * NUMERICS: rlm__qmv_q8_ref's to the bit: per row and input the blocks in
+ * order, acc += (float)isum * (d_b * s_g), a multiply then an add as the
+ * reference's C (-ffp-contract=off) does, then the bias terms in group
+ * order; tests/test_quant_fast.c holds it to memcmp.
+ *
+ * The panel (16 x cols code bytes, the scales and biases as f32, 16 a
+ * block or group) lives on the stack: PANEL_MAX_COLS columns, 152 KB. */
+enum { PANEL_ROWS = 16, PANEL_MIN_M = 16, PANEL_MAX_COLS = 8192, PANEL_TN = 8 };
+
+typedef struct panel {
+  _Alignas(64) uint8_t codes[PANEL_MAX_COLS / 32][8][PANEL_ROWS][4]; /* [block][vector][row][byte] */
+  _Alignas(64) float sc[PANEL_MAX_COLS / 32][PANEL_ROWS];            /* the block's group scale       */
+  _Alignas(64) float bi[PANEL_MAX_COLS / 32][PANEL_ROWS];            /* [group][row]                  */
+} panel;
+
+/* Rows o .. o + 15 rewritten into p. */
+RLM_VNNI static void panel_build(const rlm_qmat *w, int64_t o, panel *p) {
+  const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group_size, rb = cols / 2;
+  const __m128i low = _mm_set1_epi8(15);
+  for (int r = 0; r < PANEL_ROWS; r++) {
+    const uint8_t *row = (const uint8_t *)w->wq + (o + r) * rb;
+    for (int64_t b = 0; b < nb; b++) { /* block b: the 16 code bytes at 16 b */
+      const __m128i v = _mm_loadu_si128((const __m128i *)(row + 16 * b));
+      const __m128i lo = _mm_and_si128(v, low), hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      uint32_t lw[4], hw[4];
+      _mm_storeu_si128((__m128i *)lw, lo);
+      _mm_storeu_si128((__m128i *)hw, hi);
+      for (int j = 0; j < 4; j++) {
+        memcpy(p->codes[b][j][r], &lw[j], 4);
+        memcpy(p->codes[b][4 + j][r], &hw[j], 4);
+      }
+      p->sc[b][r] = rlm__load_f(w->scales, w->sdtype, (o + r) * ng + b * 32 / w->group_size);
+    }
+    for (int64_t g = 0; g < ng; g++) p->bi[g][r] = rlm__load_f(w->biases, w->sdtype, (o + r) * ng + g);
+  }
+}
+
+/* The panel against inputs i0 .. i0 + n - 1 (n <= PANEL_TN, a constant
+ * where inlined): y[i][o .. o + 15]. */
+RLM_VNNI static inline __attribute__((always_inline)) void panel_inputs(const rlm_qmat *w, const panel *p,
+                                                                       const void *scratch, size_t stride,
+                                                                       const float *xsum, int64_t i0, const int n,
+                                                                       int64_t o, float *y) {
+  const int64_t cols = w->cols, nb = cols / 32, ng = cols / w->group_size;
+  const int8_t *xq[PANEL_TN];
+  const float *d[PANEL_TN];
+  __m512 acc[PANEL_TN];
+  for (int k = 0; k < n; k++) {
+    xq[k] = (const int8_t *)scratch + (size_t)(i0 + k) * stride;
+    d[k] = rlm__q8act_block_scales(w, xq[k]);
+    acc[k] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; b++) {
+    __m512i wv[8];
+    for (int j = 0; j < 8; j++) wv[j] = _mm512_load_si512(p->codes[b][j]);
+    const __m512 s = _mm512_load_ps(p->sc[b]);
+    const int64_t off = (b / 4) * 128 + (b % 4) * 16; /* the block's even half; its odd half 64 on */
+#pragma GCC unroll 8
+    for (int k = 0; k < n; k++) {
+      const int8_t *x = xq[k] + off;
+      int32_t xd[8];
+      memcpy(xd, x, 16);
+      memcpy(xd + 4, x + 64, 16);
+      __m512i is = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j++) is = _mm512_dpbusd_epi32(is, wv[j], _mm512_set1_epi32(xd[j]));
+      const __m512 ds = _mm512_mul_ps(_mm512_set1_ps(d[k][b]), s);
+      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(_mm512_cvtepi32_ps(is), ds));
+    }
+  }
+  for (int64_t g = 0; g < ng; g++) {
+    const __m512 bv = _mm512_load_ps(p->bi[g]);
+    for (int k = 0; k < n; k++)
+      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(bv, _mm512_set1_ps(xsum[(i0 + k) * ng + g])));
+  }
+  for (int k = 0; k < n; k++) _mm512_storeu_ps(y + (i0 + k) * w->rows + o, acc[k]);
+}
+
+/* Inputs i0.. of one panel in tiles of PANEL_TN (a function per width: the
+ * accumulators stay in registers). */
+#define PANEL_XN(N)                                                                                          \
+  RLM_VNNI __attribute__((noinline)) static void panel_x##N(const rlm_qmat *w, const panel *p,              \
+                                                           const void *scratch, size_t stride,              \
+                                                           const float *xsum, int64_t i0, int64_t o,        \
+                                                           float *y) {                                      \
+    panel_inputs(w, p, scratch, stride, xsum, i0, N, o, y);                                                 \
+  }
+PANEL_XN(1) PANEL_XN(2) PANEL_XN(3) PANEL_XN(4) PANEL_XN(5) PANEL_XN(6) PANEL_XN(7) PANEL_XN(8)
+typedef void (*panel_fn)(const rlm_qmat *, const panel *, const void *, size_t, const float *, int64_t, int64_t,
+                         float *);
+static const panel_fn panel_xn[PANEL_TN] = {panel_x1, panel_x2, panel_x3, panel_x4,
+                                            panel_x5, panel_x6, panel_x7, panel_x8};
+
+/* RINGLM_NO_PANEL=1 leaves every row to the register tiles, to compare. */
+static bool panels_off(void) {
+  static _Atomic int off = -1;
+  int v = atomic_load_explicit(&off, memory_order_relaxed);
+  if (v < 0) atomic_store_explicit(&off, v = getenv("RINGLM_NO_PANEL") != NULL, memory_order_relaxed);
+  return v;
+}
+
+/* Whether the panel kernel takes this product. */
+static bool panel_ok(const rlm_qmat *w, int64_t m) {
+  return w->bits == 4 && m >= PANEL_MIN_M && w->cols <= PANEL_MAX_COLS && w->group_size >= 32;
+}
+
+/* Rows [o0, o0 + 16 k) by panels; returns where the panels stop. */
+RLM_VNNI static int64_t qmm_panels(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
+                                   int64_t m, int64_t o0, int64_t o1, float *y) {
+  panel p;
+  int64_t o = o0;
+  for (; o + PANEL_ROWS <= o1; o += PANEL_ROWS) {
+    panel_build(w, o, &p);
+    for (int64_t i0 = 0; i0 < m; i0 += PANEL_TN) {
+      const int n = m - i0 < PANEL_TN ? (int)(m - i0) : PANEL_TN;
+      panel_xn[n - 1](w, &p, scratch, stride, xsum, i0, o, y);
+    }
+  }
+  return o;
+}
+
 enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
 
 /* m input rows (stride bytes apart in scratch), outputs y [m][rows].
@@ -556,6 +692,7 @@ enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
  * 6-bit weights (their activation layouts share the lane map). */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
+  if (panel_ok(w, m) && !panels_off()) o0 = qmm_panels(w, scratch, stride, xsum, m, o0, o1, y);
   const rows_fn *rows = w->bits == 6 ? rows_w6 : rows_w4;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   const int64_t ng = w->cols / w->group_size;
