@@ -150,24 +150,25 @@ static void print_json_str(const char *s) {
 
 /* ---- depths (llama-bench) -------------------------------------------------- */
 
-/* A fresh session holding `depth` tokens; NULL on failure (reported). */
-static rlm_session *filled(model_ctx *c, const model_opts *o, long depth, long more, int32_t *ids,
-                           uint64_t *st, rlm_error *err) {
+/* A session for a test of `more` tokens after `depth`; NULL on failure. */
+static rlm_session *test_session(model_ctx *c, const model_opts *o, long depth, long more, rlm_error *err) {
   rlm_session *s;
   rlm_session_params sp = o->sp;
   /* a GPU's caches are allocated whole: room for the test, as llama-bench sizes its context */
   if (sp.device == RLM_DEVICE_CUDA && !sp.n_ctx) sp.n_ctx = depth + more + 1;
-  if (rlm_session_create(&s, c->m, &sp, err)) return NULL;
-  for (long done = 0; done < depth;) {
+  return rlm_session_create(&s, c->m, &sp, err) ? NULL : s;
+}
+
+/* Row 0 emptied and fed `depth` random tokens. */
+static rlm_status fill(rlm_session *s, const model_ctx *c, long depth, int32_t *ids, uint64_t *st, rlm_error *err) {
+  rlm_status rc = rlm_session_row_clear(s, 0, err);
+  for (long done = 0; !rc && done < depth;) {
     long k = depth - done < 4096 ? depth - done : 4096;
     for (long i = 0; i < k; i++) ids[i] = next_id(st, c->vocab);
-    if (rlm_session_eval(s, ids, (int)k, NULL, false, err)) {
-      rlm_session_free(s);
-      return NULL;
-    }
+    rc = rlm_session_eval(s, ids, (int)k, NULL, false, err);
     done += k;
   }
-  return s;
+  return rc;
 }
 
 typedef struct result {
@@ -177,42 +178,51 @@ typedef struct result {
   size_t kv_bytes;
 } result;
 
-/* One timed test, reps times; tokens/s per rep into r. */
+/* One timed test, reps times; tokens/s per rep into r. As llama-bench:
+ * one session a test and an untimed warm-up first (the test's prompt, or
+ * one decode step, at depth 0: buffers touched, a GPU's kernels loaded),
+ * then each repetition empties the row, fills it to the depth (untimed)
+ * and times the test. (Until 2026-12-04 each repetition made a session of
+ * its own, so a CPU prefill also timed the first touch of its fresh
+ * scratch pages, about a tenth of a 512-token prefill on a VM, which
+ * llama-bench's reused, warmed-up context does not pay.) */
 static rlm_status run_test(model_ctx *c, const model_opts *o, const bench_opts *b, bool decode,
                            long depth, int32_t *ids, result *r, rlm_error *err) {
   double sum = 0, sum2 = 0;
   uint64_t st = 0x9E3779B97F4A7C15ULL;
-  /* The GPU loads kernels (cuBLAS's too) at their first use: one untimed
-   * run first (rep -1), as llama-bench's warm-up run. */
-  for (long rep = o->sp.device == RLM_DEVICE_CUDA ? -1 : 0; rep < b->reps; rep++) {
-    rlm_session *s = filled(c, o, depth, decode ? b->n : b->p, ids, &st, err);
-    if (!s) return err->code ? err->code : RLM_ERR_NOMEM;
-    /* the logits in the session's host memory: page-locked on a GPU, as
-     * llama.cpp's output buffer is (pageable memory cost Gemma's 1 MB of
-     * logits about 0.1 ms a token) */
-    float *logits = rlm_session_host_alloc(s, (size_t)c->vocab * sizeof *logits);
-    if (!logits) {
-      rlm_session_free(s);
-      return out_of_memory(err);
-    }
-    long n = decode ? b->n : b->p;
-    for (long i = 0; i < n; i++) ids[i] = next_id(&st, c->vocab);
-    rlm_status rc = RLM_OK;
-    /* the GPU captures its decode step's graph at the first step: untimed,
-     * as llama-bench's warm-up run (the test then starts at depth + 1) */
-    if (decode && o->sp.device == RLM_DEVICE_CUDA) rc = rlm_session_eval(s, &ids[0], 1, logits, false, err);
+  const long n = decode ? b->n : b->p;
+  rlm_session *s = test_session(c, o, depth, n, err);
+  if (!s) return err->code ? err->code : RLM_ERR_NOMEM;
+  /* the logits in the session's host memory: page-locked on a GPU, as
+   * llama.cpp's output buffer is (pageable memory cost Gemma's 1 MB of
+   * logits about 0.1 ms a token) */
+  float *logits = rlm_session_host_alloc(s, (size_t)c->vocab * sizeof *logits);
+  if (!logits) {
+    rlm_session_free(s);
+    return out_of_memory(err);
+  }
+  rlm_status rc = RLM_OK;
+  for (long rep = -1; !rc && rep < b->reps; rep++) { /* rep -1: the warm-up */
+    rc = fill(s, c, rep < 0 ? 0 : depth, ids, &st, err);
+    const long k = rep < 0 && decode ? 1 : n;
+    for (long i = 0; i < k; i++) ids[i] = next_id(&st, c->vocab);
+    /* the GPU captures its decode step's graph at a shape's first step:
+     * untimed, as llama-bench's warm-up run (the test then starts at
+     * depth + 1) */
+    if (!rc && rep >= 0 && decode && o->sp.device == RLM_DEVICE_CUDA)
+      rc = rlm_session_eval(s, &ids[0], 1, logits, false, err);
     double t0 = cli_now_s();
     if (decode)
-      for (long i = 0; !rc && i < n; i++) rc = rlm_session_eval(s, &ids[i], 1, logits, false, err);
-    else
-      rc = rlm_session_eval(s, ids, (int)n, logits, false, err);
-    double tps = n / (cli_now_s() - t0 + 1e-12);
-    r->kv_bytes = rlm_session_kv_bytes(s);
-    rlm_session_free(s);
-    rlm_host_free(logits);
-    if (rc) return rc;
-    if (rep >= 0) sum += tps, sum2 += tps * tps;
+      for (long i = 0; !rc && i < k; i++) rc = rlm_session_eval(s, &ids[i], 1, logits, false, err);
+    else if (!rc)
+      rc = rlm_session_eval(s, ids, (int)k, logits, false, err);
+    double tps = k / (cli_now_s() - t0 + 1e-12);
+    if (!rc && rep >= 0) sum += tps, sum2 += tps * tps;
   }
+  r->kv_bytes = rlm_session_kv_bytes(s);
+  rlm_session_free(s);
+  rlm_host_free(logits);
+  if (rc) return rc;
   r->test = decode ? "tg" : "pp", r->tokens = decode ? b->n : b->p, r->depth = depth;
   r->mean = sum / (double)b->reps;
   double var = sum2 / (double)b->reps - r->mean * r->mean;
