@@ -783,14 +783,14 @@ TEST(amx_panels) {
 #endif
 }
 
-/* qdot.c's panel kernel (4-bit weights, 16 inputs or more: whole blocks
+/* qdot.c's panel kernel (4-bit weights, 32 inputs or more: whole blocks
  * summed per lane) gives rlm__qmv_q8_ref's bits, not just its value within
  * the tolerance: it adds the blocks and biases in the reference's order
  * with the reference's multiplies. Two panels of 16 rows from row 3, the 3
  * rows after them left to the register tiles (checked within the
  * tolerance) and poison outside the range; one chunk of columns, many,
  * and the most a panel holds; groups of 32, 64, 128; f32, f16 and bf16
- * scales; 16 inputs and 21 (a partial tile of 5). A wrong code in row 20
+ * scales; 32 inputs and 37 (a partial tile of 5). A wrong code in row 20
  * of the weights (after the reference ran) must show. */
 TEST(qmm_panels_equal_reference) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -799,7 +799,7 @@ TEST(qmm_panels_equal_reference) {
     return;
   }
   const int64_t rows = 40, o0 = 3, o1 = 38; /* panels [3, 35), tiles [35, 38) */
-  static const int64_t COLS[] = {128, 1152, 8192}, M[] = {16, 21};
+  static const int64_t COLS[] = {128, 1152, 8192}, M[] = {32, 37};
   int cases = 0;
   for (int ci = 0; ci < N_OF(COLS); ci++)
     for (int gi = 0; gi < 3; gi++)

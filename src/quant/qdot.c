@@ -549,8 +549,9 @@ typedef void (*rows_fn)(const rlm_qmat *w, int64_t ob, int64_t oe, const int8_t 
 ROWS_ALL(4)
 ROWS_ALL(6)
 
-/* THE PANEL KERNEL: 4-bit weights against many inputs (prefill), a whole
- * block of 32 columns summed in each int32 lane. tile_rxn's lanes hold 8
+/* THE PANEL KERNEL: 4-bit weights against many inputs (prefill; batches of
+ * PANEL_MIN_M rows or more), a whole block of 32 columns summed in each
+ * int32 lane. tile_rxn's lanes hold 8
  * codes of one row, so each 16-lane vector of 8-product sums costs a
  * convert, a scale and an add: 3 float instructions for every 2 vpdpbusd.
  * Here a panel of 16 weight rows is first rewritten (once per product and
@@ -570,7 +571,11 @@ ROWS_ALL(6)
  *
  * The panel (16 x cols code bytes, the scales and biases as f32, 16 a
  * block or group) lives on the stack: PANEL_MAX_COLS columns, 152 KB. */
-enum { PANEL_ROWS = 16, PANEL_MIN_M = 16, PANEL_MAX_COLS = 8192, PANEL_TN = 8 };
+/* PANEL_MIN_M: rewriting a panel costs about what 16 inputs' sums cost, so
+ * at 16 inputs (a batched decode step of 16 rows) the tiles were as fast
+ * (Zen 5 VM, B = 16: 93-96 against 101-109 tok/s); prefill passes are
+ * hundreds of rows. */
+enum { PANEL_ROWS = 16, PANEL_MIN_M = 32, PANEL_MAX_COLS = 8192, PANEL_TN = 8 };
 
 typedef struct panel {
   _Alignas(64) uint8_t codes[PANEL_MAX_COLS / 32][8][PANEL_ROWS][4]; /* [block][vector][row][byte] */
