@@ -280,15 +280,20 @@ void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, 
 #if defined(__x86_64__) || defined(__i386__)
 /* The scales s of a chunk's 128/G groups, widened, spread to 16 lanes
  * (lane l belongs to block l/4, group (l/4)*32/G). */
-RLM_VNNI static inline __m512 chunk_scales(const rlm_qmat *w, int64_t first, __mmask8 m, __m512i idx) {
+RLM_VNNI static inline __attribute__((always_inline)) __m512 scales_as(const void *scales, rlm_dtype t, int64_t first,
+                                                                       __mmask8 m, __m512i idx) {
   __m128 s; /* masked loads: only the chunk's own groups are read */
-  if (w->sdtype == RLM_DTYPE_F32) {
-    s = _mm_maskz_loadu_ps(m, (const float *)w->scales + first);
+  if (t == RLM_DTYPE_F32) {
+    s = _mm_maskz_loadu_ps(m, (const float *)scales + first);
   } else {
-    __m128i h = _mm_maskz_loadu_epi16(m, (const uint16_t *)w->scales + first);
-    s = w->sdtype == RLM_DTYPE_BF16 ? _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)) : _mm_cvtph_ps(h);
+    __m128i h = _mm_maskz_loadu_epi16(m, (const uint16_t *)scales + first);
+    s = t == RLM_DTYPE_BF16 ? _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(h), 16)) : _mm_cvtph_ps(h);
   }
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(s));
+}
+
+RLM_VNNI static inline __m512 chunk_scales(const rlm_qmat *w, int64_t first, __mmask8 m, __m512i idx) {
+  return scales_as(w->scales, w->sdtype, first, m, idx);
 }
 
 /* n <= 16 scales or biases from i, widened (masked: no read past n). */
@@ -396,14 +401,42 @@ RLM_VNNI static inline void bias_xn(const rlm_qmat *w, int64_t o, int64_t ng, co
  * 10.5; one thread's plain streaming read 14-15. tile_rxn does the same
  * for its R rows: m = 2 39 -> 23 ms, m = 8 64 -> 35 ms on that head
  * (qdot_avx2.c's tile_w4 for 6 bits: m = 2 63 -> 25 ms). */
-enum { PF_ROWS = 8 };
+/* 4 bits: PF_BYTES ahead of the chunk read, into L1. On the Zen 5 VM,
+ * `bench_qmm --heads 1` (4-bit codes on the 128256 x 2048 head) went from
+ * 25 to 34-39 GB/s at two threads and 16-17 to 20-23 at one (8 KB ahead
+ * the same; 16-32 KB into L2 31-35). A one-row decode of the 1B shapes
+ * did not move (its products are short, and tg32 varies by 10% here). */
+enum { PF_ROWS = 8, PF_BYTES = 4096 };
+
+RLM_VNNI static inline __attribute__((always_inline)) __m512 row_dot(const rlm_qmat *w, int64_t o, const int8_t *xq,
+                                                                      const float *xd16, __mmask8 mask, __m512i idx,
+                                                                      const int bits, const rlm_dtype st) {
+  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols * bits / 8;
+  const int per = 128 / w->group_size ? 128 / w->group_size : 1; /* groups in a chunk */
+  const uint8_t *r = (const uint8_t *)w->wq + o * rb;
+  const bool ahead = bits == 6 ? o + PF_ROWS < w->rows : (o + 1) * rb + PF_BYTES <= w->rows * rb;
+  __m512 a = _mm512_setzero_ps();
+  for (int64_t c = 0; c < chunks; c++) {
+    if (ahead && bits == 6) {
+      _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96), _MM_HINT_T1);
+      _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96 + 64), _MM_HINT_T1);
+    } else if (ahead) {
+      _mm_prefetch((const char *)(r + PF_BYTES + c * 64), _MM_HINT_T0);
+    }
+    a = _mm512_fmadd_ps(chunk_dot(r, c, xq, bits),
+                        _mm512_mul_ps(scales_as(w->scales, st, o * ng + c * per, mask, idx),
+                                      _mm512_loadu_ps(xd16 + c * 16)),
+                        a);
+  }
+  return a;
+}
 
 RLM_VNNI static inline __attribute__((always_inline)) void qmv_rows(const rlm_qmat *w, const void *scratch,
                                                                      const float *xsum, int64_t o0, int64_t o1,
-                                                                     float *y, const int bits) {
+                                                                     float *y, const int bits, const rlm_dtype st) {
   const int8_t *xq = scratch;
-  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128, rb = cols * bits / 8;
-  const float *xd16 = (const float *)((const char *)scratch + cols);
+  const int64_t ng = w->cols / w->group_size;
+  const float *xd16 = (const float *)((const char *)scratch + w->cols);
   const int per = 128 / w->group_size ? 128 / w->group_size : 1; /* groups in a chunk */
   _Alignas(64) int32_t lanes[16];
   for (int l = 0; l < 16; l++) lanes[l] = (l / 4) * 32 / w->group_size;
@@ -414,42 +447,35 @@ RLM_VNNI static inline __attribute__((always_inline)) void qmv_rows(const rlm_qm
     __m512 a[4];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
-      const uint8_t *r = (const uint8_t *)w->wq + (o + k) * rb;
-      const bool ahead = bits == 6 && o + k + PF_ROWS < w->rows;
-      a[k] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; c++) {
-        if (ahead) {
-          _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96), _MM_HINT_T1);
-          _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96 + 64), _MM_HINT_T1);
-        }
-        a[k] = _mm512_fmadd_ps(chunk_dot(r, c, xq, bits),
-                               _mm512_mul_ps(chunk_scales(w, (o + k) * ng + c * per, mask, idx),
-                                             _mm512_loadu_ps(xd16 + c * 16)), a[k]);
-      }
+      a[k] = row_dot(w, o + k, xq, xd16, mask, idx, bits, st);
       bias_x1(w, o + k, ng, xsum, &a[k]);
     }
     reduce4(a[0], a[1], a[2], a[3], y + o);
   }
   for (; o < o1; o++) {
-    const uint8_t *r0 = (const uint8_t *)w->wq + o * rb;
-    __m512 a0 = _mm512_setzero_ps();
-    for (int64_t c = 0; c < chunks; c++)
-      a0 = _mm512_fmadd_ps(chunk_dot(r0, c, xq, bits),
-                           _mm512_mul_ps(chunk_scales(w, o * ng + c * per, mask, idx),
-                                         _mm512_loadu_ps(xd16 + c * 16)), a0);
+    __m512 a0 = row_dot(w, o, xq, xd16, mask, idx, bits, st);
     bias_x1(w, o, ng, xsum, &a0);
     y[o] = _mm512_reduce_add_ps(a0);
   }
 }
 
+/* The scales' type a constant of each instance: tested once per call, not
+ * in every chunk (the compiler kept the test in the loop). */
+#define QMV_BY_SCALES(bits)                                                                         \
+  switch (w->sdtype) {                                                                              \
+  case RLM_DTYPE_BF16: qmv_rows(w, scratch, xsum, o0, o1, y, bits, RLM_DTYPE_BF16); return;        \
+  case RLM_DTYPE_F16: qmv_rows(w, scratch, xsum, o0, o1, y, bits, RLM_DTYPE_F16); return;          \
+  default: qmv_rows(w, scratch, xsum, o0, o1, y, bits, RLM_DTYPE_F32); return;                     \
+  }
+
 RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                  int64_t o1, float *y) {
-  qmv_rows(w, scratch, xsum, o0, o1, y, 4);
+  QMV_BY_SCALES(4)
 }
 
 RLM_VNNI static void qmv_w6_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                  int64_t o1, float *y) {
-  qmv_rows(w, scratch, xsum, o0, o1, y, 6);
+  QMV_BY_SCALES(6)
 }
 
 enum { QT = 8 }; /* inputs of a register tile at most */
