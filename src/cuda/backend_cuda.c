@@ -645,6 +645,22 @@ static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, f
   note(s, rlm__cuda_gather_rows(dst, src, cs_of(s)->d_want + i0, count, width, cs_of(s)->st, &er), &er);
 }
 
+/* Whether a pass's attention runs on the tensor cores (attn_tc.cu): one
+ * row's chunk of at least TC_MIN tokens (a prefill, or a long
+ * verification; never a captured step) over a cache the kernel takes.
+ * RINGLM_CUDA_ATTN_TC=0 keeps the flash-decoding kernel, to compare. */
+enum { TC_MIN = 16 };
+static bool g_attn_tc;
+static void read_attn_tc(void) {
+  const char *e = getenv("RINGLM_CUDA_ATTN_TC");
+  g_attn_tc = !(e && e[0] == '0');
+}
+static bool attn_tc(const rlm_pass *ps, const rlm_cuda_kv *kv, const rlm_cuda_q8out *q8) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_attn_tc);
+  return g_attn_tc && !q8 && ps->n_runs == 1 && ps->n >= TC_MIN && rlm__cuda_attend_prefill_takes(kv);
+}
+
 static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
   (void)err;
   if (skip(s)) return RLM_OK;
@@ -660,7 +676,10 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
   rlm_cuda_q8out buf; /* the o projection's x, where the group divides the head dim */
   const rlm_cuda_q8out *q8 = q8_out(s, ps->n, c->n_heads * kv->dim, &buf);
   if (q8 && kv->dim % q8->group_size) q8 = NULL;
-  if (!rc)
+  if (!rc && attn_tc(ps, kv, q8))
+    rc = rlm__cuda_attend_prefill(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
+                                  cs->st, &er);
+  else if (!rc)
     rc = rlm__cuda_attend(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
                           cs->att_scratch, q8, cs->st, &er);
   note(s, rc, &er);

@@ -182,6 +182,17 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
+/* rlm__cuda_attend's result for a prefill chunk on the tensor cores
+ * (attn_tc.cu): every token of the pass in one row (the caller's promise),
+ * a dense f16 or bf16 cache of head dim 64 or 128; q and K, then P, are
+ * rounded to the cache's type for the products, which accumulate in f32.
+ * No int8 output. RLM_ERR_UNSUPPORTED for other caches
+ * (rlm__cuda_attend_prefill_takes says beforehand). */
+bool rlm__cuda_attend_prefill_takes(const rlm_cuda_kv *c);
+rlm_status rlm__cuda_attend_prefill(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
+                                    const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
+                                    rlm_cuda_stream st, rlm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

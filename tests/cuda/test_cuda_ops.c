@@ -843,8 +843,8 @@ typedef struct attn_case {
   int n_rows;
   int64_t len[3];  /* positions each row holds before the pass */
   int n;           /* the pass's tokens: */
-  int32_t row[40]; /*   their rows, */
-  int64_t pos[40]; /*   positions (-1: a padded token) */
+  int32_t row[128]; /*   their rows, */
+  int64_t pos[128]; /*   positions (-1: a padded token) */
   int k_bits, v_bits, group; /* quantized (k_bits > 0) */
 } attn_case;
 
@@ -930,7 +930,8 @@ static void check_attend_q8(const rlm_cuda_kv *c, const float *dq, int H, float 
   free(got), free(q0), free(q1);
 }
 
-static void check_attend(attn_case *a) {
+/* tc: through rlm__cuda_attend_prefill (the case is one row) */
+static void check_attend(attn_case *a, bool tc) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
   const size_t tok = (size_t)a->n_kv * dim;
@@ -967,10 +968,13 @@ static void check_attend(attn_case *a) {
   rlm_error err = {0};
   test_note("attend %s", a->name);
   CHECK_EQ(rlm__cuda_kv_write(&c, dk, dv, drow, dpos, n, NULL, &err), RLM_OK);
-  CHECK_EQ(rlm__cuda_attend(&c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
+  if (tc)
+    CHECK_EQ(rlm__cuda_attend_prefill(&c, dq, H, scale, drow, dpos, n, dout, NULL, &err), RLM_OK);
+  else
+    CHECK_EQ(rlm__cuda_attend(&c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
   float *got = xmalloc((size_t)n * H * dim * 4), *ref = xmalloc((size_t)n * H * dim * 4);
   download(got, dout, (size_t)n * H * dim * 4);
-  check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
+  if (!tc) check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
   /* The reference, in double over the stored (rounded) values. */
   const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
   double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
@@ -1002,7 +1006,9 @@ static void check_attend(attn_case *a) {
   char what[160];
   snprintf(what, sizeof what, "attend %s (%s, dim %d, %d/%d heads, %d tokens, k%d v%d g%d)", a->name,
            rlm_dtype_name(a->dt), dim, H, a->n_kv, n, a->k_bits, a->v_bits, a->group);
-  expect_close(what, got, ref, (int64_t)n * H * dim, 1e-4);
+  /* the tensor-core path rounds q and P to the cache's type (8 or 11
+   * significant bits) */
+  expect_close(what, got, ref, (int64_t)n * H * dim, !tc ? 1e-4 : a->dt == RLM_DTYPE_BF16 ? 1e-2 : 1e-3);
   for (int j = 0; j < n; j++) /* a padded token: exactly zeros */
     for (int i = 0; a->pos[j] < 0 && i < H * dim; i++) CHECK(got[(size_t)j * H * dim + i] == 0.0f);
   kv_free(&c);
@@ -1034,7 +1040,37 @@ TEST(attend_matches_reference) {
       {"f16 dim 512, ring, 3 rows", RLM_DTYPE_F16, 512, 2, 1, 40, 40, 0, 36, 3, {90, 3, 41}, 3, {2, 1, 0}, {0}, 0, 0, 0},
   };
   /* clang-format on */
-  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i]);
+  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], false);
+}
+
+/* The tensor-core prefill kernel: one row's chunk, dense f16/bf16, head
+ * dims 64 and 128; chunks that end mid-tile, GQA groups that leave warps
+ * idle (6 a kv head: two groups of 4), rings that wrap, sinks, a window on
+ * a plain cache, a padded token. Against the same double reference, within
+ * the rounding of q and P; and a cache it does not take is refused. */
+TEST(attend_prefill_tc_matches_reference) {
+  /* clang-format off */
+  attn_case cases[] = {
+      /* name, dtype, dim, heads, kv heads, cap, ring, keep, window, rows, their lengths, tokens, rows, positions */
+      {"tc: plain prefill, 100 tokens", RLM_DTYPE_BF16, 128, 32, 8, 512, 0, 0, 0, 1, {0}, 100, {0}, {0}, 0, 0, 0},
+      {"tc: f16 chunk at depth 200", RLM_DTYPE_F16, 64, 8, 8, 400, 0, 0, 0, 1, {200}, 77, {0}, {0}, 0, 0, 0},
+      {"tc: ring wrapped, 2 sinks, 6 heads a kv head", RLM_DTYPE_BF16, 128, 12, 2, 110, 108, 2, 64,
+       1, {300}, 40, {0}, {0}, 0, 0, 0},
+      {"tc: window on a plain cache, a padded token", RLM_DTYPE_F16, 64, 4, 1, 300, 0, 0, 50,
+       1, {120}, 33, {0}, {0, 0, 0, 0, 0, -1}, 0, 0, 0},
+      {"tc: one token, 16 heads a kv head", RLM_DTYPE_BF16, 64, 16, 1, 64, 0, 0, 0, 1, {20}, 1, {0}, {0}, 0, 0, 0},
+  };
+  /* clang-format on */
+  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], true);
+  rlm_cuda_kv c = kv_make_q(RLM_DTYPE_BF16, 1, 1, 256, 64, 0, 0, 0, 0, 0, 0);
+  rlm_error err = {0};
+  CHECK(!rlm__cuda_attend_prefill_takes(&c));
+  float *p = dev_poisoned(256 * 4);
+  CHECK_EQ(rlm__cuda_attend_prefill(&c, p, 1, 1.0f, (const int32_t *)p, (const int64_t *)p, 1, p, NULL, &err),
+           RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "head dim 64 or 128");
+  kv_free(&c);
+  cudaFree(p);
 }
 
 /* Quantized caches (the same cases at the bits and groups of the CPU's
@@ -1069,7 +1105,7 @@ TEST(attend_quantized_matches_reference) {
        {0}, {0}, 4, 4, 32},
   };
   /* clang-format on */
-  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i]);
+  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], false);
 }
 
 /* ---- refusals ------------------------------------------------------------------ */
@@ -1271,6 +1307,7 @@ int main(int argc, char **argv) {
   RUN(kv_write_quantized_matches_cpu);
   RUN(attend_matches_reference);
   RUN(attend_quantized_matches_reference);
+  RUN(attend_prefill_tc_matches_reference);
   RUN(refuses_what_it_lacks);
   return test_summary();
 }

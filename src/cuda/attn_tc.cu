@@ -1,0 +1,267 @@
+/* attn_tc.cu -- prefill attention on the tensor cores (cuda_ops.h:
+ * rlm__cuda_attend_prefill): the many queries of one row's chunk against
+ * a dense f16 or bf16 cache, head dims 64 and 128.
+ *
+ * WHY. attn.cu's flash-decoding kernel serves every pass; at prefill it
+ * does the work of 512 queries a layer on the CUDA cores, a third of a
+ * Llama-8B bf16 pp512 pass (ncu, docs/performance.md). Here the scores
+ * and the weighted sum of V are mma.sync m16n8k16 products instead.
+ *
+ * THE WORK. A block is 16 consecutive tokens of the pass (all of one row:
+ * the caller's promise) and one kv head; its 4 warps take 4 of that kv
+ * head's query heads (grid.z covers the rest), so each K and V tile read
+ * into shared memory serves all of them (GQA). A warp holds its 16 queries
+ * as A fragments (q rounded to the cache's type) and walks the keys the
+ * block's queries see, 64 at a time:
+ *     S = Q K^T          (fragments of K read from shared memory, row-major)
+ *     mask, scale to log2 units, online softmax per query row (max, sum)
+ *     O += P V           (P rounded to the cache's type, from S's own
+ *                         registers; V stored transposed in shared memory
+ *                         so that a B fragment is two 32-bit loads)
+ * and writes O / l. The keys: attn.cu's rule (a query at qp sees kp <= qp;
+ * with a window, kp < keep or qp - kp < window - keep), walked as the
+ * union of the block's runs, sinks [0, min(keep, lo)) then [lo, hi], each
+ * key masked per query; slots as attn.cu's slot_of.
+ *
+ * NUMERICS. Scores accumulate in f32 from q and K in the cache's type (q
+ * rounded once), the softmax is f32 (exp2 of log2-scaled scores, max
+ * subtracted), P is rounded to the cache's type for P V, accumulated in
+ * f32: within bf16's rounding of the exact result (test_cuda_ops
+ * attend_prefill_tc_matches_reference), as llama.cpp's flash attention
+ * rounds to f16. A query that sees nothing gets zeros.
+ */
+#include "cuda_ops.h"
+
+#include "common.cuh"
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+using namespace rlm_cuda;
+
+constexpr int kTok = 16;  /* tokens a block (an m16 tile)   */
+constexpr int kKeys = 64; /* keys a tile                    */
+constexpr int kWarps = 4; /* query heads a block            */
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <typename T> struct mma_t;
+template <> struct mma_t<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+  }
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct mma_t<__half> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+  }
+  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+struct Geo {
+  int64_t cap, ring, window;
+  int keep, n_kv;
+};
+
+__device__ __forceinline__ int64_t slot_of(const Geo &g, int64_t p) {
+  return g.ring == 0 || p < g.keep ? p : g.keep + (p - g.keep) % g.ring;
+}
+__device__ __forceinline__ int64_t lo_of(const Geo &g, int64_t qp) {
+  return g.window ? max((int64_t)0, qp - (g.window - g.keep) + 1) : 0;
+}
+__device__ __forceinline__ bool visible(const Geo &g, int64_t qp, int64_t kp) {
+  return kp <= qp && (g.window == 0 || kp < g.keep || qp - kp < g.window - g.keep);
+}
+
+/* The row's K or V of 64 keys (virtual index t0 + i: the sinks, then the
+ * run from lo) into ks [key][D + 8] and vt [D][64 + 8] (V transposed);
+ * keys past nk are zeros. Thread i takes key i % 64, so consecutive lanes
+ * store consecutive keys of vt (no bank conflicts) and distinct rows of ks. */
+template <typename T, int D>
+__device__ __forceinline__ void load_tile(const T *kb, const T *vb, const Geo &g, int64_t t0, int64_t nk,
+                                          int64_t sink_end, int64_t lo, T (*ks)[D + 8], T (*vt)[kKeys + 8]) {
+  for (int i = threadIdx.x; i < kKeys * (D / 8); i += kWarps * kWarp) {
+    const int kr = i % kKeys, v8 = i / kKeys;
+    const int64_t t = t0 + kr;
+    uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+    if (t < nk) {
+      const int64_t slot = slot_of(g, t < sink_end ? t : lo + (t - sink_end));
+      kv = *reinterpret_cast<const uint4 *>(kb + slot * D + v8 * 8);
+      vv = *reinterpret_cast<const uint4 *>(vb + slot * D + v8 * 8);
+    }
+    *reinterpret_cast<uint4 *>(&ks[kr][v8 * 8]) = kv;
+    const T *ve = reinterpret_cast<const T *>(&vv);
+#pragma unroll
+    for (int e = 0; e < 8; e++) vt[v8 * 8 + e][kr] = ve[e];
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps *kWarp)
+    attend_tc_kernel(const T *__restrict__ kc, const T *__restrict__ vc, Geo geo, const float *__restrict__ q,
+                     int n_heads, int q_per_kv, int n, float scale_log2, const int32_t *__restrict__ tok_row,
+                     const int64_t *__restrict__ tok_pos, float *__restrict__ out) {
+  using M = mma_t<T>;
+  __shared__ __align__(16) T ks[kKeys][D + 8];
+  __shared__ __align__(16) T vt[D][kKeys + 8];
+  __shared__ int64_t qpos[kTok];
+  pdl_enter();
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
+  const int j0 = blockIdx.x * kTok, kvh = blockIdx.y, hi = blockIdx.z * kWarps + warp;
+  const bool active = hi < q_per_kv;
+  const int h = kvh * q_per_kv + (active ? hi : 0);
+  if (threadIdx.x < kTok) qpos[threadIdx.x] = j0 + (int)threadIdx.x < n ? tok_pos[j0 + threadIdx.x] : -1;
+  __syncthreads();
+  int64_t top = -1, lo = INT64_MAX;
+  for (int i = 0; i < kTok; i++)
+    if (qpos[i] >= 0) top = max(top, qpos[i]), lo = min(lo, lo_of(geo, qpos[i]));
+  const int64_t sink_end = top < 0 ? 0 : min((int64_t)geo.keep, lo), nk = top < 0 ? 0 : sink_end + top - lo + 1;
+  const size_t head = ((size_t)tok_row[j0] * geo.n_kv + kvh) * (size_t)geo.cap * D;
+  const T *kb = kc + head, *vb = vc + head;
+
+  /* this warp's 16 queries as A fragments: rows g and g + 8 */
+  uint32_t qa[D / 16][4];
+  {
+    const bool in0 = j0 + g < n, in1 = j0 + g + 8 < n;
+    const float *q0 = q + ((size_t)(j0 + g) * n_heads + h) * D, *q1 = q0 + (size_t)8 * n_heads * D;
+#pragma unroll
+    for (int s = 0; s < D / 16; s++) {
+      const int k0 = s * 16 + 2 * c;
+      const float2 a = in0 ? *reinterpret_cast<const float2 *>(q0 + k0) : make_float2(0, 0);
+      const float2 b = in1 ? *reinterpret_cast<const float2 *>(q1 + k0) : make_float2(0, 0);
+      const float2 a8 = in0 ? *reinterpret_cast<const float2 *>(q0 + k0 + 8) : make_float2(0, 0);
+      const float2 b8 = in1 ? *reinterpret_cast<const float2 *>(q1 + k0 + 8) : make_float2(0, 0);
+      qa[s][0] = M::pack(a.x, a.y), qa[s][1] = M::pack(b.x, b.y);
+      qa[s][2] = M::pack(a8.x, a8.y), qa[s][3] = M::pack(b8.x, b8.y);
+    }
+  }
+  const int64_t qp0 = qpos[g], qp1 = qpos[g + 8];
+  float o[D / 8][4] = {};
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* l: this lane's share */
+
+  for (int64_t t0 = 0; t0 < nk; t0 += kKeys) {
+    __syncthreads(); /* the previous tile is consumed */
+    load_tile<T, D>(kb, vb, geo, t0, nk, sink_end, lo, ks, vt);
+    __syncthreads();
+    if (!active) continue;
+    float s[kKeys / 8][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; nt++)
+#pragma unroll
+      for (int k = 0; k < D / 16; k++) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&ks[nt * 8 + g][k * 16 + 2 * c]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&ks[nt * 8 + g][k * 16 + 8 + 2 * c]);
+        M::run(s[nt], qa[k], b0, b1);
+      }
+    float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int64_t t = t0 + nt * 8 + 2 * c + (e & 1);
+        const int64_t kp = t < sink_end ? t : lo + (t - sink_end), qp = e < 2 ? qp0 : qp1;
+        const bool vis = t < nk && qp >= 0 && visible(geo, qp, kp);
+        s[nt][e] = vis ? s[nt][e] * scale_log2 : -INFINITY;
+        if (e < 2) x0 = fmaxf(x0, s[nt][e]);
+        else x1 = fmaxf(x1, s[nt][e]);
+      }
+#pragma unroll
+    for (int d = 1; d <= 2; d <<= 1) {
+      x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, d));
+      x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, d));
+    }
+    const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+    const float base0 = n0 == -INFINITY ? 0.0f : n0, base1 = n1 == -INFINITY ? 0.0f : n1;
+    const float r0 = exp2f(m0 - base0), r1 = exp2f(m1 - base1); /* 0 from -inf, 1 while nothing is seen */
+    m0 = n0, m1 = n1, l0 *= r0, l1 *= r1;
+#pragma unroll
+    for (int nt = 0; nt < kKeys / 8; nt++) {
+      s[nt][0] = exp2f(s[nt][0] - base0), s[nt][1] = exp2f(s[nt][1] - base0);
+      s[nt][2] = exp2f(s[nt][2] - base1), s[nt][3] = exp2f(s[nt][3] - base1);
+      l0 += s[nt][0] + s[nt][1], l1 += s[nt][2] + s[nt][3];
+    }
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) o[d][0] *= r0, o[d][1] *= r0, o[d][2] *= r1, o[d][3] *= r1;
+#pragma unroll
+    for (int k = 0; k < kKeys / 16; k++) {
+      const uint32_t pa[4] = {M::pack(s[2 * k][0], s[2 * k][1]), M::pack(s[2 * k][2], s[2 * k][3]),
+                              M::pack(s[2 * k + 1][0], s[2 * k + 1][1]), M::pack(s[2 * k + 1][2], s[2 * k + 1][3])};
+#pragma unroll
+      for (int d = 0; d < D / 8; d++) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&vt[d * 8 + g][k * 16 + 2 * c]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&vt[d * 8 + g][k * 16 + 8 + 2 * c]);
+        M::run(o[d], pa, b0, b1);
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int d = 1; d <= 2; d <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, d);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, d);
+  }
+  const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+  float *o0 = out + ((size_t)(j0 + g) * n_heads + h) * D, *o1 = o0 + (size_t)8 * n_heads * D;
+#pragma unroll
+  for (int d = 0; d < D / 8; d++) {
+    if (j0 + g < n) *reinterpret_cast<float2 *>(o0 + d * 8 + 2 * c) = make_float2(o[d][0] * i0, o[d][1] * i0);
+    if (j0 + g + 8 < n) *reinterpret_cast<float2 *>(o1 + d * 8 + 2 * c) = make_float2(o[d][2] * i1, o[d][3] * i1);
+  }
+}
+
+template <typename T, int D>
+void launch_tc(const rlm_cuda_kv *c, const float *q, int n_heads, float scale, const int32_t *tok_row,
+               const int64_t *tok_pos, int n, float *out, cudaStream_t st) {
+  const int q_per_kv = n_heads / c->n_kv;
+  const dim3 grid((unsigned)((n + kTok - 1) / kTok), (unsigned)c->n_kv, (unsigned)((q_per_kv + kWarps - 1) / kWarps));
+  const Geo geo = {c->cap, c->ring, c->window, c->keep, c->n_kv};
+  launch_k(attend_tc_kernel<T, D>, grid, kWarps * kWarp, 0, st, static_cast<const T *>(c->k),
+           static_cast<const T *>(c->v), geo, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, out);
+}
+
+} // namespace
+
+extern "C" bool rlm__cuda_attend_prefill_takes(const rlm_cuda_kv *c) {
+  return c && !c->k_bits && !c->v_bits && (c->dtype == RLM_DTYPE_BF16 || c->dtype == RLM_DTYPE_F16) &&
+         (c->dim == 64 || c->dim == 128);
+}
+
+extern "C" rlm_status rlm__cuda_attend_prefill(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
+                                               const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
+                                               rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_attend_prefill";
+  if (!c || !q || !tok_row || !tok_pos || !out || n < 0 || !c->k || !c->v || c->n_kv < 1 || c->cap < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or an empty cache");
+  if (!rlm__cuda_attend_prefill_takes(c))
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "a dense f16 or bf16 cache of head dim 64 or 128 is needed (dtype %d, "
+                "dim %d, bits %d/%d)", (int)c->dtype, c->dim, c->k_bits, c->v_bits);
+  if (n_heads < c->n_kv || n_heads % c->n_kv || n_heads / c->n_kv > 65535 * kWarps)
+    return fail(err, RLM_ERR_INVALID, fn, "%d query heads over %d kv heads", n_heads, c->n_kv);
+  if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
+    return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");
+  if (n == 0) return RLM_OK;
+  cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
+  if (c->dtype == RLM_DTYPE_BF16) {
+    if (c->dim == 64) launch_tc<__nv_bfloat16, 64>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
+    else launch_tc<__nv_bfloat16, 128>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
+  } else {
+    if (c->dim == 64) launch_tc<__half, 64>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
+    else launch_tc<__half, 128>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
+  }
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
