@@ -36,6 +36,9 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <string.h>
+
+#include <type_traits>
 
 namespace {
 
@@ -46,31 +49,31 @@ constexpr int kKeys = 64; /* keys a tile                    */
 constexpr int kWarps = 4; /* query heads a block            */
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <typename T> struct mma_t;
-template <> struct mma_t<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&v);
-  }
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct mma_t<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+/* D += A B, m16n8k16, f32 accumulators, A and B of type T (f16 or bf16). */
+#define RLM_MMA_16816(TY)                                                                                           \
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, " \
+               "{%0,%1,%2,%3};\n"                                                                                   \
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                                     \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+template <typename T>
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __half>::value) RLM_MMA_16816("f16");
+  else RLM_MMA_16816("bf16");
+}
+#undef RLM_MMA_16816
+
+/* Two floats rounded to T, the first in the low half (the lower column). */
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same<T, __half>::value) {
     const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t *>(&v);
+    memcpy(&u, &v, 4);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &v, 4);
   }
-  static __device__ __forceinline__ void run(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
+  return u;
+}
 
 struct Geo {
   int64_t cap, ring, window;
@@ -115,7 +118,6 @@ __global__ void __launch_bounds__(kWarps *kWarp)
     attend_tc_kernel(const T *__restrict__ kc, const T *__restrict__ vc, Geo geo, const float *__restrict__ q,
                      int n_heads, int q_per_kv, int n, float scale_log2, const int32_t *__restrict__ tok_row,
                      const int64_t *__restrict__ tok_pos, float *__restrict__ out) {
-  using M = mma_t<T>;
   __shared__ __align__(16) T ks[kKeys][D + 8];
   __shared__ __align__(16) T vt[D][kKeys + 8];
   __shared__ int64_t qpos[kTok];
@@ -145,8 +147,8 @@ __global__ void __launch_bounds__(kWarps *kWarp)
       const float2 b = in1 ? *reinterpret_cast<const float2 *>(q1 + k0) : make_float2(0, 0);
       const float2 a8 = in0 ? *reinterpret_cast<const float2 *>(q0 + k0 + 8) : make_float2(0, 0);
       const float2 b8 = in1 ? *reinterpret_cast<const float2 *>(q1 + k0 + 8) : make_float2(0, 0);
-      qa[s][0] = M::pack(a.x, a.y), qa[s][1] = M::pack(b.x, b.y);
-      qa[s][2] = M::pack(a8.x, a8.y), qa[s][3] = M::pack(b8.x, b8.y);
+      qa[s][0] = pack2<T>(a.x, a.y), qa[s][1] = pack2<T>(b.x, b.y);
+      qa[s][2] = pack2<T>(a8.x, a8.y), qa[s][3] = pack2<T>(b8.x, b8.y);
     }
   }
   const int64_t qp0 = qpos[g], qp1 = qpos[g + 8];
@@ -165,7 +167,7 @@ __global__ void __launch_bounds__(kWarps *kWarp)
       for (int k = 0; k < D / 16; k++) {
         const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&ks[nt * 8 + g][k * 16 + 2 * c]);
         const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&ks[nt * 8 + g][k * 16 + 8 + 2 * c]);
-        M::run(s[nt], qa[k], b0, b1);
+        mma<T>(s[nt], qa[k], b0, b1);
       }
     float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
@@ -198,13 +200,13 @@ __global__ void __launch_bounds__(kWarps *kWarp)
     for (int d = 0; d < D / 8; d++) o[d][0] *= r0, o[d][1] *= r0, o[d][2] *= r1, o[d][3] *= r1;
 #pragma unroll
     for (int k = 0; k < kKeys / 16; k++) {
-      const uint32_t pa[4] = {M::pack(s[2 * k][0], s[2 * k][1]), M::pack(s[2 * k][2], s[2 * k][3]),
-                              M::pack(s[2 * k + 1][0], s[2 * k + 1][1]), M::pack(s[2 * k + 1][2], s[2 * k + 1][3])};
+      const uint32_t pa[4] = {pack2<T>(s[2 * k][0], s[2 * k][1]), pack2<T>(s[2 * k][2], s[2 * k][3]),
+                              pack2<T>(s[2 * k + 1][0], s[2 * k + 1][1]), pack2<T>(s[2 * k + 1][2], s[2 * k + 1][3])};
 #pragma unroll
       for (int d = 0; d < D / 8; d++) {
         const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&vt[d * 8 + g][k * 16 + 2 * c]);
         const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&vt[d * 8 + g][k * 16 + 8 + 2 * c]);
-        M::run(o[d], pa, b0, b1);
+        mma<T>(o[d], pa, b0, b1);
       }
     }
   }
