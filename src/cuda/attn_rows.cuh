@@ -1,0 +1,153 @@
+/* attn_rows.cuh -- a KV cache's rows as the attention kernels read them
+ * (attn.cu's flash-decoding kernel, attn_tc.cu's tensor-core tiles): one
+ * vector of a slot's row at a time, widened to floats, for dense rows of
+ * f32/f16/bf16 and for MLX-affine rows of 2-8 bits. */
+#ifndef RLM_CUDA_ATTN_ROWS_CUH
+#define RLM_CUDA_ATTN_ROWS_CUH
+
+#include "cuda_ops.h"
+
+#include "common.cuh"
+
+namespace rlm_cuda {
+
+/* ---- a cache's rows as the attention kernel reads them --------------------- */
+
+/* K or V of one (row, kv head): load(slot, vec) fetches vector `vec` (kVe
+ * consecutive elements) of a slot's row, widen() turns it into floats.
+ * DenseRows reads 16 bytes of the dtype; Q4Rows and QuantRows a vector
+ * of codes with the scale and bias of their group (16 and 8 divide every
+ * group size), widened to code * scale + bias (attn.h). */
+struct Tensor {
+  const void *data, *scales, *biases;
+  int bits;
+};
+
+/* Bytes [lo, hi) of an array from base, prefetched into the L2 (the bulk
+ * prefetch of sm_90: one instruction, no registers, nothing waits on
+ * it), shrunk to whole 16-byte units as it needs; the bytes left out at
+ * the ends are loaded as usual. */
+__device__ __forceinline__ void prefetch_l2(const void *base, int64_t lo, int64_t hi) {
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (uintptr_t)lo + 15) & ~(uintptr_t)15;
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(base) + (uintptr_t)hi) & ~(uintptr_t)15;
+  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
+}
+
+/* Slots [s0, s1) of a quantized row array into the L2: its codes (wpr
+ * words a slot), scales and biases (spr a slot). */
+template <typename T>
+__device__ __forceinline__ void prefetch_codes(const uint32_t *w, int wpr, const T *sc, const T *bi, int spr,
+                                               int64_t s0, int64_t s1) {
+  prefetch_l2(w, s0 * wpr * 4, s1 * wpr * 4);
+  prefetch_l2(sc, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+  prefetch_l2(bi, s0 * spr * (int64_t)sizeof(T), s1 * spr * (int64_t)sizeof(T));
+}
+
+template <typename T>
+struct DenseRows {
+  static constexpr int kVe = 16 / (int)sizeof(T);
+  static constexpr bool kPrefetch = false; /* see prefetch_part */
+  using Raw = uint4;
+  const T *p;
+  int dim;
+  __device__ __forceinline__ DenseRows(const rlm_cuda_kv &c, const Tensor &t, int64_t head)
+      : p(static_cast<const T *>(t.data) + head * c.cap * c.dim), dim(c.dim) {}
+  __device__ __forceinline__ Raw load(int64_t slot, int vec) const {
+    return __ldg(reinterpret_cast<const uint4 *>(p + slot * dim) + vec);
+  }
+  __device__ __forceinline__ static Raw zero() { return make_uint4(0, 0, 0, 0); }
+  __device__ __forceinline__ void widen(const Raw &r, float *f) const { widen16<T>(r, f); }
+};
+
+/* Codes to floats without I2F (a quarter-rate conversion on Hopper,
+ * which made the widening the largest cost of a quantized key): a code
+ * c < 2^23 placed in the mantissa of 2^23 is the float 2^23 + c, and one
+ * subtraction gives c exactly. A nibble at bit 4i (i < 4) is OR-ed in
+ * place under 2^(23 - 4i), whose mantissa's unit is 2^-4i: the float is
+ * 2^(23 - 4i) + c again, without a shift. Then fmaf(c, s, b): the same
+ * bits as fmaf((float)c, s, b). */
+__device__ __forceinline__ float code_f32(uint32_t code) { return __uint_as_float(code | 0x4B000000u) - 8388608.0f; }
+
+/* Nibbles 0..3 of w (bits 0-15) as c * s + b into f[0..3]. */
+__device__ __forceinline__ void nibbles4(uint32_t w, float s, float b, float *f) {
+  f[0] = fmaf(__uint_as_float((w & 0x000Fu) | 0x4B000000u) - 0x1p23f, s, b);
+  f[1] = fmaf(__uint_as_float((w & 0x00F0u) | 0x49000000u) - 0x1p19f, s, b);
+  f[2] = fmaf(__uint_as_float((w & 0x0F00u) | 0x47000000u) - 0x1p15f, s, b);
+  f[3] = fmaf(__uint_as_float((w & 0xF000u) | 0x45000000u) - 0x1p11f, s, b);
+}
+
+/* 4-bit rows: 16 codes (two words, one 8-byte load) a vector, so a key of
+ * 128 elements takes 8 lanes, not 16: half the shuffles and half the
+ * lanes repeating each key's softmax step, for twice the registers. */
+template <typename T>
+struct Q4Rows {
+  static constexpr int kVe = 16;
+  static constexpr bool kPrefetch = true;
+  struct Raw {
+    uint32_t lo, hi;
+    float s, b;
+  };
+  const uint32_t *w;
+  const T *sc, *bi;
+  int wpr, spr, gshift;
+  __device__ __forceinline__ Q4Rows(const rlm_cuda_kv &c, const Tensor &t, int64_t head) {
+    wpr = c.dim / 8, spr = c.dim / c.group, gshift = __ffs(c.group / kVe) - 1;
+    w = static_cast<const uint32_t *>(t.data) + head * c.cap * wpr;
+    sc = static_cast<const T *>(t.scales) + head * c.cap * spr;
+    bi = static_cast<const T *>(t.biases) + head * c.cap * spr;
+  }
+  __device__ __forceinline__ Raw load(int64_t slot, int vec) const {
+    const uint2 x = __ldg(reinterpret_cast<const uint2 *>(w + slot * wpr) + vec); /* rows are 16-byte multiples */
+    const int64_t g = slot * spr + (vec >> gshift);
+    return Raw{x.x, x.y, to_f32(sc[g]), to_f32(bi[g])};
+  }
+  __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
+  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const { prefetch_codes(w, wpr, sc, bi, spr, s0, s1); }
+  __device__ __forceinline__ void widen(const Raw &r, float *f) const {
+    const uint32_t w[4] = {r.lo, r.lo >> 16, r.hi, r.hi >> 16};
+#pragma unroll
+    for (int k = 0; k < 4; k++) nibbles4(w[k], r.s, r.b, f + 4 * k);
+  }
+};
+
+/* Any bits 2..8 (the cache's, at run time): 8 codes a vector, cut out of
+ * up to three words (they start at bit 8 vec bits, a multiple of 8). */
+template <typename T>
+struct QuantRows {
+  static constexpr int kVe = 8;
+  static constexpr bool kPrefetch = true;
+  struct Raw {
+    uint32_t lo, hi; /* the 8 codes from bit 0 */
+    float s, b;
+  };
+  const uint32_t *w;
+  const T *sc, *bi;
+  int bits, wpr, spr, gshift; /* words, groups a row; log2(vectors a group) */
+  __device__ __forceinline__ QuantRows(const rlm_cuda_kv &c, const Tensor &t, int64_t head) : bits(t.bits) {
+    wpr = c.dim * bits / 32, spr = c.dim / c.group, gshift = __ffs(c.group / kVe) - 1;
+    w = static_cast<const uint32_t *>(t.data) + head * c.cap * wpr;
+    sc = static_cast<const T *>(t.scales) + head * c.cap * spr;
+    bi = static_cast<const T *>(t.biases) + head * c.cap * spr;
+  }
+  __device__ __forceinline__ Raw load(int64_t slot, int vec) const {
+    const uint32_t *row = w + slot * wpr;
+    const int bit = vec * kVe * bits, w0 = bit >> 5, off = bit & 31;
+    const uint32_t a = __ldg(row + w0), b = w0 + 1 < wpr ? __ldg(row + w0 + 1) : 0u;
+    const uint32_t c = w0 + 2 < wpr ? __ldg(row + w0 + 2) : 0u;
+    uint64_t v = ((uint64_t)b << 32 | a) >> off;
+    if (off) v |= (uint64_t)c << (64 - off);
+    const int64_t g = slot * spr + (vec >> gshift);
+    return Raw{(uint32_t)v, (uint32_t)(v >> 32), to_f32(sc[g]), to_f32(bi[g])};
+  }
+  __device__ __forceinline__ static Raw zero() { return Raw{0u, 0u, 0.f, 0.f}; }
+  __device__ __forceinline__ void prefetch(int64_t s0, int64_t s1) const { prefetch_codes(w, wpr, sc, bi, spr, s0, s1); }
+  __device__ __forceinline__ void widen(const Raw &r, float *f) const {
+    const uint64_t v = (uint64_t)r.hi << 32 | r.lo, mask = (1u << bits) - 1u;
+#pragma unroll
+    for (int i = 0; i < kVe; i++) f[i] = fmaf(code_f32((uint32_t)((v >> (i * bits)) & mask)), r.s, r.b);
+  }
+};
+
+} // namespace rlm_cuda
+
+#endif /* RLM_CUDA_ATTN_ROWS_CUH */
