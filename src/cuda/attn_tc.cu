@@ -1,6 +1,7 @@
 /* attn_tc.cu -- prefill attention on the tensor cores (cuda_ops.h:
  * rlm__cuda_attend_prefill): the many queries of one row's chunk against
- * a dense f16 or bf16 cache, head dims 64 and 128.
+ * a cache of f16 or bf16 elements, or of 2-8-bit codes with f16 or bf16
+ * scales (K and V at their own widths), head dims 64 and 128.
  *
  * WHY. attn.cu's flash-decoding kernel serves every pass; at prefill it
  * does the work of 512 queries a layer on the CUDA cores, a third of a
@@ -23,6 +24,10 @@
  * union of the block's runs, sinks [0, min(keep, lo)) then [lo, hi], each
  * key masked per query; slots as attn.cu's slot_of.
  *
+ * QUANTIZED CACHES: each key's codes are widened as attn.cu widens them
+ * (attn_rows.cuh: code * scale + bias in f32) and rounded to the scales'
+ * type as the tile is stored; the products are then the dense ones.
+ *
  * NUMERICS. Scores accumulate in f32 from q and K in the cache's type (q
  * rounded once), the softmax is f32 (exp2 of log2-scaled scores, max
  * subtracted), P is rounded to the cache's type for P V, accumulated in
@@ -32,6 +37,7 @@
  */
 #include "cuda_ops.h"
 
+#include "attn_rows.cuh"
 #include "common.cuh"
 
 #include <cuda_runtime.h>
@@ -62,6 +68,10 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
 }
 #undef RLM_MMA_16816
 
+template <typename T> __device__ __forceinline__ T to_t(float f);
+template <> __device__ __forceinline__ __half to_t<__half>(float f) { return __float2half_rn(f); }
+template <> __device__ __forceinline__ __nv_bfloat16 to_t<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
+
 /* Two floats rounded to T, the first in the low half (the lower column). */
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   uint32_t u;
@@ -75,47 +85,55 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
   return u;
 }
 
-struct Geo {
-  int64_t cap, ring, window;
-  int keep, n_kv;
-};
-
-__device__ __forceinline__ int64_t slot_of(const Geo &g, int64_t p) {
+__device__ __forceinline__ int64_t slot_of(const rlm_cuda_kv &g, int64_t p) {
   return g.ring == 0 || p < g.keep ? p : g.keep + (p - g.keep) % g.ring;
 }
-__device__ __forceinline__ int64_t lo_of(const Geo &g, int64_t qp) {
+__device__ __forceinline__ int64_t lo_of(const rlm_cuda_kv &g, int64_t qp) {
   return g.window ? max((int64_t)0, qp - (g.window - g.keep) + 1) : 0;
 }
-__device__ __forceinline__ bool visible(const Geo &g, int64_t qp, int64_t kp) {
+__device__ __forceinline__ bool visible(const rlm_cuda_kv &g, int64_t qp, int64_t kp) {
   return kp <= qp && (g.window == 0 || kp < g.keep || qp - kp < g.window - g.keep);
 }
 
-/* The row's K or V of 64 keys (virtual index t0 + i: the sinks, then the
- * run from lo) into ks [key][D + 8] and vt [D][64 + 8] (V transposed);
- * keys past nk are zeros. Thread i takes key i % 64, so consecutive lanes
- * store consecutive keys of vt (no bank conflicts) and distinct rows of ks. */
-template <typename T, int D>
-__device__ __forceinline__ void load_tile(const T *kb, const T *vb, const Geo &g, int64_t t0, int64_t nk,
+/* The row's K and V of 64 keys (virtual index t0 + i: the sinks, then the
+ * run from lo) into ks [key][D + 8] and vt [D][64 + 8] (V transposed), in
+ * T: dense rows as stored, quantized ones widened (attn_rows.cuh) and
+ * rounded to T; keys past nk are zeros. Thread i takes key i % 64, so
+ * consecutive lanes store consecutive keys of vt (no bank conflicts) and
+ * distinct rows of ks. */
+template <typename T, int D, typename RK, typename RV>
+__device__ __forceinline__ void load_tile(const RK &kr_, const RV &vr_, const rlm_cuda_kv &g, int64_t t0, int64_t nk,
                                           int64_t sink_end, int64_t lo, T (*ks)[D + 8], T (*vt)[kKeys + 8]) {
-  for (int i = threadIdx.x; i < kKeys * (D / 8); i += kWarps * kWarp) {
-    const int kr = i % kKeys, v8 = i / kKeys;
+  constexpr int kVe = RK::kVe;
+  static_assert(RV::kVe == kVe, "K and V rows of one vector width");
+  for (int i = threadIdx.x; i < kKeys * (D / kVe); i += kWarps * kWarp) {
+    const int kr = i % kKeys, v = i / kKeys;
     const int64_t t = t0 + kr;
-    uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-    if (t < nk) {
-      const int64_t slot = slot_of(g, t < sink_end ? t : lo + (t - sink_end));
-      kv = *reinterpret_cast<const uint4 *>(kb + slot * D + v8 * 8);
-      vv = *reinterpret_cast<const uint4 *>(vb + slot * D + v8 * 8);
-    }
-    *reinterpret_cast<uint4 *>(&ks[kr][v8 * 8]) = kv;
-    const T *ve = reinterpret_cast<const T *>(&vv);
+    const bool in = t < nk;
+    const int64_t slot = in ? slot_of(g, t < sink_end ? t : lo + (t - sink_end)) : 0;
+    if constexpr (std::is_same<RK, DenseRows<T>>::value) { /* 16 bytes of T: stored as they are */
+      const uint4 kv = in ? kr_.load(slot, v) : RK::zero(), vv = in ? vr_.load(slot, v) : RV::zero();
+      *reinterpret_cast<uint4 *>(&ks[kr][v * kVe]) = kv;
+      const T *ve = reinterpret_cast<const T *>(&vv);
 #pragma unroll
-    for (int e = 0; e < 8; e++) vt[v8 * 8 + e][kr] = ve[e];
+      for (int e = 0; e < kVe; e++) vt[v * kVe + e][kr] = ve[e];
+    } else {
+      float fk[kVe], fv[kVe];
+      kr_.widen(in ? kr_.load(slot, v) : RK::zero(), fk);
+      vr_.widen(in ? vr_.load(slot, v) : RV::zero(), fv);
+#pragma unroll
+      for (int e = 0; e < kVe; e += 2) {
+        const uint32_t k2 = pack2<T>(fk[e], fk[e + 1]);
+        memcpy(&ks[kr][v * kVe + e], &k2, 4);
+        vt[v * kVe + e][kr] = to_t<T>(fv[e]), vt[v * kVe + e + 1][kr] = to_t<T>(fv[e + 1]);
+      }
+    }
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, typename RK, typename RV>
 __global__ void __launch_bounds__(kWarps *kWarp)
-    attend_tc_kernel(const T *__restrict__ kc, const T *__restrict__ vc, Geo geo, const float *__restrict__ q,
+    attend_tc_kernel(rlm_cuda_kv geo, const float *__restrict__ q,
                      int n_heads, int q_per_kv, int n, float scale_log2, const int32_t *__restrict__ tok_row,
                      const int64_t *__restrict__ tok_pos, float *__restrict__ out) {
   __shared__ __align__(16) T ks[kKeys][D + 8];
@@ -132,8 +150,9 @@ __global__ void __launch_bounds__(kWarps *kWarp)
   for (int i = 0; i < kTok; i++)
     if (qpos[i] >= 0) top = max(top, qpos[i]), lo = min(lo, lo_of(geo, qpos[i]));
   const int64_t sink_end = top < 0 ? 0 : min((int64_t)geo.keep, lo), nk = top < 0 ? 0 : sink_end + top - lo + 1;
-  const size_t head = ((size_t)tok_row[j0] * geo.n_kv + kvh) * (size_t)geo.cap * D;
-  const T *kb = kc + head, *vb = vc + head;
+  const int64_t head = (int64_t)tok_row[j0] * geo.n_kv + kvh;
+  const RK kr(geo, Tensor{geo.k, geo.ks, geo.kb, geo.k_bits}, head);
+  const RV vr(geo, Tensor{geo.v, geo.vs, geo.vb, geo.v_bits}, head);
 
   /* this warp's 16 queries as A fragments: rows g and g + 8 */
   uint32_t qa[D / 16][4];
@@ -157,7 +176,7 @@ __global__ void __launch_bounds__(kWarps *kWarp)
 
   for (int64_t t0 = 0; t0 < nk; t0 += kKeys) {
     __syncthreads(); /* the previous tile is consumed */
-    load_tile<T, D>(kb, vb, geo, t0, nk, sink_end, lo, ks, vt);
+    load_tile<T, D>(kr, vr, geo, t0, nk, sink_end, lo, ks, vt);
     __syncthreads();
     if (!active) continue;
     float s[kKeys / 8][4] = {};
@@ -225,21 +244,35 @@ __global__ void __launch_bounds__(kWarps *kWarp)
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, typename R>
 void launch_tc(const rlm_cuda_kv *c, const float *q, int n_heads, float scale, const int32_t *tok_row,
                const int64_t *tok_pos, int n, float *out, cudaStream_t st) {
   const int q_per_kv = n_heads / c->n_kv;
   const dim3 grid((unsigned)((n + kTok - 1) / kTok), (unsigned)c->n_kv, (unsigned)((q_per_kv + kWarps - 1) / kWarps));
-  const Geo geo = {c->cap, c->ring, c->window, c->keep, c->n_kv};
-  launch_k(attend_tc_kernel<T, D>, grid, kWarps * kWarp, 0, st, static_cast<const T *>(c->k),
-           static_cast<const T *>(c->v), geo, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, out);
+  launch_k(attend_tc_kernel<T, D, R, R>, grid, kWarps * kWarp, 0, st, *c, q, n_heads, q_per_kv, n, scale * kLog2e,
+           tok_row, tok_pos, out);
+}
+
+/* The instances: T the cache's type (or its scales'), D, dense or quantized rows. */
+template <typename T>
+void launch_typed(const rlm_cuda_kv *c, const float *q, int n_heads, float scale, const int32_t *tok_row,
+                  const int64_t *tok_pos, int n, float *out, cudaStream_t st) {
+  const bool quant = c->k_bits != 0;
+  if (c->dim == 64 && !quant) launch_tc<T, 64, DenseRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
+  else if (c->dim == 64) launch_tc<T, 64, QuantRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
+  else if (!quant) launch_tc<T, 128, DenseRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
+  else launch_tc<T, 128, QuantRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
 }
 
 } // namespace
 
 extern "C" bool rlm__cuda_attend_prefill_takes(const rlm_cuda_kv *c) {
-  return c && !c->k_bits && !c->v_bits && (c->dtype == RLM_DTYPE_BF16 || c->dtype == RLM_DTYPE_F16) &&
-         (c->dim == 64 || c->dim == 128);
+  if (!c || (c->dtype != RLM_DTYPE_BF16 && c->dtype != RLM_DTYPE_F16) || (c->dim != 64 && c->dim != 128))
+    return false;
+  if (!c->k_bits && !c->v_bits) return true;
+  const auto bits_ok = [](int b) { return b >= 2 && b <= 8 && b != 7; };
+  return bits_ok(c->k_bits) && bits_ok(c->v_bits) && (c->group == 32 || c->group == 64 || c->group == 128) &&
+         c->dim % c->group == 0 && c->ks && c->kb && c->vs && c->vb;
 }
 
 extern "C" rlm_status rlm__cuda_attend_prefill(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
@@ -249,21 +282,17 @@ extern "C" rlm_status rlm__cuda_attend_prefill(const rlm_cuda_kv *c, const float
   if (!c || !q || !tok_row || !tok_pos || !out || n < 0 || !c->k || !c->v || c->n_kv < 1 || c->cap < 1)
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or an empty cache");
   if (!rlm__cuda_attend_prefill_takes(c))
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "a dense f16 or bf16 cache of head dim 64 or 128 is needed (dtype %d, "
-                "dim %d, bits %d/%d)", (int)c->dtype, c->dim, c->k_bits, c->v_bits);
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "a cache of f16 or bf16 (elements, or scales of 2-8-bit codes in "
+                "groups of 32-128) and head dim 64 or 128 is needed (dtype %d, dim %d, bits %d/%d, group %d)",
+                (int)c->dtype, c->dim, c->k_bits, c->v_bits, c->group);
   if (n_heads < c->n_kv || n_heads % c->n_kv || n_heads / c->n_kv > 65535 * kWarps)
     return fail(err, RLM_ERR_INVALID, fn, "%d query heads over %d kv heads", n_heads, c->n_kv);
   if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
     return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");
   if (n == 0) return RLM_OK;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
-  if (c->dtype == RLM_DTYPE_BF16) {
-    if (c->dim == 64) launch_tc<__nv_bfloat16, 64>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
-    else launch_tc<__nv_bfloat16, 128>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
-  } else {
-    if (c->dim == 64) launch_tc<__half, 64>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
-    else launch_tc<__half, 128>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
-  }
+  if (c->dtype == RLM_DTYPE_BF16) launch_typed<__nv_bfloat16>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
+  else launch_typed<__half>(c, q, n_heads, scale, tok_row, tok_pos, n, out, s);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }

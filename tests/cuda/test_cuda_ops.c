@@ -1046,7 +1046,7 @@ TEST(attend_matches_reference) {
 /* The tensor-core prefill kernel: one row's chunk, dense f16/bf16, head
  * dims 64 and 128; chunks that end mid-tile, GQA groups that leave warps
  * idle (6 a kv head: two groups of 4), rings that wrap, sinks, a window on
- * a plain cache, a padded token. Against the same double reference, within
+ * a plain cache, a padded token, quantized K and V at their own widths. Against the same double reference, within
  * the rounding of q and P; and a cache it does not take is refused. */
 TEST(attend_prefill_tc_matches_reference) {
   /* clang-format off */
@@ -1059,6 +1059,10 @@ TEST(attend_prefill_tc_matches_reference) {
       {"tc: window on a plain cache, a padded token", RLM_DTYPE_F16, 64, 4, 1, 300, 0, 0, 50,
        1, {120}, 33, {0}, {0, 0, 0, 0, 0, -1}, 0, 0, 0},
       {"tc: one token, 16 heads a kv head", RLM_DTYPE_BF16, 64, 16, 1, 64, 0, 0, 0, 1, {20}, 1, {0}, {0}, 0, 0, 0},
+      {"tc: 4-bit K and V, g64, at depth 300", RLM_DTYPE_BF16, 128, 32, 8, 512, 0, 0, 0, 1, {300}, 70, {0}, {0}, 4, 4, 64},
+      {"tc: K8 V4 g32, ring wrapped with a sink", RLM_DTYPE_F16, 64, 8, 2, 110, 109, 1, 64,
+       1, {250}, 45, {0}, {0}, 8, 4, 32},
+      {"tc: 3-bit K, 6-bit V, g128", RLM_DTYPE_BF16, 128, 4, 4, 200, 0, 0, 0, 1, {60}, 50, {0}, {0}, 3, 6, 128},
   };
   /* clang-format on */
   for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], true);
@@ -1068,7 +1072,7 @@ TEST(attend_prefill_tc_matches_reference) {
   float *p = dev_poisoned(256 * 4);
   CHECK_EQ(rlm__cuda_attend_prefill(&c, p, 1, 1.0f, (const int32_t *)p, (const int64_t *)p, 1, p, NULL, &err),
            RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "head dim 64 or 128");
+  CHECK_STR_CONTAINS(err.msg, "head dim 64 or 128 is needed");
   kv_free(&c);
   cudaFree(p);
 }
