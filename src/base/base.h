@@ -222,6 +222,7 @@ bool rlm__cpu_avx2(void);        /* AVX2, FMA, F16C                     */
 bool rlm__cpu_avx512(void);      /* and AVX-512 F, BW, VL, DQ           */
 bool rlm__cpu_avx512_vnni(void); /* and AVX-512 VNNI                    */
 bool rlm__cpu_amx_int8(void);    /* and AMX tiles, int8, granted by the OS */
+bool rlm__cpu_vnni_panels(void); /* VNNI, and the panel kernel not turned off (RINGLM_NO_PANEL=1) */
 
 /* ------------------------------------------------------------------------
  * JSON (json.c) over jansson. Parse errors name the file, line and column.

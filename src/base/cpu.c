@@ -17,7 +17,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-enum { CPU_KNOWN = 1, CPU_AVX2 = 2, CPU_AVX512 = 4, CPU_VNNI = 8, CPU_AMX = 16 };
+enum { CPU_KNOWN = 1, CPU_AVX2 = 2, CPU_AVX512 = 4, CPU_VNNI = 8, CPU_AMX = 16, CPU_PANEL = 32 };
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -55,9 +55,12 @@ static int probe(void) {
   const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  const char *no_amx = getenv("RINGLM_NO_AMX"); /* to compare with the VNNI kernels */
+  /* switches that turn a kernel off, to compare with the one it replaces */
+  const char *no_amx = getenv("RINGLM_NO_AMX"), *no_panel = getenv("RINGLM_NO_PANEL");
   const bool amx = vnni && !(no_amx && no_amx[0] == '1') && amx_int8();
-  return CPU_KNOWN | (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0) | (vnni ? CPU_VNNI : 0) | (amx ? CPU_AMX : 0);
+  const bool panel = vnni && !(no_panel && no_panel[0] == '1');
+  return CPU_KNOWN | (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0) | (vnni ? CPU_VNNI : 0) | (amx ? CPU_AMX : 0) |
+         (panel ? CPU_PANEL : 0);
 }
 #else
 static int probe(void) { return CPU_KNOWN; }
@@ -75,6 +78,7 @@ bool rlm__cpu_avx2(void) { return features() & CPU_AVX2; }
 bool rlm__cpu_avx512(void) { return features() & CPU_AVX512; }
 bool rlm__cpu_avx512_vnni(void) { return features() & CPU_VNNI; }
 bool rlm__cpu_amx_int8(void) { return features() & CPU_AMX; }
+bool rlm__cpu_vnni_panels(void) { return features() & CPU_PANEL; }
 
 /* ------------------------------------------------------------------------
  * Cores. The default thread count is the physical cores this process may

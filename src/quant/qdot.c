@@ -76,8 +76,6 @@
 #include "quant/quant.h"
 
 #include <math.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -686,17 +684,10 @@ typedef void (*panel_fn)(const rlm_qmat *, const panel *, const void *, size_t, 
 static const panel_fn panel_xn[PANEL_TN] = {panel_x1, panel_x2, panel_x3, panel_x4,
                                             panel_x5, panel_x6, panel_x7, panel_x8};
 
-/* RINGLM_NO_PANEL=1 leaves every row to the register tiles, to compare. */
-static bool panels_off(void) {
-  static _Atomic int off = -1;
-  int v = atomic_load_explicit(&off, memory_order_relaxed);
-  if (v < 0) atomic_store_explicit(&off, v = getenv("RINGLM_NO_PANEL") != NULL, memory_order_relaxed);
-  return v;
-}
-
-/* Whether the panel kernel takes this product. */
+/* Whether the panel kernel takes this product (groups of 32+: the caller's
+ * rlm__q8act_ok; RINGLM_NO_PANEL=1 turns it off: rlm__cpu_vnni_panels). */
 static bool panel_ok(const rlm_qmat *w, int64_t m) {
-  return w->bits == 4 && m >= PANEL_MIN_M && w->cols <= PANEL_MAX_COLS && w->group_size >= 32;
+  return w->bits == 4 && m >= PANEL_MIN_M && w->cols <= PANEL_MAX_COLS && rlm__cpu_vnni_panels();
 }
 
 /* Rows [o0, o0 + 16 k) by panels; returns where the panels stop. */
@@ -723,7 +714,7 @@ enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
  * 6-bit weights (their activation layouts share the lane map). */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
-  if (panel_ok(w, m) && !panels_off()) o0 = qmm_panels(w, scratch, stride, xsum, m, o0, o1, y);
+  if (panel_ok(w, m)) o0 = qmm_panels(w, scratch, stride, xsum, m, o0, o1, y);
   const rows_fn *rows = w->bits == 6 ? rows_w6 : rows_w4;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   const int64_t ng = w->cols / w->group_size;
