@@ -1,7 +1,7 @@
 /* attn_tc.cu -- prefill attention on the tensor cores (cuda_ops.h:
  * rlm__cuda_attend_prefill): the many queries of one row's chunk against
  * a cache of f16 or bf16 elements, or of 2-8-bit codes with f16 or bf16
- * scales (K and V at their own widths), head dims 64 and 128.
+ * scales (K and V at their own widths), head dims 64, 128 and 256.
  *
  * WHY. attn.cu's flash-decoding kernel serves every pass; at prefill it
  * does the work of 512 queries a layer on the CUDA cores, a third of a
@@ -10,10 +10,11 @@
  *
  * THE WORK. A block is 16 consecutive tokens of the pass (all of one row:
  * the caller's promise) and one kv head; its 4 warps take 4 of that kv
- * head's query heads (grid.z covers the rest), so each K and V tile read
- * into shared memory serves all of them (GQA). A warp holds its 16 queries
+ * head's query heads (grid.z covers the rest; at head dim 256, 2 heads of
+ * 2 warps, each warp summing P V for half of the dims), so each K and V
+ * tile read into shared memory serves all of them (GQA). A warp holds its 16 queries
  * as A fragments (q rounded to the cache's type) and walks the keys the
- * block's queries see, 64 at a time:
+ * block's queries see, 64 at a time (32 at head dim 256):
  *     S = Q K^T          (fragments of K read from shared memory, row-major)
  *     mask, scale to log2 units, online softmax per query row (max, sum)
  *     O += P V           (P rounded to the cache's type, from S's own
@@ -51,8 +52,14 @@ namespace {
 using namespace rlm_cuda;
 
 constexpr int kTok = 16;  /* tokens a block (an m16 tile)   */
-constexpr int kKeys = 64; /* keys a tile                    */
-constexpr int kWarps = 4; /* query heads a block            */
+constexpr int kWarps = 4; /* warps a block                  */
+/* The shape per head dim D: keys a tile (the tiles stay within 48 KB of
+ * shared memory), and warps a query head (at 256 two warps share a head,
+ * each summing P V for half of the dims, so that a lane's accumulators
+ * stay 64 registers; both compute the head's scores). */
+template <int D> struct shape {
+  static constexpr int keys = D == 256 ? 32 : 64, split = D == 256 ? 2 : 1, heads = kWarps / split;
+};
 constexpr float kLog2e = 1.4426950408889634f;
 
 /* D += A B, m16n8k16, f32 accumulators, A and B of type T (f16 or bf16). */
@@ -101,7 +108,7 @@ __device__ __forceinline__ bool visible(const rlm_cuda_kv &g, int64_t qp, int64_
  * rounded to T; keys past nk are zeros. Thread i takes key i % 64, so
  * consecutive lanes store consecutive keys of vt (no bank conflicts) and
  * distinct rows of ks. */
-template <typename T, int D, typename RK, typename RV>
+template <typename T, int D, int kKeys, typename RK, typename RV>
 __device__ __forceinline__ void load_tile(const RK &kr_, const RV &vr_, const rlm_cuda_kv &g, int64_t t0, int64_t nk,
                                           int64_t sink_end, int64_t lo, T (*ks)[D + 8], T (*vt)[kKeys + 8]) {
   constexpr int kVe = RK::kVe;
@@ -136,12 +143,14 @@ __global__ void __launch_bounds__(kWarps *kWarp)
     attend_tc_kernel(rlm_cuda_kv geo, const float *__restrict__ q,
                      int n_heads, int q_per_kv, int n, float scale_log2, const int32_t *__restrict__ tok_row,
                      const int64_t *__restrict__ tok_pos, float *__restrict__ out) {
+  constexpr int kKeys = shape<D>::keys, kSplit = shape<D>::split, DO = D / kSplit; /* DO: this warp's dims */
   __shared__ __align__(16) T ks[kKeys][D + 8];
   __shared__ __align__(16) T vt[D][kKeys + 8];
   __shared__ int64_t qpos[kTok];
   pdl_enter();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
-  const int j0 = blockIdx.x * kTok, kvh = blockIdx.y, hi = blockIdx.z * kWarps + warp;
+  const int j0 = blockIdx.x * kTok, kvh = blockIdx.y, hi = blockIdx.z * shape<D>::heads + warp / kSplit;
+  const int d0 = (warp % kSplit) * (DO / 8); /* this warp's first n-tile of dims */
   const bool active = hi < q_per_kv;
   const int h = kvh * q_per_kv + (active ? hi : 0);
   if (threadIdx.x < kTok) qpos[threadIdx.x] = j0 + (int)threadIdx.x < n ? tok_pos[j0 + threadIdx.x] : -1;
@@ -171,12 +180,12 @@ __global__ void __launch_bounds__(kWarps *kWarp)
     }
   }
   const int64_t qp0 = qpos[g], qp1 = qpos[g + 8];
-  float o[D / 8][4] = {};
+  float o[DO / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* l: this lane's share */
 
   for (int64_t t0 = 0; t0 < nk; t0 += kKeys) {
     __syncthreads(); /* the previous tile is consumed */
-    load_tile<T, D>(kr, vr, geo, t0, nk, sink_end, lo, ks, vt);
+    load_tile<T, D, kKeys>(kr, vr, geo, t0, nk, sink_end, lo, ks, vt);
     __syncthreads();
     if (!active) continue;
     float s[kKeys / 8][4] = {};
@@ -216,15 +225,15 @@ __global__ void __launch_bounds__(kWarps *kWarp)
       l0 += s[nt][0] + s[nt][1], l1 += s[nt][2] + s[nt][3];
     }
 #pragma unroll
-    for (int d = 0; d < D / 8; d++) o[d][0] *= r0, o[d][1] *= r0, o[d][2] *= r1, o[d][3] *= r1;
+    for (int d = 0; d < DO / 8; d++) o[d][0] *= r0, o[d][1] *= r0, o[d][2] *= r1, o[d][3] *= r1;
 #pragma unroll
     for (int k = 0; k < kKeys / 16; k++) {
       const uint32_t pa[4] = {pack2<T>(s[2 * k][0], s[2 * k][1]), pack2<T>(s[2 * k][2], s[2 * k][3]),
                               pack2<T>(s[2 * k + 1][0], s[2 * k + 1][1]), pack2<T>(s[2 * k + 1][2], s[2 * k + 1][3])};
 #pragma unroll
-      for (int d = 0; d < D / 8; d++) {
-        const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&vt[d * 8 + g][k * 16 + 2 * c]);
-        const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&vt[d * 8 + g][k * 16 + 8 + 2 * c]);
+      for (int d = 0; d < DO / 8; d++) {
+        const uint32_t b0 = *reinterpret_cast<const uint32_t *>(&vt[(d0 + d) * 8 + g][k * 16 + 2 * c]);
+        const uint32_t b1 = *reinterpret_cast<const uint32_t *>(&vt[(d0 + d) * 8 + g][k * 16 + 8 + 2 * c]);
         mma<T>(o[d], pa, b0, b1);
       }
     }
@@ -238,9 +247,10 @@ __global__ void __launch_bounds__(kWarps *kWarp)
   const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
   float *o0 = out + ((size_t)(j0 + g) * n_heads + h) * D, *o1 = o0 + (size_t)8 * n_heads * D;
 #pragma unroll
-  for (int d = 0; d < D / 8; d++) {
-    if (j0 + g < n) *reinterpret_cast<float2 *>(o0 + d * 8 + 2 * c) = make_float2(o[d][0] * i0, o[d][1] * i0);
-    if (j0 + g + 8 < n) *reinterpret_cast<float2 *>(o1 + d * 8 + 2 * c) = make_float2(o[d][2] * i1, o[d][3] * i1);
+  for (int d = 0; d < DO / 8; d++) {
+    const int e = (d0 + d) * 8 + 2 * c;
+    if (j0 + g < n) *reinterpret_cast<float2 *>(o0 + e) = make_float2(o[d][0] * i0, o[d][1] * i0);
+    if (j0 + g + 8 < n) *reinterpret_cast<float2 *>(o1 + e) = make_float2(o[d][2] * i1, o[d][3] * i1);
   }
 }
 
@@ -248,7 +258,8 @@ template <typename T, int D, typename R>
 void launch_tc(const rlm_cuda_kv *c, const float *q, int n_heads, float scale, const int32_t *tok_row,
                const int64_t *tok_pos, int n, float *out, cudaStream_t st) {
   const int q_per_kv = n_heads / c->n_kv;
-  const dim3 grid((unsigned)((n + kTok - 1) / kTok), (unsigned)c->n_kv, (unsigned)((q_per_kv + kWarps - 1) / kWarps));
+  constexpr int H = shape<D>::heads;
+  const dim3 grid((unsigned)((n + kTok - 1) / kTok), (unsigned)c->n_kv, (unsigned)((q_per_kv + H - 1) / H));
   launch_k(attend_tc_kernel<T, D, R, R>, grid, kWarps * kWarp, 0, st, *c, q, n_heads, q_per_kv, n, scale * kLog2e,
            tok_row, tok_pos, out);
 }
@@ -258,16 +269,19 @@ template <typename T>
 void launch_typed(const rlm_cuda_kv *c, const float *q, int n_heads, float scale, const int32_t *tok_row,
                   const int64_t *tok_pos, int n, float *out, cudaStream_t st) {
   const bool quant = c->k_bits != 0;
-  if (c->dim == 64 && !quant) launch_tc<T, 64, DenseRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
-  else if (c->dim == 64) launch_tc<T, 64, QuantRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
-  else if (!quant) launch_tc<T, 128, DenseRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
-  else launch_tc<T, 128, QuantRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st);
+#define RLM_TC(D)                                                                                         \
+  (quant ? launch_tc<T, D, QuantRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st)              \
+         : launch_tc<T, D, DenseRows<T>>(c, q, n_heads, scale, tok_row, tok_pos, n, out, st))
+  if (c->dim == 64) RLM_TC(64);
+  else if (c->dim == 128) RLM_TC(128);
+  else RLM_TC(256);
+#undef RLM_TC
 }
 
 } // namespace
 
 extern "C" bool rlm__cuda_attend_prefill_takes(const rlm_cuda_kv *c) {
-  if (!c || (c->dtype != RLM_DTYPE_BF16 && c->dtype != RLM_DTYPE_F16) || (c->dim != 64 && c->dim != 128))
+  if (!c || (c->dtype != RLM_DTYPE_BF16 && c->dtype != RLM_DTYPE_F16) || (c->dim != 64 && c->dim != 128 && c->dim != 256))
     return false;
   if (!c->k_bits && !c->v_bits) return true;
   const auto bits_ok = [](int b) { return b >= 2 && b <= 8 && b != 7; };
@@ -283,9 +297,9 @@ extern "C" rlm_status rlm__cuda_attend_prefill(const rlm_cuda_kv *c, const float
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or an empty cache");
   if (!rlm__cuda_attend_prefill_takes(c))
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a cache of f16 or bf16 (elements, or scales of 2-8-bit codes in "
-                "groups of 32-128) and head dim 64 or 128 is needed (dtype %d, dim %d, bits %d/%d, group %d)",
+                "groups of 32-128) and head dim 64, 128 or 256 is needed (dtype %d, dim %d, bits %d/%d, group %d)",
                 (int)c->dtype, c->dim, c->k_bits, c->v_bits, c->group);
-  if (n_heads < c->n_kv || n_heads % c->n_kv || n_heads / c->n_kv > 65535 * kWarps)
+  if (n_heads < c->n_kv || n_heads % c->n_kv || n_heads / c->n_kv > 65535)
     return fail(err, RLM_ERR_INVALID, fn, "%d query heads over %d kv heads", n_heads, c->n_kv);
   if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
     return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");

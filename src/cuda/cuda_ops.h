@@ -184,7 +184,7 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
 
 /* rlm__cuda_attend's result for a prefill chunk on the tensor cores
  * (attn_tc.cu): every token of the pass in one row (the caller's promise),
- * a cache of head dim 64 or 128 holding f16 or bf16 elements, or 2-8-bit
+ * a cache of head dim 64, 128 or 256 holding f16 or bf16 elements, or 2-8-bit
  * codes under f16 or bf16 scales (widened, then rounded to that type); q
  * and K, then P, are rounded to the cache's type for the products, which
  * accumulate in f32.

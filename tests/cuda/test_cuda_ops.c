@@ -1044,7 +1044,7 @@ TEST(attend_matches_reference) {
 }
 
 /* The tensor-core prefill kernel: one row's chunk, dense f16/bf16, head
- * dims 64 and 128; chunks that end mid-tile, GQA groups that leave warps
+ * dims 64, 128 and 256; chunks that end mid-tile, GQA groups that leave warps
  * idle (6 a kv head: two groups of 4), rings that wrap, sinks, a window on
  * a plain cache, a padded token, quantized K and V at their own widths. Against the same double reference, within
  * the rounding of q and P; and a cache it does not take is refused. */
@@ -1063,16 +1063,19 @@ TEST(attend_prefill_tc_matches_reference) {
       {"tc: K8 V4 g32, ring wrapped with a sink", RLM_DTYPE_F16, 64, 8, 2, 110, 109, 1, 64,
        1, {250}, 45, {0}, {0}, 8, 4, 32},
       {"tc: 3-bit K, 6-bit V, g128", RLM_DTYPE_BF16, 128, 4, 4, 200, 0, 0, 0, 1, {60}, 50, {0}, {0}, 3, 6, 128},
+      {"tc: head dim 256, 3 heads a kv head", RLM_DTYPE_BF16, 256, 6, 2, 160, 0, 0, 0, 1, {40}, 61, {0}, {0}, 0, 0, 0},
+      {"tc: head dim 256, 4-bit KV, wrapped ring", RLM_DTYPE_F16, 256, 8, 1, 120, 120, 0, 80,
+       1, {333}, 35, {0}, {0}, 4, 4, 64},
   };
   /* clang-format on */
   for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], true);
-  rlm_cuda_kv c = kv_make_q(RLM_DTYPE_BF16, 1, 1, 256, 64, 0, 0, 0, 0, 0, 0);
+  rlm_cuda_kv c = kv_make_q(RLM_DTYPE_BF16, 1, 1, 512, 64, 0, 0, 0, 0, 0, 0);
   rlm_error err = {0};
   CHECK(!rlm__cuda_attend_prefill_takes(&c));
-  float *p = dev_poisoned(256 * 4);
+  float *p = dev_poisoned(512 * 4);
   CHECK_EQ(rlm__cuda_attend_prefill(&c, p, 1, 1.0f, (const int32_t *)p, (const int64_t *)p, 1, p, NULL, &err),
            RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "head dim 64 or 128 is needed");
+  CHECK_STR_CONTAINS(err.msg, "head dim 64, 128 or 256 is needed");
   kv_free(&c);
   cudaFree(p);
 }
