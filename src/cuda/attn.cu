@@ -108,10 +108,6 @@ __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
   *p = isnan(v) ? __ushort_as_bfloat16((unsigned short)((u >> 16) | 0x40u)) : __float2bfloat16_rn(v);
 }
 
-__device__ __forceinline__ int64_t slot_of(int64_t p, int64_t ring, int keep) {
-  return ring == 0 || p < keep ? p : keep + (p - keep) % ring;
-}
-
 /* ---- the write ------------------------------------------------------------ */
 
 /* The slot token j writes in its row (*row), or -1: a negative row or
@@ -306,33 +302,10 @@ __global__ void kv_write_q_kernel(rlm_cuda_kv c, const float *__restrict__ k, co
 
 /* ---- attention: the parts ------------------------------------------------- */
 
-/* The positions a query at qp sees, as the two runs of the header. The
- * clamps only matter for a cache that breaks its contract: a plain one
- * never reads past cap, a ring never more than ring window positions (so
- * every slot read is inside the row). */
 /* Parts a query seeing n positions uses, of the launch's n_parts (>= 1). */
 __device__ __forceinline__ int parts_used(int64_t n, int n_parts) {
   const int64_t want = (n + kMinKeys - 1) / kMinKeys;
   return want < 1 ? 1 : want < n_parts ? (int)want : n_parts;
-}
-
-struct Runs {
-  int64_t sink_end, lo, n; /* [0, sink_end) then [lo, lo + n - sink_end) */
-  int64_t slot_lo;         /* slot of lo                                 */
-};
-
-__device__ __forceinline__ Runs runs_of(const rlm_cuda_kv &c, int64_t qp) {
-  Runs r = {0, 0, 0, 0};
-  if (qp < 0) return r;
-  int64_t hi = qp + 1, lo = c.window > 0 ? qp - (c.window - c.keep) + 1 : 0;
-  if (c.ring == 0 && hi > c.cap) hi = c.cap;
-  if (c.ring > 0 && lo < hi - c.ring) lo = hi - c.ring;
-  lo = lo < 0 ? 0 : lo > hi ? hi : lo;
-  r.sink_end = c.keep < lo ? c.keep : lo;
-  r.lo = lo;
-  r.n = r.sink_end + hi - lo;
-  r.slot_lo = slot_of(lo, c.ring, c.keep);
-  return r;
 }
 
 /* Slot of the t-th visible position. */

@@ -11,6 +11,36 @@
 
 namespace rlm_cuda {
 
+/* ---- where a query's keys are ---------------------------------------------- */
+
+/* The slot of position p (attn.cu's top comment). */
+__device__ __forceinline__ int64_t slot_of(int64_t p, int64_t ring, int keep) {
+  return ring == 0 || p < keep ? p : keep + (p - keep) % ring;
+}
+
+/* The positions a query at qp sees (none when qp < 0), as the two runs of
+ * attn.cu's header. The clamps only matter for a cache that breaks its
+ * contract: a plain one never reads past cap, a ring never more than ring
+ * window positions (so every slot read is inside the row). */
+struct Runs {
+  int64_t sink_end, lo, n; /* [0, sink_end) then [lo, lo + n - sink_end) */
+  int64_t slot_lo;         /* slot of lo                                 */
+};
+
+__device__ __forceinline__ Runs runs_of(const rlm_cuda_kv &c, int64_t qp) {
+  Runs r = {0, 0, 0, 0};
+  if (qp < 0) return r;
+  int64_t hi = qp + 1, lo = c.window > 0 ? qp - (c.window - c.keep) + 1 : 0;
+  if (c.ring == 0 && hi > c.cap) hi = c.cap;
+  if (c.ring > 0 && lo < hi - c.ring) lo = hi - c.ring;
+  lo = lo < 0 ? 0 : lo > hi ? hi : lo;
+  r.sink_end = c.keep < lo ? c.keep : lo;
+  r.lo = lo;
+  r.n = r.sink_end + hi - lo;
+  r.slot_lo = slot_of(lo, c.ring, c.keep);
+  return r;
+}
+
 /* ---- a cache's rows as the attention kernel reads them --------------------- */
 
 /* K or V of one (row, kv head): load(slot, vec) fetches vector `vec` (kVe

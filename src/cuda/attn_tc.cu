@@ -23,7 +23,8 @@
  * and writes O / l. The keys: attn.cu's rule (a query at qp sees kp <= qp;
  * with a window, kp < keep or qp - kp < window - keep), walked as the
  * union of the block's runs, sinks [0, min(keep, lo)) then [lo, hi], each
- * key masked per query; slots as attn.cu's slot_of.
+ * key masked per query by its own runs (attn_rows.cuh's runs_of, clamps
+ * included, so no slot outside the row is read); slots by slot_of.
  *
  * QUANTIZED CACHES: each key's codes are widened as attn.cu widens them
  * (attn_rows.cuh: code * scale + bias in f32) and rounded to the scales'
@@ -92,16 +93,6 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
   return u;
 }
 
-__device__ __forceinline__ int64_t slot_of(const rlm_cuda_kv &g, int64_t p) {
-  return g.ring == 0 || p < g.keep ? p : g.keep + (p - g.keep) % g.ring;
-}
-__device__ __forceinline__ int64_t lo_of(const rlm_cuda_kv &g, int64_t qp) {
-  return g.window ? max((int64_t)0, qp - (g.window - g.keep) + 1) : 0;
-}
-__device__ __forceinline__ bool visible(const rlm_cuda_kv &g, int64_t qp, int64_t kp) {
-  return kp <= qp && (g.window == 0 || kp < g.keep || qp - kp < g.window - g.keep);
-}
-
 /* The row's K and V of 64 keys (virtual index t0 + i: the sinks, then the
  * run from lo) into ks [key][D + 8] and vt [D][64 + 8] (V transposed), in
  * T: dense rows as stored, quantized ones widened (attn_rows.cuh) and
@@ -117,7 +108,7 @@ __device__ __forceinline__ void load_tile(const RK &kr_, const RV &vr_, const rl
     const int kr = i % kKeys, v = i / kKeys;
     const int64_t t = t0 + kr;
     const bool in = t < nk;
-    const int64_t slot = in ? slot_of(g, t < sink_end ? t : lo + (t - sink_end)) : 0;
+    const int64_t slot = in ? slot_of(t < sink_end ? t : lo + (t - sink_end), g.ring, g.keep) : 0;
     if constexpr (std::is_same<RK, DenseRows<T>>::value) { /* 16 bytes of T: stored as they are */
       const uint4 kv = in ? kr_.load(slot, v) : RK::zero(), vv = in ? vr_.load(slot, v) : RV::zero();
       *reinterpret_cast<uint4 *>(&ks[kr][v * kVe]) = kv;
@@ -146,18 +137,22 @@ __global__ void __launch_bounds__(kWarps *kWarp)
   constexpr int kKeys = shape<D>::keys, kSplit = shape<D>::split, DO = D / kSplit; /* DO: this warp's dims */
   __shared__ __align__(16) T ks[kKeys][D + 8];
   __shared__ __align__(16) T vt[D][kKeys + 8];
-  __shared__ int64_t qpos[kTok];
+  __shared__ int64_t qse[kTok], qlo[kTok], qhi[kTok]; /* each query's runs: [0, se), [lo, hi) */
   pdl_enter();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g = lane / 4, c = lane % 4;
   const int j0 = blockIdx.x * kTok, kvh = blockIdx.y, hi = blockIdx.z * shape<D>::heads + warp / kSplit;
   const int d0 = (warp % kSplit) * (DO / 8); /* this warp's first n-tile of dims */
   const bool active = hi < q_per_kv;
   const int h = kvh * q_per_kv + (active ? hi : 0);
-  if (threadIdx.x < kTok) qpos[threadIdx.x] = j0 + (int)threadIdx.x < n ? tok_pos[j0 + threadIdx.x] : -1;
+  if (threadIdx.x < kTok) {
+    const Runs r = runs_of(geo, j0 + (int)threadIdx.x < n ? tok_pos[j0 + threadIdx.x] : -1);
+    qse[threadIdx.x] = r.sink_end, qlo[threadIdx.x] = r.lo, qhi[threadIdx.x] = r.lo + r.n - r.sink_end;
+  }
   __syncthreads();
+  /* the block's keys: the union of its queries' runs */
   int64_t top = -1, lo = INT64_MAX;
   for (int i = 0; i < kTok; i++)
-    if (qpos[i] >= 0) top = max(top, qpos[i]), lo = min(lo, lo_of(geo, qpos[i]));
+    if (qhi[i] > qlo[i] || qse[i] > 0) top = max(top, qhi[i] - 1), lo = min(lo, qlo[i]);
   const int64_t sink_end = top < 0 ? 0 : min((int64_t)geo.keep, lo), nk = top < 0 ? 0 : sink_end + top - lo + 1;
   const int64_t head = (int64_t)tok_row[j0] * geo.n_kv + kvh;
   const RK kr(geo, Tensor{geo.k, geo.ks, geo.kb, geo.k_bits}, head);
@@ -179,7 +174,7 @@ __global__ void __launch_bounds__(kWarps *kWarp)
       qa[s][2] = pack2<T>(a8.x, a8.y), qa[s][3] = pack2<T>(b8.x, b8.y);
     }
   }
-  const int64_t qp0 = qpos[g], qp1 = qpos[g + 8];
+  const int64_t se0 = qse[g], lo0 = qlo[g], hi0 = qhi[g], se1 = qse[g + 8], lo1 = qlo[g + 8], hi1 = qhi[g + 8];
   float o[DO / 8][4] = {};
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f; /* l: this lane's share */
 
@@ -203,8 +198,8 @@ __global__ void __launch_bounds__(kWarps *kWarp)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int64_t t = t0 + nt * 8 + 2 * c + (e & 1);
-        const int64_t kp = t < sink_end ? t : lo + (t - sink_end), qp = e < 2 ? qp0 : qp1;
-        const bool vis = t < nk && qp >= 0 && visible(geo, qp, kp);
+        const int64_t kp = t < sink_end ? t : lo + (t - sink_end);
+        const bool vis = t < nk && (e < 2 ? kp < se0 || (kp >= lo0 && kp < hi0) : kp < se1 || (kp >= lo1 && kp < hi1));
         s[nt][e] = vis ? s[nt][e] * scale_log2 : -INFINITY;
         if (e < 2) x0 = fmaxf(x0, s[nt][e]);
         else x1 = fmaxf(x1, s[nt][e]);
