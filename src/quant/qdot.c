@@ -594,7 +594,7 @@ ROWS_ALL(6)
  * order; tests/test_quant_fast.c holds it to memcmp.
  *
  * The panel (16 x cols code bytes, the scales and biases as f32, 16 a
- * block or group) lives on the stack: PANEL_MAX_COLS columns, 152 KB. */
+ * block or group) lives on the stack: PANEL_MAX_COLS columns, 160 KiB. */
 /* PANEL_MIN_M: rewriting a panel costs about what 16 inputs' sums cost, so
  * at 16 inputs (a batched decode step of 16 rows) the tiles were as fast
  * (Zen 5 VM, B = 16: 93-96 against 101-109 tok/s); prefill passes are
