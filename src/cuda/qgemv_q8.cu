@@ -240,24 +240,70 @@ struct XregRows {
   float s[R][PP], b[R][PP];
 };
 
+/* Loads issued only where `on` holds, as predicated instructions rather
+ * than a branch. With the next row group's loads under an if, ptxas laid
+ * the branch out after the current group's sums, so the loads meant to
+ * be in flight during those sums were issued only after them, and each
+ * group waited a whole memory latency (SASS of qgemv_q4_xreg_kernel<1,
+ * 8, bf16>, 2026-12-04; docs/cuda-notes.md). */
+__device__ __forceinline__ uint4 ldcs_if(const uint4 *p, bool on) {
+  uint4 v = make_uint4(0, 0, 0, 0);
+  asm volatile(
+      "{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
+      "@q ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(p), "r"((int)on));
+  return v;
+}
+__device__ __forceinline__ float ldg_f32_if(const float *p, bool on) {
+  float v = 0.f;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.nc.f32 %0, [%1];\n\t}"
+               : "+f"(v)
+               : "l"(p), "r"((int)on));
+  return v;
+}
+__device__ __forceinline__ unsigned short ldg_u16_if(const void *p, bool on) {
+  unsigned short v = 0;
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %2, 0;\n\t@q ld.global.nc.b16 %0, [%1];\n\t}"
+               : "+h"(v)
+               : "l"(p), "r"((int)on));
+  return v;
+}
+__device__ __forceinline__ float ld_scale_if(const float *p, bool on) { return ldg_f32_if(p, on); }
+__device__ __forceinline__ float ld_scale_if(const __half *p, bool on) {
+  return __half2float(__ushort_as_half(ldg_u16_if(p, on)));
+}
+__device__ __forceinline__ float ld_scale_if(const __nv_bfloat16 *p, bool on) {
+  return __uint_as_float((uint32_t)ldg_u16_if(p, on) << 16);
+}
+
 /* Row group blk's weights as lane `vec` of each pass sees them (rows past
- * the segment's end repeat its last row, weighed by nothing). */
+ * the segment's end repeat its last row, weighed by nothing); nothing is
+ * read unless `on`. The addresses are one 64-bit base a group and 32-bit
+ * offsets from it (R rows of codes, scales or biases are far below 2^31
+ * elements): the first version's 64-bit products and clamps per row were
+ * a third of the kernel's instructions (SASS of <1, 8, bf16>: 308 IMAD
+ * against 64 IDP). `gi` is vec * 32 / g, a lane's group, worked out once. */
 template <int PP, int R, typename T>
-__device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int64_t (&vec)[PP], int64_t n_vec,
-                                          int64_t n_groups, int g, XregRows<PP, R, T> &o) {
+__device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int (&vec)[PP], const int (&gi)[PP],
+                                          int n_vec, int n_groups, XregRows<PP, R, T> &o, bool on) {
   const Seg &sg = seg_of(segs, &blk);
-  const uint4 *__restrict__ wq = sg.wq;
-  const T *__restrict__ sc = static_cast<const T *>(sg.sc), *__restrict__ bi = static_cast<const T *>(sg.bi);
-  const int64_t rows = sg.rows, row0 = blk * R;
+  const int64_t row0 = blk * R;
+  const int64_t left = sg.rows - 1 - row0; /* rows of the group past its first, may be < R - 1 */
+  const int last = left < R - 1 ? (int)(left < 0 ? 0 : left) : R - 1;
+  const uint4 *__restrict__ wq = sg.wq + row0 * n_vec;
+  const T *__restrict__ sc = static_cast<const T *>(sg.sc) + row0 * n_groups;
+  const T *__restrict__ bi = static_cast<const T *>(sg.bi) + row0 * n_groups;
 #pragma unroll
-  for (int r = 0; r < R; r++)
+  for (int r = 0; r < R; r++) {
+    const int rr = r < last ? r : last;
 #pragma unroll
     for (int p = 0; p < PP; p++) {
-      const int64_t row = row0 + r < rows ? row0 + r : rows - 1;
-      o.wv[r][p] = __ldcs(wq + row * n_vec + vec[p]);
-      o.s[r][p] = to_f32(__ldg(sc + row * n_groups + vec[p] * 32 / g));
-      o.b[r][p] = to_f32(__ldg(bi + row * n_groups + vec[p] * 32 / g));
+      o.wv[r][p] = ldcs_if(wq + (rr * n_vec + vec[p]), on);
+      o.s[r][p] = ld_scale_if(sc + (rr * n_groups + gi[p]), on);
+      o.b[r][p] = ld_scale_if(bi + (rr * n_groups + gi[p]), on);
     }
+  }
 }
 
 template <int PP, int R, typename T>
@@ -265,33 +311,37 @@ __global__ void __launch_bounds__(kWarp * 8)
     qgemv_q4_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
-  const int64_t n_vec = cols / 32, n_groups = cols / g, total = segs.first_block[segs.n];
+  const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
+  const int64_t total = segs.first_block[segs.n];
   const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
-  int64_t vec[PP];
+  int vec[PP], gi[PP];
 #pragma unroll
   for (int p = 0; p < PP; p++) {
-    const int64_t v = (int64_t)(warp + p * W) * kWarp + lane;
+    const int v = (warp + p * W) * kWarp + lane;
     vec[p] = v < n_vec ? v : 0;
+    gi[p] = vec[p] * 32 / g;
   }
   int64_t blk = blockIdx.x;
   XregRows<PP, R, T> cur;
-  xreg_load<PP, R, T>(segs, blk, vec, n_vec, n_groups, g, cur); /* before the wait: no kernel writes weights */
+  xreg_load<PP, R, T>(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
   pdl_enter();
   int xe[PP][4], xo[PP][4];
-  float dx[PP], xs[PP];
+  float dx16[PP], xs[PP];
 #pragma unroll
   for (int p = 0; p < PP; p++) {
-    const int64_t v = (int64_t)(warp + p * W) * kWarp + lane, c0 = v * 32;
+    const int v = (warp + p * W) * kWarp + lane, c0 = v * 32;
     const bool in = v < n_vec;
     const int4 *xv = reinterpret_cast<const int4 *>(scratch + (in ? c0 : 0));
     const int4 a = in ? __ldg(xv) : make_int4(0, 0, 0, 0), b = in ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
     xe[p][0] = a.x, xe[p][1] = a.z, xe[p][2] = b.x, xe[p][3] = b.z;
     xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
-    dx[p] = in ? __ldg(dq + v) : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
+    /* d / 16: the sums below are 16 times a block's (exact: |16 isum| <
+     * 2^24), and (16 isum) (d / 16 s) is the bits of isum (d s) */
+    dx16[p] = in ? __ldg(dq + v) * 0.0625f : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
   }
   for (; blk < total; blk += gridDim.x) {
     XregRows<PP, R, T> nxt;
-    if (blk + gridDim.x < total) xreg_load<PP, R, T>(segs, blk + gridDim.x, vec, n_vec, n_groups, g, nxt);
+    xreg_load<PP, R, T>(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -299,13 +349,15 @@ __global__ void __launch_bounds__(kWarp * 8)
 #pragma unroll
       for (int p = 0; p < PP; p++) {
         const uint32_t w4[4] = {cur.wv[r][p].x, cur.wv[r][p].y, cur.wv[r][p].z, cur.wv[r][p].w};
-        int isum = 0;
+        /* the high nibbles stay in place, 16 times the code as an
+         * unsigned byte: one LOP3 a word instead of a shift and a LOP3 */
+        int lo = 0, hi = 0;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-          isum = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], isum);
-          isum = dp4a_us((w4[k] >> 4) & 0x0F0F0F0Fu, xo[p][k], isum);
+          lo = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], lo);
+          hi = dp4a_us(w4[k] & 0xF0F0F0F0u, xo[p][k], hi);
         }
-        acc[r] = fmaf((float)isum, dx[p] * cur.s[r][p], acc[r]);
+        acc[r] = fmaf((float)(lo * 16 + hi), dx16[p] * cur.s[r][p], acc[r]);
         acc[r] = fmaf(cur.b[r][p], xs[p], acc[r]);
       }
     }
@@ -349,18 +401,20 @@ Segs make_segs(const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t rows_pe
   return p;
 }
 
-/* Rows a block of the x-in-registers kernel, 8 unless
- * RINGLM_CUDA_XREG_ROWS says 4 or 16 (to compare: docs/cuda-notes.md),
- * capped so that R * PP <= 16 (the registers). Alone, the products take
- * the same time at 4, 8 or 16 rows; in the decode step 8 is 3.5% faster
- * than 4 on Llama-8B: the rows' weights load before the kernel waits on
- * the one before it (PDL), and more of them load in that overlap. */
+/* Rows a block of the x-in-registers kernel, 4 unless
+ * RINGLM_CUDA_XREG_ROWS says 8 or 16 (to compare: docs/cuda-notes.md),
+ * capped so that R * PP <= 16 (the registers). Once the next group's
+ * loads really were issued before the current group's sums (ldcs_if),
+ * 4 rows beat 8 in the decode step, 461.6-461.9 against 444.97-447.49
+ * tok/s on Llama-8B 4-bit: at 8 rows down's two passes a lane took 168
+ * registers, one block of 7 warps an SM, and every product's blocks fit
+ * fewer to an SM beside the kernels that overlap them (PDL). */
 int xreg_rows(int pp) {
   static int rows = 0;
   if (!rows) {
     const char *e = getenv("RINGLM_CUDA_XREG_ROWS");
-    const int r = e ? atoi(e) : 8;
-    rows = r == 4 || r == 16 ? r : 8;
+    const int r = e ? atoi(e) : 4;
+    rows = r == 8 || r == 16 ? r : 4;
   }
   int r = rows;
   while (r * pp > 16) r /= 2;
