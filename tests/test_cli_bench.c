@@ -1,6 +1,7 @@
 /* test_cli_bench.c -- `ringlm bench --batch` (llama-batched-bench's
- * measurement) and `ringlm bench --draft / --lookup` (speculative against
- * plain greedy decoding) as a user meets them, on the embedded model
+ * measurement), `ringlm bench --draft / --lookup` (speculative against
+ * plain greedy decoding) and `ringlm bench --alternate` (depths timed in
+ * turn) as a user meets them, on the embedded model
  * (models/brown-15m-4bit) and its draft (models/brown-draft-1m-4bit):
  * the JSON lines bench/batched_vs_llamacpp.py reads (exactly its keys),
  * the tables, the speculative bench's acceptance and equal outputs, and
@@ -237,6 +238,48 @@ TEST(spec_usage_errors) {
   CHECK_STR_CONTAINS(out, "missing.txt: cannot read");
 }
 
+/* --alternate: one result per depth, each depth's KV holding its fill,
+ * the ratio to the first depth between the rounds' extremes and near the
+ * ratio of the means; the table names the rounds; usage errors. */
+TEST(alternate_depths) {
+  char out[8192];
+  CHECK_EQ(run(out, sizeof out,
+               "(%s bench -m %s -n 8 -d 0,300 -r 3 -t 1 --kv-bits 4 --alternate --json 2>/dev/null)",
+               g_bin, g_model),
+           0);
+  json_t *js[2];
+  const int n = json_lines(out, js, 2);
+  CHECK_EQ(n, 1);
+  if (n == 1) {
+    json_t *res = json_object_get(js[0], "results");
+    CHECK_EQ(json_array_size(res), 2);
+    const json_t *d0 = json_array_get(res, 0), *d300 = json_array_get(res, 1);
+    if (d0 && d300) {
+      CHECK_STR_EQ(json_string_value(json_object_get(d300, "test")), "tg8");
+      CHECK_EQ(json_integer_value(json_object_get(d300, "depth")), 300);
+      CHECK(num(d0, "tokens_per_s") > 0 && num(d300, "tokens_per_s") > 0);
+      CHECK(num(d300, "kv_bytes") > num(d0, "kv_bytes")); /* 300 + 25 positions: a second 256-slot step */
+      CHECK_EQ(num(d0, "ratio_to_first"), 0);
+      const double r = num(d300, "ratio_to_first"), lo = num(d300, "ratio_min"), hi = num(d300, "ratio_max");
+      test_note("ratio %.4f in [%.4f, %.4f]", r, lo, hi);
+      CHECK(lo > 0 && lo <= r && r <= hi);
+      const double of_means = num(d300, "tokens_per_s") / num(d0, "tokens_per_s");
+      CHECK(of_means > 0.5 * lo && of_means < 2 * hi);
+    }
+  }
+  json_free_all(js, n);
+  CHECK_EQ(run(out, sizeof out, "(%s bench -m %s -n 4 -d 0,16 -r 2 -t 1 --alternate 2>/dev/null)",
+               g_bin, g_model),
+           0);
+  CHECK_STR_CONTAINS(out, "| tg4 @ d16 |");
+  CHECK_STR_CONTAINS(out, "tg4 @ d16 against @ d0: ");
+  CHECK_STR_CONTAINS(out, "median of 2 alternating rounds");
+  CHECK_EQ(run(out, sizeof out, "%s bench -m %s --alternate --batch 2", g_bin, g_model), 2);
+  CHECK_STR_CONTAINS(out, "--alternate times decode");
+  CHECK_EQ(run(out, sizeof out, "%s bench -m %s --alternate -n 0", g_bin, g_model), 2);
+  CHECK_STR_CONTAINS(out, "--alternate times decode");
+}
+
 int main(void) {
   g_bin = t_env("RINGLM_BIN");
   const char *src = t_env("RINGLM_SOURCE_DIR");
@@ -256,5 +299,6 @@ int main(void) {
   RUN(lookup_bench);
   RUN(draft_bench);
   RUN(spec_usage_errors);
+  RUN(alternate_depths);
   return t_finish(g_dir);
 }

@@ -7,6 +7,10 @@
  * llama-bench), mean and standard deviation. Peak RSS and the KV size
  * after each run are reported.
  *
+ * --alternate (decode at the depths of -d, in turn): one session per
+ * depth, filled once; -r rounds, each timing -n steps at every depth; each
+ * depth's speed against the first's as the median of the rounds' ratios.
+ *
  * --batch B1,B2, as llama-batched-bench measures it (prompt not shared):
  * for each B one session of B rows; B prompts of -p tokens, one per row,
  * prefilled as ONE batch (decode splits it into prefill_chunk passes),
@@ -35,13 +39,15 @@
 #include <time.h>
 
 static const char bench_help[] =
-    "usage: ringlm bench [-m DIR] [-p N] [-n N] [-d D1,D2,...] [-r REPS] [--json] [options]\n"
+    "usage: ringlm bench [-m DIR] [-p N] [-n N] [-d D1,D2,...] [-r REPS] [--alternate] [--json] [options]\n"
     "       ringlm bench --batch B1,B2,... [-p N] [-n N] [-r REPS] [--json] [options]\n"
     "       ringlm bench (--draft DIR | --lookup N) [--draft-max K] -f FILE [-n N] [-r REPS]\n"
     "Prefill (-p tokens) and decode (-n tokens) tokens/s after the context holds D\n"
     "tokens (-d), each test on a fresh session, as llama-bench measures them; -r\n"
     "runs each test REPS times and reports the mean and standard deviation. Also\n"
-    "peak RSS and KV size.\n"
+    "peak RSS and KV size. --alternate: decode only, one session per depth filled\n"
+    "once, -r rounds of -n steps at every depth in turn, each depth also against\n"
+    "the first (median of the rounds' ratios).\n"
     "--batch: B sequences at once, as llama-batched-bench measures them: B prompts\n"
     "of -p tokens prefilled together (T_PP, S_PP = B*p/T_PP), then -n decode steps\n"
     "of B tokens (T_TG, S_TG = B*n/T_TG); median times of -r runs.\n"
@@ -60,6 +66,7 @@ typedef struct bench_opts {
   long batch[MAX_BATCHES];       /* --batch sizes; n_batch 0: not asked */
   int n_batch;
   bool spec;                     /* --draft or --lookup                 */
+  bool alternate;                /* --alternate: depths in turn, decode  */
   bool json;
 } bench_opts;
 
@@ -99,6 +106,9 @@ static int parse_bench(const model_opts *o, bench_opts *b) {
     return cli_usage_error("bench",
                            "-d applies to the depth benchmark, not to --batch, --draft or "
                            "--lookup");
+  if (b->alternate && (b->spec || b->n_batch || b->n < 1))
+    return cli_usage_error("bench", "--alternate times decode (-n >= 1) at the depths of -d; "
+                                    "not with --batch, --draft or --lookup");
   if (b->n_batch && (b->p < 1 || b->n < 1))
     return cli_usage_error("bench", "--batch needs -p and -n of at least 1");
   for (int i = 0; i < b->n_batch; i++) /* one batch holds B x -p tokens */
@@ -176,6 +186,8 @@ typedef struct result {
   long tokens, depth;
   double mean, sd;    /* tokens/s */
   size_t kv_bytes;
+  double ratio, ratio_lo, ratio_hi; /* --alternate: against the first depth, median (min, max) of the
+                                       rounds' ratios; 0: not measured */
 } result;
 
 /* One timed test, reps times; tokens/s per rep into r. As llama-bench:
@@ -240,8 +252,9 @@ static void print_json(const model_opts *o, const result *r, int n, const char *
   for (int i = 0; i < n; i++)
     printf(
         "%s{\"test\": \"%s%ld\", \"depth\": %ld, \"tokens_per_s\": %.3f, \"sd\": %.3f, "
-        "\"kv_bytes\": %zu}",
-        i ? ", " : "", r[i].test, r[i].tokens, r[i].depth, r[i].mean, r[i].sd, r[i].kv_bytes);
+        "\"kv_bytes\": %zu, \"ratio_to_first\": %.4f, \"ratio_min\": %.4f, \"ratio_max\": %.4f}",
+        i ? ", " : "", r[i].test, r[i].tokens, r[i].depth, r[i].mean, r[i].sd, r[i].kv_bytes,
+        r[i].ratio, r[i].ratio_lo, r[i].ratio_hi);
   printf("]}\n");
 }
 
@@ -266,6 +279,11 @@ static void print_table(const model_opts *o, const bench_opts *b, const result *
            cli_threads(o->sp.n_threads), r[i].test, r[i].tokens, r[i].depth, r[i].mean, sd,
            cli_bytes((double)r[i].kv_bytes, bytes, sizeof bytes));
   }
+  for (int i = 1; i < n; i++)
+    if (r[i].ratio > 0)
+      printf("%s%ld @ d%ld against @ d%ld: %.3fx (median of %ld alternating rounds; %.3f-%.3f)\n",
+             r[i].test, r[i].tokens, r[i].depth, r[0].depth, r[i].ratio, b->reps, r[i].ratio_lo,
+             r[i].ratio_hi);
   printf("peak RSS %s\n", cli_bytes(cli_peak_rss(), bytes, sizeof bytes));
 }
 
@@ -294,6 +312,89 @@ static int bench_depths(model_ctx *c, const model_opts *o, const bench_opts *b) 
   else print_table(o, b, res, n_res, mi.arch);
   free(ids);
   return rc;
+}
+
+/* ---- --alternate ------------------------------------------------------------
+ * llama-bench times each depth in its own stretch of the run, so a shared
+ * machine's drift lands on one depth and not on another (a 2-vCPU VM here
+ * decoded at depth 0 at 37.5 and at 48.4 tok/s in two runs minutes apart,
+ * which made its own 16k-against-0 ratio anything from 0.68 to 0.93). Here
+ * each depth has a session of its own, filled once (untimed) and warmed by
+ * one step; then each of -r rounds times -n decode steps at every depth
+ * in turn, and a round's ratios to the first depth compare steps taken
+ * seconds apart. A depth grows by -n a round (16384 + 32 r: nothing at
+ * that scale). */
+
+/* Rounds' tokens/s at each depth into tps[d * reps + r]. */
+static rlm_status alternate_rounds(model_ctx *c, const bench_opts *b, rlm_session **s, float *logits,
+                                   int32_t *ids, double *tps, rlm_error *err) {
+  uint64_t st = 0x2545F4914F6CDD1DULL;
+  rlm_status rc = RLM_OK;
+  for (long r = 0; !rc && r < b->reps; r++)
+    for (int d = 0; !rc && d < b->n_depth; d++) {
+      if (!b->json) fprintf(stderr, "\rbench: round %ld/%ld @ depth %ld   ", r + 1, b->reps, b->depth[d]);
+      for (long i = 0; i < b->n; i++) ids[i] = next_id(&st, c->vocab);
+      double t0 = cli_now_s();
+      for (long i = 0; !rc && i < b->n; i++) rc = rlm_session_eval(s[d], &ids[i], 1, logits, false, err);
+      tps[d * b->reps + r] = b->n / (cli_now_s() - t0 + 1e-12);
+    }
+  return rc;
+}
+
+/* res[d] from the rounds: mean and sd, and the median (min, max) of the
+ * rounds' ratios to depth 0 of the list. */
+static void alternate_results(const bench_opts *b, double *tps, rlm_session **s, result *res) {
+  double *ratio = tps + (size_t)b->n_depth * b->reps; /* scratch of reps */
+  for (int d = 0; d < b->n_depth; d++) {
+    const double *x = tps + (size_t)d * b->reps;
+    double sum = 0, sum2 = 0, lo = 0, hi = 0;
+    for (long r = 0; r < b->reps; r++) {
+      sum += x[r], sum2 += x[r] * x[r];
+      ratio[r] = x[r] / tps[r];
+      lo = r && lo < ratio[r] ? lo : ratio[r], hi = r && hi > ratio[r] ? hi : ratio[r];
+    }
+    result *o = &res[d];
+    *o = (result){.test = "tg", .tokens = b->n, .depth = b->depth[d], .kv_bytes = rlm_session_kv_bytes(s[d])};
+    o->mean = sum / (double)b->reps;
+    const double var = sum2 / (double)b->reps - o->mean * o->mean;
+    o->sd = b->reps > 1 && var > 0 ? sqrt(var) : 0;
+    if (d) o->ratio = median(ratio, b->reps), o->ratio_lo = lo, o->ratio_hi = hi;
+  }
+}
+
+static int bench_alternate(model_ctx *c, const model_opts *o, const bench_opts *b) {
+  rlm_model_info mi;
+  rlm_model_get_info(c->m, &mi);
+  rlm_session *s[MAX_DEPTHS] = {0};
+  result res[MAX_DEPTHS];
+  float *logits = NULL;
+  rlm_error err = {0};
+  int32_t *ids = malloc((size_t)(b->n > 4096 ? b->n : 4096) * sizeof *ids);
+  double *tps = malloc((size_t)(b->n_depth + 1) * (size_t)b->reps * sizeof *tps);
+  rlm_status st = ids && tps ? RLM_OK : out_of_memory(&err);
+  uint64_t seed = 0x9E3779B97F4A7C15ULL;
+  for (int d = 0; !st && d < b->n_depth; d++) {
+    if (!b->json) fprintf(stderr, "\rbench: filling depth %ld   ", b->depth[d]);
+    s[d] = test_session(c, o, b->depth[d], b->n * b->reps + 1, &err);
+    if (!s[d]) st = err.code ? err.code : out_of_memory(&err);
+    if (!st && !logits && !(logits = rlm_session_host_alloc(s[d], (size_t)c->vocab * sizeof *logits)))
+      st = out_of_memory(&err);
+    if (!st) st = fill(s[d], c, b->depth[d], ids, &seed, &err);
+    if (!st) { /* the warm-up step (a GPU captures its graph) */
+      ids[0] = next_id(&seed, c->vocab);
+      st = rlm_session_eval(s[d], ids, 1, logits, false, &err);
+    }
+  }
+  if (!st) st = alternate_rounds(c, b, s, logits, ids, tps, &err);
+  if (!st) alternate_results(b, tps, s, res);
+  if (!b->json) fprintf(stderr, "\r%60s\r", "");
+  for (int d = 0; d < b->n_depth; d++) rlm_session_free(s[d]);
+  rlm_host_free(logits);
+  free(ids), free(tps);
+  if (st) return cli_fail(&err);
+  if (b->json) print_json(o, res, b->n_depth, mi.arch);
+  else print_table(o, b, res, b->n_depth, mi.arch);
+  return CLI_OK;
 }
 
 /* ---- --batch (llama-batched-bench) --------------------------------------- */
@@ -739,12 +840,13 @@ int cmd_bench(int argc, char **argv) {
   int rc = mcli_parse(argc, argv, &o, "bench", bench_help);
   if (rc) return rc == MCLI_HELP ? CLI_OK : rc;
   bench_opts b = {.p = o.n_prompt, .n = o.n_gen, .reps = o.reps, .depth = {0}, .n_depth = 1,
-                  .spec = o.draft_dir || o.lookup_n, .json = o.json};
+                  .spec = o.draft_dir || o.lookup_n, .alternate = o.alternate, .json = o.json};
   if ((rc = parse_bench(&o, &b))) return rc;
   model_ctx c;
   if ((rc = mcli_open(&o, &c, b.spec))) return rc;
   if (b.n_batch) rc = bench_batch(&c, &o, &b);
   else if (b.spec) rc = bench_spec(&c, &o, &b);
+  else if (b.alternate) rc = bench_alternate(&c, &o, &b);
   else rc = bench_depths(&c, &o, &b);
   mcli_close(&c);
   return rc;

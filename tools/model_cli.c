@@ -122,6 +122,9 @@ static const opt_def opts[] = {
     {{"-r", "--repetitions"}, "N", OPT_LONG, C_BENCH, F(reps), .lo = 1, .hi = 1000,
      .help = "runs of each test: mean and standard deviation (--batch, --draft, --lookup: medians)"},
     {{"--json"}, NULL, OPT_FLAG, C_BENCH, F(json), .help = "print JSON instead of a table"},
+    {{"--alternate"}, NULL, OPT_FLAG, C_BENCH, F(alternate),
+     .help = "decode only: one session per depth, filled once; -r rounds of -n steps at each "
+             "depth in turn, and each depth's speed against the first's"},
     {{"--chat"}, NULL, OPT_FLAG, C_RUN, F(chat),
      .help = "apply the chat template to the prompt (default: raw completion)"},
     {{"--chat-template"}, "FILE", OPT_STR, C_SMP, F(chat_template),

@@ -40,6 +40,7 @@ typedef struct model_opts {
   long n_prompt, reps;                       /* bench -p, -r              */
   const char *depths;                        /* bench -d "0,4096"         */
   bool json;                                 /* bench --json              */
+  bool alternate;                            /* bench --alternate         */
   bool decode, no_special, skip_special;     /* tokenize                  */
   const char *draft_dir;                     /* --draft: a draft model    */
   const char *device;                        /* --device cpu|cuda         */
