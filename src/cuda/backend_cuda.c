@@ -372,6 +372,41 @@ static rlm_status q8_of(rlm_session *s, const rlm_cuda_qmat *w, const float *x, 
   return rc;
 }
 
+/* RUN-TIME SWITCHES. Each turns one of this file's choices off (or, for
+ * RINGLM_CUDA_I8_MAX, sets it), so that one build compares both sides in
+ * one call on a shared machine (docs/cuda-notes.md gives each
+ * comparison). Read once, on the first use, whichever thread that is. */
+typedef struct cuda_switches {
+  int64_t i8_max;   /* RINGLM_CUDA_I8_MAX=n: tokens up to which the int8
+                       tensor-core product runs, for every product (-1:
+                       by rows, i8_max) */
+  bool dense_multi; /* RINGLM_CUDA_DENSE_MULTI=0: dense products one by one */
+  bool fuse;        /* RINGLM_CUDA_FUSE=0: no producers' int8, no qkv_prep */
+  bool attn_tc;     /* RINGLM_CUDA_ATTN_TC=0: flash-decoding kernel for prefill */
+} cuda_switches;
+
+static cuda_switches g_switches;
+
+/* On unless the variable starts with '0'. */
+static bool env_on(const char *name) {
+  const char *e = getenv(name);
+  return !(e && e[0] == '0');
+}
+
+static void read_switches(void) {
+  const char *e = getenv("RINGLM_CUDA_I8_MAX");
+  g_switches.i8_max = e ? RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e)) : -1;
+  g_switches.dense_multi = env_on("RINGLM_CUDA_DENSE_MULTI");
+  g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
+  g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
+}
+
+static const cuda_switches *switches(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, read_switches);
+  return &g_switches;
+}
+
 /* Whether w takes the int8-activation and tensor-core products: quantized
  * (in MLX's format, or converted from GGUF blocks) at 4 or 8 bits. */
 static bool fast_bits(const rlm_cuda_weight *w) { return w->q.wq && (w->q.bits == 4 || w->q.bits == 8); }
@@ -383,15 +418,9 @@ static bool fast_bits(const rlm_cuda_weight *w) { return w->q.wq && (w->q.bits =
  * I8_DEFAULT (gate and up at 32 tokens: 58 us against qgemm's 51, the
  * 8-bit head 503 against 348). RINGLM_CUDA_I8_MAX=n sets one limit for
  * all (I8_MAX at most), to compare: docs/cuda-notes.md. */
-static int64_t g_i8_max = -1;
-static void read_i8_max(void) {
-  const char *e = getenv("RINGLM_CUDA_I8_MAX");
-  if (e) g_i8_max = RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e));
-}
 static int64_t i8_max(int64_t rows) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, read_i8_max);
-  if (g_i8_max >= 0) return g_i8_max;
+  const int64_t forced = switches()->i8_max;
+  if (forced >= 0) return forced;
   return rows <= I8_NARROW_ROWS ? I8_NARROW_MAX : I8_DEFAULT;
 }
 
@@ -457,15 +486,8 @@ static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, i
 /* Whether k dense products of one x can be one launch: decode-sized
  * passes, the same cols and dtype. RINGLM_CUDA_DENSE_MULTI=0 launches
  * them one by one, to compare (docs/cuda-notes.md). */
-static bool g_dense_multi;
-static void read_dense_multi(void) {
-  const char *e = getenv("RINGLM_CUDA_DENSE_MULTI");
-  g_dense_multi = !(e && e[0] == '0');
-}
 static bool one_launch_dense(const rlm_cuda_weight *ws, int k, int64_t n) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, read_dense_multi);
-  if (!g_dense_multi || n > MAX_M) return false;
+  if (!switches()->dense_multi || n > MAX_M) return false;
   for (int i = 0; i < k; i++)
     if (ws[i].q.wq || !ws[i].w || ws[i].cols != ws[0].cols || ws[i].dtype != ws[0].dtype) return false;
   return true;
@@ -506,16 +528,7 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
  * again); q8_made records it after the launch. Decode-sized passes only
  * (the memo covers MAX_M rows). RINGLM_CUDA_FUSE=0 turns this and
  * qkv_norm_rope's fusion off, to compare. */
-static bool g_fuse;
-static void read_fuse(void) {
-  const char *e = getenv("RINGLM_CUDA_FUSE");
-  g_fuse = !(e && e[0] == '0');
-}
-static bool fuse_on(void) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, read_fuse);
-  return g_fuse;
-}
+static bool fuse_on(void) { return switches()->fuse; }
 
 /* q8_out in a given format (bits 0: none): the final norm's is lm_head's. */
 static const rlm_cuda_q8out *q8_out_as(rlm_session *s, int rows, int n, int bits, int group, rlm_cuda_q8out *buf) {
@@ -650,15 +663,8 @@ static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, f
  * verification; never a captured step) over a cache the kernel takes.
  * RINGLM_CUDA_ATTN_TC=0 keeps the flash-decoding kernel, to compare. */
 enum { TC_MIN = 16 };
-static bool g_attn_tc;
-static void read_attn_tc(void) {
-  const char *e = getenv("RINGLM_CUDA_ATTN_TC");
-  g_attn_tc = !(e && e[0] == '0');
-}
 static bool attn_tc(const rlm_pass *ps, const rlm_cuda_kv *kv, const rlm_cuda_q8out *q8) {
-  static pthread_once_t once = PTHREAD_ONCE_INIT;
-  pthread_once(&once, read_attn_tc);
-  return g_attn_tc && !q8 && ps->n_runs == 1 && ps->n >= TC_MIN && rlm__cuda_attend_prefill_takes(kv);
+  return switches()->attn_tc && !q8 && ps->n_runs == 1 && ps->n >= TC_MIN && rlm__cuda_attend_prefill_takes(kv);
 }
 
 static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
