@@ -37,6 +37,11 @@ for shape in gemma3-1b llama3.1-8b; do
 done
 bw=$("$qgemv" --bench | sed -n 's/^device-to-device copy: \([0-9.]*\) GB.*/\1/p' | head -1)
 echo "device-to-device copy: ${bw:-?} GB/s"
+# what merely reading the 8B token's weights takes in its chain of kernels
+# (docs/cuda-notes.md, "The read floor of a chain of kernels")
+if command -v nvcc >/dev/null; then
+  nvcc -O3 -arch=sm_90 -o "$dir/read_floor" bench/cuda_read_floor.cu && "$dir/read_floor"
+fi
 for m in gemma3-1b-4bit llama3.1-8b-4bit gemma3-1b llama3.1-8b; do
   bytes=$(stat -c %s "$dir/$m/model.safetensors")
   acts=0

@@ -19,7 +19,7 @@
  * With PDL its first loads are issued before griddepcontrol.wait, as the
  * products' are.
  *
- * Build: nvcc -O3 -arch=sm_90 -o /tmp/read_floor bench/cuda_read_floor.cu
+ * Build (bench/cuda.sh does): nvcc -O3 -arch=sm_90 -o /tmp/read_floor bench/cuda_read_floor.cu
  * Run:   /tmp/read_floor          (prints a table; nothing is written) */
 #include <cuda_runtime.h>
 #include <stdio.h>
