@@ -91,9 +91,15 @@ typedef struct kv_read {
   bool use_ring, use_blk, use_den;
 } kv_read;
 
+/* Row b's stored slots as one segment. A plain cache's slot is its
+ * position, so the row's queries (positions below its offset) see none
+ * of the slots from its offset on, and the segment stops there: the
+ * attention splits a call over threads by slot count (attn_split.c), and
+ * a plain cache grown to 32,768 slots while holding 16,416 gave one
+ * thread all the keys and the other nothing. */
 static rlm_attn_seg ring_seg(const rlm_kv *kv, int b, int h) {
-  return (rlm_attn_seg){kv->n_alloc, rlm__kv_row_pos(kv, b),
-                        rlm__kv_mat(kv, &kv->k, b, h, kv->n_alloc),
+  const int64_t n = kv->ring ? kv->n_alloc : RLM_MIN(kv->n_alloc, kv->offset[b]);
+  return (rlm_attn_seg){n, rlm__kv_row_pos(kv, b), rlm__kv_mat(kv, &kv->k, b, h, kv->n_alloc),
                         rlm__kv_mat(kv, &kv->v, b, h, kv->n_alloc)};
 }
 
