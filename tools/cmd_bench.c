@@ -190,6 +190,14 @@ typedef struct result {
                                        rounds' ratios; 0: not measured */
 } result;
 
+/* r's mean and standard deviation from the sums of reps speeds and of
+ * their squares (no deviation for one). */
+static void set_mean_sd(result *r, double sum, double sum2, long reps) {
+  r->mean = sum / (double)reps;
+  const double var = sum2 / (double)reps - r->mean * r->mean;
+  r->sd = reps > 1 && var > 0 ? sqrt(var) : 0;
+}
+
 /* One timed test, reps times; tokens/s per rep into r. As llama-bench:
  * one session a test and an untimed warm-up first (the test's prompt, or
  * one decode step, at depth 0: buffers touched, a GPU's kernels loaded),
@@ -236,9 +244,7 @@ static rlm_status run_test(model_ctx *c, const model_opts *o, const bench_opts *
   rlm_host_free(logits);
   if (rc) return rc;
   r->test = decode ? "tg" : "pp", r->tokens = decode ? b->n : b->p, r->depth = depth;
-  r->mean = sum / (double)b->reps;
-  double var = sum2 / (double)b->reps - r->mean * r->mean;
-  r->sd = b->reps > 1 && var > 0 ? sqrt(var) : 0;
+  set_mean_sd(r, sum, sum2, b->reps);
   return RLM_OK;
 }
 
@@ -355,9 +361,7 @@ static void alternate_results(const bench_opts *b, double *tps, rlm_session **s,
     }
     result *o = &res[d];
     *o = (result){.test = "tg", .tokens = b->n, .depth = b->depth[d], .kv_bytes = rlm_session_kv_bytes(s[d])};
-    o->mean = sum / (double)b->reps;
-    const double var = sum2 / (double)b->reps - o->mean * o->mean;
-    o->sd = b->reps > 1 && var > 0 ? sqrt(var) : 0;
+    set_mean_sd(o, sum, sum2, b->reps);
     if (d) o->ratio = median(ratio, b->reps), o->ratio_lo = lo, o->ratio_hi = hi;
   }
 }
