@@ -306,6 +306,53 @@ __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const i
   }
 }
 
+/* A lane's x for its PP passes, loaded once and kept for every row:
+ * the int8 codes of its 32 columns split into even and odd bytes (they
+ * meet the low and the high nibbles), d / 16 of its block, and the f32
+ * sum of its weight group where its block starts one (else 0, so that
+ * one lane adds a group's bias term). Lanes past the last column hold
+ * zeros. */
+template <int PP>
+struct XregX {
+  int xe[PP][4], xo[PP][4];
+  float dx16[PP], xs[PP];
+};
+
+template <int PP>
+__device__ __forceinline__ void xreg_x(XregX<PP> &o, const uint8_t *__restrict__ scratch, int64_t cols, int g,
+                                       int warp, int W, int lane) {
+  const int n_vec = (int)(cols / 32);
+  const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
+#pragma unroll
+  for (int p = 0; p < PP; p++) {
+    const int v = (warp + p * W) * kWarp + lane, c0 = v * 32;
+    const bool in = v < n_vec;
+    const int4 *xv = reinterpret_cast<const int4 *>(scratch + (in ? c0 : 0));
+    const int4 a = in ? __ldg(xv) : make_int4(0, 0, 0, 0), b = in ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
+    o.xe[p][0] = a.x, o.xe[p][1] = a.z, o.xe[p][2] = b.x, o.xe[p][3] = b.z;
+    o.xo[p][0] = a.y, o.xo[p][1] = a.w, o.xo[p][2] = b.y, o.xo[p][3] = b.w;
+    /* d / 16: the sums below are 16 times a block's (exact: |16 isum| <
+     * 2^24), and (16 isum) (d / 16 s) is the bits of isum (d s) */
+    o.dx16[p] = in ? __ldg(dq + v) * 0.0625f : 0.f, o.xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
+  }
+}
+
+/* acc plus one row's 32 codes (wv) of pass p times the lane's x, scale s
+ * and bias b of their group. The high nibbles stay in place, 16 times the
+ * code as an unsigned byte: one LOP3 a word instead of a shift and a LOP3. */
+template <int PP>
+__device__ __forceinline__ float xreg_dot(uint4 wv, float s, float b, const XregX<PP> &x, int p, float acc) {
+  const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
+  int lo = 0, hi = 0;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    lo = dp4a_us(w4[k] & 0x0F0F0F0Fu, x.xe[p][k], lo);
+    hi = dp4a_us(w4[k] & 0xF0F0F0F0u, x.xo[p][k], hi);
+  }
+  acc = fmaf((float)(lo * 16 + hi), x.dx16[p] * s, acc);
+  return fmaf(b, x.xs[p], acc);
+}
+
 template <int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
     qgemv_q4_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
@@ -313,7 +360,6 @@ __global__ void __launch_bounds__(kWarp * 8)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
   const int64_t total = segs.first_block[segs.n];
-  const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
   int vec[PP], gi[PP];
 #pragma unroll
   for (int p = 0; p < PP; p++) {
@@ -325,20 +371,8 @@ __global__ void __launch_bounds__(kWarp * 8)
   XregRows<PP, R, T> cur;
   xreg_load<PP, R, T>(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
   pdl_enter();
-  int xe[PP][4], xo[PP][4];
-  float dx16[PP], xs[PP];
-#pragma unroll
-  for (int p = 0; p < PP; p++) {
-    const int v = (warp + p * W) * kWarp + lane, c0 = v * 32;
-    const bool in = v < n_vec;
-    const int4 *xv = reinterpret_cast<const int4 *>(scratch + (in ? c0 : 0));
-    const int4 a = in ? __ldg(xv) : make_int4(0, 0, 0, 0), b = in ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
-    xe[p][0] = a.x, xe[p][1] = a.z, xe[p][2] = b.x, xe[p][3] = b.z;
-    xo[p][0] = a.y, xo[p][1] = a.w, xo[p][2] = b.y, xo[p][3] = b.w;
-    /* d / 16: the sums below are 16 times a block's (exact: |16 isum| <
-     * 2^24), and (16 isum) (d / 16 s) is the bits of isum (d s) */
-    dx16[p] = in ? __ldg(dq + v) * 0.0625f : 0.f, xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
-  }
+  XregX<PP> xr;
+  xreg_x(xr, scratch, cols, g, warp, W, lane);
   for (; blk < total; blk += gridDim.x) {
     XregRows<PP, R, T> nxt;
     xreg_load<PP, R, T>(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
@@ -347,19 +381,7 @@ __global__ void __launch_bounds__(kWarp * 8)
     for (int r = 0; r < R; r++) {
       acc[r] = 0.f;
 #pragma unroll
-      for (int p = 0; p < PP; p++) {
-        const uint32_t w4[4] = {cur.wv[r][p].x, cur.wv[r][p].y, cur.wv[r][p].z, cur.wv[r][p].w};
-        /* the high nibbles stay in place, 16 times the code as an
-         * unsigned byte: one LOP3 a word instead of a shift and a LOP3 */
-        int lo = 0, hi = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          lo = dp4a_us(w4[k] & 0x0F0F0F0Fu, xe[p][k], lo);
-          hi = dp4a_us(w4[k] & 0xF0F0F0F0u, xo[p][k], hi);
-        }
-        acc[r] = fmaf((float)(lo * 16 + hi), dx16[p] * cur.s[r][p], acc[r]);
-        acc[r] = fmaf(cur.b[r][p], xs[p], acc[r]);
-      }
+      for (int p = 0; p < PP; p++) acc[r] = xreg_dot(cur.wv[r][p], cur.s[r][p], cur.b[r][p], xr, p, acc[r]);
     }
     int row;
     const float part = fold_rows(acc, lane, &row);

@@ -15,6 +15,9 @@
  * of the weights larger than the L2 together; GB/s over the bytes read
  * (codes, scales, biases, x) and written, and the fraction of the
  * device-to-device copy bandwidth measured in the same run.
+ * `test_cuda_qgemv --bench-token`: one decode token's products of those
+ * models (every layer's own weights) captured as one graph and replayed,
+ * as the decode step launches them, against bytes over the copy bandwidth.
  *
  * The many-token product (src/cuda/qgemm.cu, tensor cores) against a
  * double-precision product of what it is defined to multiply: x's rows
@@ -732,6 +735,122 @@ static void bench_qgemm(void) {
   cublasDestroy(blas);
 }
 
+/* ---- one token's products as a decode step launches them ------------------
+ * A model's per-token products (q+k+v in one launch, o, gate+up in one
+ * launch, down; then the 8-bit head), every layer its own copy of the
+ * weights, captured on one stream as one graph and replayed, so that each
+ * kernel is launched with programmatic dependent launch after the one
+ * before it, as in the backend's decode graph. Unlike median_us above,
+ * no host launch or event sits between two products, so small products
+ * are timed as the step runs them (docs/cuda-notes.md: the event-timed
+ * figures of the q and o products were bound by the host's launch rate). */
+typedef struct token_shape {
+  const char *name;
+  int64_t hidden, q, kv, ffn, vocab;
+  int layers;
+} token_shape;
+
+typedef struct token_ops {
+  rlm_cuda_qmat *w; /* per layer: q, k, v, o, gate, up, down; then the head */
+  void *xh, *xq, *xf, *xv; /* int8 x: hidden (4-bit), q (4-bit), ffn (4-bit), hidden (8-bit head) */
+  float *y[3];
+} token_ops;
+
+static void token_enqueue(const token_shape *ts, const token_ops *o, cudaStream_t st) {
+  rlm_error err;
+  rlm_status rc = RLM_OK;
+  for (int l = 0; l < ts->layers && !rc; l++) {
+    const rlm_cuda_qmat *w = &o->w[l * 7];
+    rc = rlm__cuda_qgemv_q8_multi(w, o->y, 3, o->xh, 1, (rlm_cuda_stream)st, &err);
+    if (!rc) rc = rlm__cuda_qgemv_q8(&w[3], o->xq, 1, o->y[0], (rlm_cuda_stream)st, &err);
+    if (!rc) rc = rlm__cuda_qgemv_q8_multi(&w[4], o->y, 2, o->xh, 1, (rlm_cuda_stream)st, &err);
+    if (!rc) rc = rlm__cuda_qgemv_q8(&w[6], o->xf, 1, o->y[2], (rlm_cuda_stream)st, &err);
+  }
+  if (!rc) rc = rlm__cuda_qgemv_q8(&o->w[ts->layers * 7], o->xv, 1, o->y[0], (rlm_cuda_stream)st, &err);
+  if (rc) fprintf(stderr, "%s\n", err.msg), exit(1);
+}
+
+static void *token_x(int64_t cols, int bits) {
+  float *hx = malloc((size_t)cols * 4);
+  for (int64_t i = 0; i < cols; i++) hx[i] = rndf();
+  float *dx = dev_copy(hx, (size_t)cols * 4, cudaMemcpyHostToDevice);
+  void *q8;
+  rlm_error err;
+  CU(cudaMalloc(&q8, rlm__cuda_q8act_bytes(cols, 64, 1)));
+  if (rlm__cuda_q8act_quantize(dx, 1, cols, bits, 64, q8, NULL, &err)) fprintf(stderr, "%s\n", err.msg), exit(1);
+  CU(cudaDeviceSynchronize());
+  cudaFree(dx), free(hx);
+  return q8;
+}
+
+/* Median microseconds of one replay of the token's graph (of 20, after 3
+ * warm-ups); *bytes its weights' bytes. */
+static double token_graph_us(const token_shape *ts, double *bytes) {
+  const int64_t shp[7][2] = {{ts->q, ts->hidden},  {ts->kv, ts->hidden},  {ts->kv, ts->hidden}, {ts->hidden, ts->q},
+                             {ts->ffn, ts->hidden}, {ts->ffn, ts->hidden}, {ts->hidden, ts->ffn}};
+  const int n = ts->layers * 7 + 1;
+  token_ops o = {calloc((size_t)n, sizeof(rlm_cuda_qmat)), NULL, NULL, NULL, NULL, {NULL, NULL, NULL}};
+  *bytes = 0;
+  for (int i = 0; i < 8; i++) { /* one random matrix a shape, copied on the device for every layer */
+    qm q;
+    qm_make(&q, i < 7 ? shp[i][0] : ts->vocab, i < 7 ? shp[i][1] : ts->hidden, i < 7 ? 4 : 8, 64, RLM_DTYPE_BF16);
+    const rlm_qmat on_dev = {q.d.wq, q.d.scales, q.d.biases, RLM_DTYPE_BF16, q.h.rows, q.h.cols, q.h.bits, 64};
+    for (int l = 0; l < (i < 7 ? ts->layers : 1); l++) {
+      o.w[i < 7 ? l * 7 + i : n - 1] = qm_device(&on_dev, q.wq_bytes, q.sb_bytes, cudaMemcpyDeviceToDevice);
+      *bytes += (double)(q.wq_bytes + 2 * q.sb_bytes);
+    }
+    qm_free(&q);
+  }
+  o.xh = token_x(ts->hidden, 4), o.xq = token_x(ts->q, 4), o.xf = token_x(ts->ffn, 4), o.xv = token_x(ts->hidden, 8);
+  const int64_t ymax = ts->vocab > ts->ffn ? ts->vocab : ts->ffn;
+  for (int k = 0; k < 3; k++) o.y[k] = dev_poisoned((size_t)ymax * 4);
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  token_enqueue(ts, &o, st);
+  CU(cudaStreamEndCapture(st, &g));
+  CU(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  float ms[20];
+  for (int i = 0; i < 23; i++) {
+    CU(cudaEventRecord(e0, st));
+    CU(cudaGraphLaunch(ge, st));
+    CU(cudaEventRecord(e1, st));
+    CU(cudaEventSynchronize(e1));
+    if (i >= 3) CU(cudaEventElapsedTime(&ms[i - 3], e0, e1));
+  }
+  for (int i = 1; i < 20; i++)
+    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float x = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = x; }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaStreamDestroy(st);
+  for (int i = 0; i < n; i++) cudaFree((void *)o.w[i].wq), cudaFree((void *)o.w[i].scales), cudaFree((void *)o.w[i].biases);
+  for (int k = 0; k < 3; k++) cudaFree(o.y[k]);
+  cudaFree(o.xh), cudaFree(o.xq), cudaFree(o.xf), cudaFree(o.xv), free(o.w);
+  return 0.5 * (ms[9] + ms[10]) * 1e3;
+}
+
+/* `test_cuda_qgemv --bench-token`: each model's token of products in a
+ * graph, against bytes over the copy bandwidth. */
+static void bench_token(void) {
+  static const token_shape models[] = {
+      {"llama-3.1-8b", 4096, 4096, 1024, 14336, 128256, 32},
+      {"gemma-3-1b", 1152, 1024, 256, 6912, 262144, 26},
+  };
+  const double bw = copy_gbps();
+  printf("device-to-device copy: %.0f GB/s (read + written)\n", bw);
+  for (size_t i = 0; i < sizeof models / sizeof *models; i++) {
+    double bytes;
+    const double us = token_graph_us(&models[i], &bytes);
+    const double floor_us = bytes / (bw * 1e3);
+    printf("%s 4-bit (8-bit head), one token's products in a graph: %.1f us, %.3f GB, %.0f GB/s; floor %.1f us: %.1f%%\n",
+           models[i].name, us, bytes / 1e9, bytes / (us * 1e3), floor_us, 100 * floor_us / us);
+  }
+}
+
 static void bench(void) {
   const double bw = copy_gbps();
   printf("device-to-device copy: %.0f GB/s (read + written)\n", bw);
@@ -769,6 +888,12 @@ static void bench(void) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--bench-token")) {
+    const int skip = cuda_test_start(1, argv, NULL);
+    if (skip >= 0) return skip;
+    bench_token();
+    return 0;
+  }
   const int skip = cuda_test_start(argc, argv, bench);
   if (skip >= 0) return skip;
   RUN(matches_reference);
