@@ -18,10 +18,16 @@ vs Q8_0; f16 = bf16 safetensors vs F16 GGUF. --same-file: ringlm runs the
 very GGUF file llama-bench runs (issue 18; q4_k_m is only that way). KV: f16 (ringlm: the model's
 dtype) and 8/4 bits (llama.cpp: q8_0/q4_0 K and V with flash attention,
 which its quantized V cache needs).
+
+--rounds N runs each test N times over, llama.cpp then ringlm each time,
+and gives each engine's median and the median of the N rounds' ratios
+with their range: this VM's speed drifts by a tenth or more over minutes
+(docs/performance.md), which a single pair of runs lands on one engine.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -174,6 +180,8 @@ def main():
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("-r", "--reps", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run each test this many times, the two engines in turn; median ratio and range")
     ap.add_argument("--depths", default="0,4096,16384")
     ap.add_argument("--kv", default="f16,8,4", help="KV configurations: f16, 8, 4")
     ap.add_argument("--tests", default="pp,tg", help="pp (prefill -p) at depth 0 only, tg (decode) at every depth")
@@ -203,18 +211,34 @@ def main():
     for kv in a.kv.split(","):
         for test in a.tests.split(","):
             for depth in ([0] if test == "pp" else [int(d) for d in a.depths.split(",")]):
-                lt, lsd, lrss = llama(a, test, depth, kv)   # alternate: one engine, then the other
-                rt, rsd, rrss = ringlm(a, test, depth, kv)
+                runs = []
+                for _ in range(max(1, a.rounds)):
+                    lt, lsd, lrss = llama(a, test, depth, kv)   # alternate: one engine, then the other
+                    rt, rsd, rrss = ringlm(a, test, depth, kv)
+                    runs.append((lt, lsd, lrss, rt, rsd, rrss))
+                ratios = [r[3] / r[0] for r in runs]
+                ratio = statistics.median(ratios)
+                lt, rt = statistics.median(r[0] for r in runs), statistics.median(r[3] for r in runs)
+                lrss, rrss = max(r[2] for r in runs), max(r[5] for r in runs)
                 name = f"{test}{a.p if test == 'pp' else a.n} @ d{depth}"
-                rows.append(dict(test=name, kv=kv, llama_ts=lt, llama_sd=lsd, ringlm_ts=rt, ringlm_sd=rsd,
-                                 ratio=rt / lt, llama_rss=lrss, ringlm_rss=rrss))
-                print(f"| {name} | {kv} | {lt:.2f} | {rt:.2f} | {rt / lt:.2f}x | {lrss / 2**20:.0f} | "
+                row = dict(test=name, kv=kv, llama_ts=lt, llama_sd=runs[0][1], ringlm_ts=rt, ringlm_sd=runs[0][4],
+                           ratio=ratio, llama_rss=lrss, ringlm_rss=rrss)
+                spread = ""
+                if len(runs) > 1:
+                    row.update(rounds=[dict(llama_ts=r[0], ringlm_ts=r[3], ratio=r[3] / r[0]) for r in runs],
+                               ratio_min=min(ratios), ratio_max=max(ratios))
+                    spread = f" ({min(ratios):.2f}-{max(ratios):.2f})"
+                rows.append(row)
+                print(f"| {name} | {kv} | {lt:.2f} | {rt:.2f} | {ratio:.2f}x{spread} | {lrss / 2**20:.0f} | "
                       f"{rrss / 2**20:.0f} |", flush=True)
     ours = "the same GGUF" if a.same_file else "bf16 safetensors" if a.weights == "f16" else "MLX g64"
     print(f"\nmodel {a.model}, weights {a.weights} (ringlm {ours} / llama.cpp {GGUF[a.weights]}), "
-          f"{a.threads} threads, llama.cpp {commit or '(commit unknown)'}")
+          f"{a.threads} threads, llama.cpp {commit or '(commit unknown)'}"
+          + (f"; {a.rounds} rounds: each engine's median t/s, the median of the rounds' ratios (range)"
+             if a.rounds > 1 else ""))
     if a.json:
-        json.dump({"model": a.model, "weights": a.weights, "threads": a.threads, "llama_cpp_commit": commit,
+        json.dump({"model": a.model, "weights": a.weights, "threads": a.threads, "rounds": a.rounds,
+                   "llama_cpp_commit": commit,
                    "tensor_bytes": {"llama_cpp": bytes_llama, "ringlm": bytes_ringlm}, "rows": rows},
                   open(a.json, "w"), indent=1)
 
