@@ -2,6 +2,8 @@
 """Decode tokens/s against context depth, ringlm and llama.cpp, from the
 JSON files bench/vs_llamacpp.py --json writes (one or several runs: rows
 with the same test and KV are taken from the last file that has them).
+Rows of a --rounds run get bars from each engine's slowest to fastest
+round.
 
     /usr/bin/python3 bench/plot_depth.py OUT.png RUN1.json [RUN2.json ...]
 
@@ -33,10 +35,14 @@ def main():
         if not pts:
             continue
         label = "f16 KV" if kv == "f16" else f"{kv}-bit KV"
-        ax.plot([d for d, _ in pts], [r["ringlm_ts"] for _, r in pts], "o" + style, color="C0",
-                label=f"ringlm, {label}")
-        ax.plot([d for d, _ in pts], [r["llama_ts"] for _, r in pts], "s" + style, color="C1",
-                label=f"llama.cpp, {label}")
+        for key, mark, color, who in (("ringlm_ts", "o", "C0", "ringlm"), ("llama_ts", "s", "C1", "llama.cpp")):
+            xs, ys = [d for d, _ in pts], [r[key] for _, r in pts]
+            ax.plot(xs, ys, mark + style, color=color, label=f"{who}, {label}")
+            # --rounds runs: each engine's range over the rounds around its median
+            lo = [y - min(x[key] for x in r.get("rounds", [{key: y}])) for y, (_, r) in zip(ys, pts)]
+            hi = [max(x[key] for x in r.get("rounds", [{key: y}])) - y for y, (_, r) in zip(ys, pts)]
+            if any(lo) or any(hi):
+                ax.errorbar(xs, ys, yerr=[lo, hi], fmt="none", color=color, capsize=3, lw=1)
     ax.set(xlabel="context depth (tokens)", ylabel="decode tokens/s",
            title=f"{meta.get('model')} ({meta.get('weights')} weights), {meta.get('threads')} threads")
     ax.grid(alpha=0.3)
