@@ -194,6 +194,7 @@ def main():
     ap.add_argument("--llama-commit", default=os.environ.get("LLAMA_CPP_COMMIT"),
                     help="llama.cpp commit to print (default: git of the build's source tree, if it is one)")
     a = ap.parse_args()
+    a.rounds = max(1, a.rounds)
     if a.weights not in RINGLM_DIR and not a.same_file:
         sys.exit(f"vs_llamacpp: --weights {a.weights} needs --same-file")
     if a.bytes_only:
@@ -212,7 +213,7 @@ def main():
         for test in a.tests.split(","):
             for depth in ([0] if test == "pp" else [int(d) for d in a.depths.split(",")]):
                 runs = []
-                for _ in range(max(1, a.rounds)):
+                for _ in range(a.rounds):
                     lt, lsd, lrss = llama(a, test, depth, kv)   # alternate: one engine, then the other
                     rt, rsd, rrss = ringlm(a, test, depth, kv)
                     runs.append((lt, lsd, lrss, rt, rsd, rrss))

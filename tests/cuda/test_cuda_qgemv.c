@@ -601,6 +601,13 @@ static void timed_free(timed *t) {
   qm_free(&t->q0);
 }
 
+/* The median of n >= 2 (even) event times in ms, in microseconds; sorts ms. */
+static double median_ms_as_us(float *ms, int n) {
+  for (int i = 1; i < n; i++) /* insertion sort */
+    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float x = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = x; }
+  return 0.5 * (ms[n / 2 - 1] + ms[n / 2]) * 1e3;
+}
+
 /* Median microseconds of 50 calls fn(t, W copy i % copies, ctx) after 10
  * warm-ups, each timed with events. */
 typedef rlm_status (*call_fn)(const timed *t, const rlm_cuda_qmat *w, void *ctx, rlm_error *err);
@@ -616,10 +623,8 @@ static double median_us(const timed *t, call_fn fn, void *ctx) {
   CU(cudaEventSynchronize(ev[50]));
   float ms[50];
   for (int i = 0; i < 50; i++) CU(cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]));
-  for (int i = 1; i < 50; i++) /* insertion sort for the median */
-    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float x = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = x; }
   for (int i = 0; i < 51; i++) cudaEventDestroy(ev[i]);
-  return 0.5 * (ms[24] + ms[25]) * 1e3;
+  return median_ms_as_us(ms, 50);
 }
 
 typedef struct gemv_call {
@@ -823,14 +828,12 @@ static double token_graph_us(const token_shape *ts, double *bytes) {
     CU(cudaEventSynchronize(e1));
     if (i >= 3) CU(cudaEventElapsedTime(&ms[i - 3], e0, e1));
   }
-  for (int i = 1; i < 20; i++)
-    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float x = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = x; }
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaStreamDestroy(st);
   for (int i = 0; i < n; i++) cudaFree((void *)o.w[i].wq), cudaFree((void *)o.w[i].scales), cudaFree((void *)o.w[i].biases);
   for (int k = 0; k < 3; k++) cudaFree(o.y[k]);
   cudaFree(o.xh), cudaFree(o.xq), cudaFree(o.xf), cudaFree(o.xv), free(o.w);
-  return 0.5 * (ms[9] + ms[10]) * 1e3;
+  return median_ms_as_us(ms, 20);
 }
 
 /* `test_cuda_qgemv --bench-token`: each model's token of products in a
