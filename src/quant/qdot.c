@@ -69,9 +69,20 @@
  * fast kernels agree with it to float rounding (the tests bound both).
  * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI, and
  * the 8-bit mat-vec a VNNI machine runs too (one row of x: bound by the
- * bytes already). The 8-bit product of m rows has a VNNI version here
- * (qmm_w8_rows: vpdpwssd on the quad layout, 512 bits wide): 1.15-1.25x
- * the AVX2 one on the tied head at m = 8 (bench_qmm -m 8, one thread).
+ * bytes already).
+ *
+ *   8-bit weights, m rows, on AVX-512 VNNI and AMX: the half-block layout
+ *   above (rlm__qmm_q8_quantizer says which layout a kernel reads). vpdpbusd
+ *   takes the u8 codes as stored (a u8 x s8 product fits its int16
+ *   intermediate, and the four are summed into int32 unsaturated), so a
+ *   chunk's 128 bytes need only one 128-bit-lane shuffle per register,
+ *   quarters 0 and 2 of each 64 bytes (the blocks' first halves) and then
+ *   1 and 3, to meet x in the lane map of the other widths: tile_rxn runs
+ *   them unchanged. The quad layout's vpdpwssd kernel it replaced widened
+ *   the codes to int16 first (4 unpack rounds a chunk) and did half the
+ *   products an instruction: on Gemma-3-1B's tied head (its 16384 x 1152
+ *   slice in bench_qmm, one thread, Zen 5 VM) m = 8 went from 51-64 to 133
+ *   GMAC/s, m = 16 from 45-50 to 86, level with the 4-bit products.
  */
 #include "quant/quant.h"
 
@@ -335,9 +346,11 @@ RLM_VNNI static inline __m512i w6_codes16(__m512i v) {
 
 /* A chunk of 128 weights of one row (row bytes r, chunk c) as the two
  * registers its activation layout pairs with x[0..63] and x[64..127]: 4
- * bits (nibble layout: low, high nibbles) or 6 (half-block layout: lane L
+ * bits (nibble layout: low, high nibbles), 6 (half-block layout: lane L
  * of register R gets half R of block L, the 12 bytes at 24 L + 12 R, by
- * one two-source dword permute of the 96 bytes; loads stay inside them). */
+ * one two-source dword permute of the 96 bytes; loads stay inside them)
+ * or 8 (the m-row products' half-block layout: the codes as stored, u8,
+ * register R taking half R of each block by one 128-bit-lane shuffle). */
 RLM_VNNI static inline __attribute__((always_inline)) void chunk_codes(const uint8_t *r, int64_t c, const int bits,
                                                                         __m512i *lo, __m512i *hi) {
   if (bits == 6) {
@@ -347,6 +360,12 @@ RLM_VNNI static inline __attribute__((always_inline)) void chunk_codes(const uin
     const __m512i i1 = _mm512_setr_epi32(3, 4, 5, 5, 9, 10, 11, 11, 15, 16, 17, 17, 21, 22, 23, 23);
     *lo = w6_codes16(_mm512_permutex2var_epi32(a, i0, b));
     *hi = w6_codes16(_mm512_permutex2var_epi32(a, i1, b));
+    return;
+  }
+  if (bits == 8) { /* quarters 0, 2 of each 64 bytes (blocks' first halves), then 1, 3 */
+    const __m512i a = _mm512_loadu_si512(r + c * 128), b = _mm512_loadu_si512(r + c * 128 + 64);
+    *lo = _mm512_shuffle_i64x2(a, b, 0x88);
+    *hi = _mm512_shuffle_i64x2(a, b, 0xDD);
     return;
   }
   const __m512i v = _mm512_loadu_si512(r + c * 64), low = _mm512_set1_epi8(15);
@@ -517,8 +536,8 @@ RLM_VNNI static inline __attribute__((always_inline)) void tile_store(const rlm_
  * Tiles of 8 inputs rather than 4 unpack each weight chunk and widen its
  * scales once for 8 inputs: Gemma-3-1B's 6912 x 1152 at m = 8 892 us
  * against 952, m = 5 545 against 760; prefill 512 of that shape (2
- * threads) 156-158 tok/s against 138-150. bits (4 or 6) picks the weight
- * decode (chunk_codes); the rest is shared. */
+ * threads) 156-158 tok/s against 138-150. bits (4, 6 or 8) picks the
+ * weight decode (chunk_codes); the rest is shared. */
 RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qmat *w, int64_t o, const int R,
                                                                    const int8_t *const *xq, const float *const *xs,
                                                                    const int n, __m512i idx, __mmask8 mask, float *y,
@@ -534,7 +553,7 @@ RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qm
    * keep the weights coming from DRAM (Gemma-3-1B shape, Zen 5 VM, 2
    * threads: B = 8 S_TG 93-110 -> 153-155 tok/s, 3 alternating pairs). */
   const bool ahead = o + PF_ROWS + R <= w->rows;
-  if (ahead && bits == 4) /* their scales and biases: a line each */
+  if (ahead && bits != 6) /* their scales and biases: a line each */
     for (int k = 0; k < R; k++) {
       const int64_t e = (o + PF_ROWS + k) * ng * (w->sdtype == RLM_DTYPE_F32 ? 4 : 2);
       _mm_prefetch((const char *)w->scales + e, _MM_HINT_T1);
@@ -547,8 +566,10 @@ RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qm
         _mm_prefetch((const char *)(r0 + (PF_ROWS + k) * rb + c * 96), _MM_HINT_T1);
         _mm_prefetch((const char *)(r0 + (PF_ROWS + k) * rb + c * 96 + 64), _MM_HINT_T1);
       }
-    else if (ahead) /* 4 bits: 64 bytes a chunk */
-      for (int k = 0; k < R; k++) _mm_prefetch((const char *)(r0 + (PF_ROWS + k) * rb + c * 64), _MM_HINT_T1);
+    else if (ahead) /* 4 bits: 64 bytes a chunk; 8: 128 */
+      for (int k = 0; k < R; k++)
+        for (int l = 0; l < bits / 4; l++)
+          _mm_prefetch((const char *)(r0 + (PF_ROWS + k) * rb + c * 16 * bits + 64 * l), _MM_HINT_T1);
     chunk_codes(r0, c, bits, &lo0, &hi0);
     const __m512 sc0 = chunk_scales(w, o * ng + c * per, mask, idx);
     __m512i lo1 = lo0, hi1 = hi0;
@@ -596,6 +617,7 @@ typedef void (*rows_fn)(const rlm_qmat *w, int64_t ob, int64_t oe, const int8_t 
                                         rows_w##B##_x5, rows_w##B##_x6, rows_w##B##_x7, rows_w##B##_x8};
 ROWS_ALL(4)
 ROWS_ALL(6)
+ROWS_ALL(8)
 
 /* THE PANEL KERNEL: 4-bit weights against many inputs (prefill; batches of
  * PANEL_MIN_M rows or more), a whole block of 32 columns summed in each
@@ -734,12 +756,12 @@ enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
 /* m input rows (stride bytes apart in scratch), outputs y [m][rows].
  * Blocked so both sides stay in cache: QMM_OUT_BLOCK weight rows (tens of
  * KB, L2) against QMM_IN_BLOCK quantized inputs (L1); inside, 2 x 4
- * register tiles of 2 weight rows and up to QT inputs (tile_rxn). 4- or
- * 6-bit weights (their activation layouts share the lane map). */
+ * register tiles of 2 weight rows and up to QT inputs (tile_rxn). 4-, 6-
+ * or 8-bit weights (their activation layouts share the lane map). */
 RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                  int64_t m, int64_t o0, int64_t o1, float *y) {
   if (panel_ok(w, m)) o0 = qmm_panels(w, scratch, stride, xsum, m, o0, o1, y);
-  const rows_fn *rows = w->bits == 6 ? rows_w6 : rows_w4;
+  const rows_fn *rows = w->bits == 8 ? rows_w8 : w->bits == 6 ? rows_w6 : rows_w4;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   const int64_t ng = w->cols / w->group_size;
   _Alignas(64) int32_t lanes[16];
@@ -761,111 +783,6 @@ RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t 
   }
 }
 
-/* ---- 8-bit weights, m rows ------------------------------------------------ */
-
-/* A chunk's 128 codes zero-extended to int16 in the quad layout's order
- * (quant.h: rlm__q8act_w8_pos), as four 512-bit registers: the in-lane
- * unpacks of qdot_avx2.c's w8_chunk, each pair of its 256-bit results
- * joined, so that z[k] meets x's int16 [32 k, 32 k + 32) in one load. */
-RLM_VNNI static inline void w8_chunk512(const uint8_t *p, __m512i z[4]) {
-  const __m256i zero = _mm256_setzero_si256();
-  const __m256i *v = (const __m256i *)p;
-  const __m256i r0 = _mm256_loadu_si256(v), r1 = _mm256_loadu_si256(v + 1);
-  const __m256i r2 = _mm256_loadu_si256(v + 2), r3 = _mm256_loadu_si256(v + 3);
-  const __m256i a = _mm256_unpacklo_epi16(r0, r1), b = _mm256_unpackhi_epi16(r0, r1);
-  const __m256i c = _mm256_unpacklo_epi16(r2, r3), d = _mm256_unpackhi_epi16(r2, r3);
-  const __m256i e[4] = {_mm256_unpacklo_epi32(a, c), _mm256_unpackhi_epi32(a, c), _mm256_unpacklo_epi32(b, d),
-                        _mm256_unpackhi_epi32(b, d)};
-  for (int k = 0; k < 4; k++)
-    z[k] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi8(e[k], zero)),
-                              _mm256_unpackhi_epi8(e[k], zero), 1);
-}
-
-/* One weight row o against n <= W8_TILE inputs (xq[k]: the quad layout,
- * int16 codes then the block scales at 2 cols bytes): per chunk the codes
- * are widened once and each input takes four vpdpwssd (int16 pairs summed
- * into int32, no saturation). Int32 lane l and l + 8 both hold block l %
- * 4 of the chunk (the 256-bit kernel's lane map, twice), so one scale
- * vector d_j s_g(j) serves all 16 lanes. */
-enum { W8_TILE = 8 };
-
-RLM_VNNI static inline void w8_tile(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs,
-                                    int n, __m512i idx, __mmask8 mask, float *y, int64_t i0) {
-  const int64_t cols = w->cols, ng = cols / w->group_size, chunks = cols / 128;
-  const int per = 128 / w->group_size ? 128 / w->group_size : 1;
-  const uint8_t *r = (const uint8_t *)w->wq + o * cols;
-  __m512 a[W8_TILE];
-  for (int k = 0; k < n; k++) a[k] = _mm512_setzero_ps();
-  const bool ahead = o + PF_ROWS < w->rows; /* the row PF_ROWS on, as tile_rxn does */
-  if (ahead) {
-    const int64_t e = (o + PF_ROWS) * ng * (w->sdtype == RLM_DTYPE_F32 ? 4 : 2);
-    _mm_prefetch((const char *)w->scales + e, _MM_HINT_T1);
-    _mm_prefetch((const char *)w->biases + e, _MM_HINT_T1);
-  }
-  for (int64_t c = 0; c < chunks; c++) {
-    __m512i z[4];
-    if (ahead) {
-      _mm_prefetch((const char *)(r + PF_ROWS * cols + c * 128), _MM_HINT_T1);
-      _mm_prefetch((const char *)(r + PF_ROWS * cols + c * 128 + 64), _MM_HINT_T1);
-    }
-    w8_chunk512(r + c * 128, z);
-    const __m512 sv = chunk_scales(w, o * ng + c * per, mask, idx);
-#pragma GCC unroll 8
-    for (int k = 0; k < n; k++) {
-      const __m512i *x = (const __m512i *)((const int16_t *)xq[k] + c * 128);
-      __m512i s = _mm512_dpwssd_epi32(_mm512_setzero_si512(), z[0], _mm512_loadu_si512(x));
-      for (int q = 1; q < 4; q++) s = _mm512_dpwssd_epi32(s, z[q], _mm512_loadu_si512(x + q));
-      const __m512 dv = _mm512_broadcast_f32x4(_mm_loadu_ps((const float *)(xq[k] + 2 * cols) + c * 4));
-      a[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dv, sv), a[k]);
-    }
-  }
-  for (int k = 0; k < n; k++) {
-    bias_x1(w, o, ng, xs[k], &a[k]);
-    y[(i0 + k) * w->rows + o] = _mm512_reduce_add_ps(a[k]);
-  }
-}
-
-/* One weight row against n inputs, n made a constant (accumulators in
- * registers). */
-RLM_VNNI static void w8_row_xn(const rlm_qmat *w, int64_t o, const char *const *xq, const float *const *xs, int n,
-                               __m512i idx, __mmask8 mask, float *y, int64_t i0) {
-  switch (n) {
-  case 1: w8_tile(w, o, xq, xs, 1, idx, mask, y, i0); break;
-  case 2: w8_tile(w, o, xq, xs, 2, idx, mask, y, i0); break;
-  case 3: w8_tile(w, o, xq, xs, 3, idx, mask, y, i0); break;
-  case 4: w8_tile(w, o, xq, xs, 4, idx, mask, y, i0); break;
-  case 5: w8_tile(w, o, xq, xs, 5, idx, mask, y, i0); break;
-  case 6: w8_tile(w, o, xq, xs, 6, idx, mask, y, i0); break;
-  case 7: w8_tile(w, o, xq, xs, 7, idx, mask, y, i0); break;
-  default: w8_tile(w, o, xq, xs, 8, idx, mask, y, i0); break;
-  }
-}
-
-/* m inputs against 8-bit weights, blocked as qmm_q8_rows: QMM_OUT_BLOCK
- * weight rows against QMM_IN_BLOCK inputs, W8_TILE inputs a tile. */
-RLM_VNNI static void qmm_w8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
-                                 int64_t m, int64_t o0, int64_t o1, float *y) {
-  const int per = 128 / w->group_size ? 128 / w->group_size : 1;
-  const int64_t ng = w->cols / w->group_size;
-  _Alignas(64) int32_t lanes[16];
-  for (int l = 0; l < 16; l++) lanes[l] = (l % 4) * 32 / w->group_size; /* lane l: block l % 4 */
-  const __m512i idx = _mm512_load_si512(lanes);
-  const __mmask8 mask = (__mmask8)((1u << per) - 1);
-  for (int64_t ob = o0; ob < o1; ob += QMM_OUT_BLOCK) {
-    const int64_t oe = ob + QMM_OUT_BLOCK < o1 ? ob + QMM_OUT_BLOCK : o1;
-    for (int64_t ib = 0; ib < m; ib += QMM_IN_BLOCK) {
-      const int64_t ie = ib + QMM_IN_BLOCK < m ? ib + QMM_IN_BLOCK : m;
-      for (int64_t i0 = ib; i0 < ie; i0 += W8_TILE) {
-        const int n = ie - i0 < W8_TILE ? (int)(ie - i0) : W8_TILE;
-        const char *xq[W8_TILE];
-        const float *xs[W8_TILE];
-        for (int k = 0; k < n; k++) xq[k] = (const char *)scratch + (size_t)(i0 + k) * stride, xs[k] = xsum + (i0 + k) * ng;
-        for (int64_t o = ob; o < oe; o++) w8_row_xn(w, o, xq, xs, n, idx, mask, y, i0);
-      }
-    }
-  }
-}
-
 #endif
 
 /* The reference for m rows: one mat-vec per input row. */
@@ -879,10 +796,7 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
 #if defined(__x86_64__) || defined(__i386__)
 void rlm__qmm_q8_vnni(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                       int64_t o0, int64_t o1, float *y) {
-  if (w->bits == 8)
-    qmm_w8_rows(w, scratch, stride, xsum, m, o0, o1, y);
-  else
-    qmm_q8_rows(w, scratch, stride, xsum, m, o0, o1, y);
+  qmm_q8_rows(w, scratch, stride, xsum, m, o0, o1, y);
 }
 #endif
 
@@ -891,13 +805,27 @@ rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits) {
 #if defined(__x86_64__)
   if ((bits == 4 || bits == 8) && rlm__cpu_amx_int8()) return rlm__qmm_q8_amx;
 #endif
-  if (bits == 8 && rlm__cpu_avx512_vnni()) return qmm_w8_rows;
-  if (bits == 8 && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
-  if ((bits == 4 || bits == 6) && rlm__cpu_avx512_vnni()) return qmm_q8_rows;
-  if ((bits == 4 || bits == 6) && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
+  if ((bits == 4 || bits == 6 || bits == 8) && rlm__cpu_avx512_vnni()) return rlm__qmm_q8_vnni;
+  if ((bits == 4 || bits == 6 || bits == 8) && rlm__cpu_avx2()) return rlm__qmm_q8_avx2;
 #endif
   return rlm__qmm_q8_ref;
 }
+
+rlm__q8act_fn rlm__q8act_quantizer(int bits) {
+  return bits == 8 ? rlm__q8act_quantize_w8 : bits == 6 ? rlm__q8act_quantize_w6 : rlm__q8act_quantize;
+}
+
+rlm__q8act_fn rlm__qmm_q8_quantizer_for(rlm__qmm_q8_fn fn, int bits) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (bits == 8 && fn == rlm__qmm_q8_vnni) return rlm__q8act_quantize_w6;
+#if defined(__x86_64__)
+  if (bits == 8 && fn == rlm__qmm_q8_amx) return rlm__q8act_quantize_w6;
+#endif
+#endif
+  return rlm__q8act_quantizer(bits);
+}
+
+rlm__q8act_fn rlm__qmm_q8_quantizer(int bits) { return rlm__qmm_q8_quantizer_for(rlm__qmm_q8_kernel(bits), bits); }
 
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)

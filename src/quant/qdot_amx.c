@@ -109,12 +109,11 @@ static void build_x(const rlm_qmat *w, const void *scratch, size_t stride, const
   memset(px, 0, sizeof *px);
   for (int k = 0; k < n; k++) {
     const int8_t *xq = (const int8_t *)scratch + (size_t)(i0 + k) * stride;
-    const int16_t *x16 = (const int16_t *)xq; /* 8-bit weights: the quad layout's int16 codes */
-    const float *d = rlm__q8act_block_scales(w, xq);
+    const float *d = rlm__q8act_int8_block_scales(cols, xq); /* nibble or half-block (8 bits) layout */
     for (int pb = 0; pb < nc * 4; pb++) {
       const int64_t c = c0 + pb / 4, j = pb % 4;
-      if (w->bits == 8) /* the block's elements in order, narrowed (|code| <= 127) */
-        for (int e = 0; e < 32; e++) px->b[pb][e / 4][4 * k + e % 4] = (int8_t)x16[rlm__q8act_w8_pos(c * 128 + 32 * j + e)];
+      if (w->bits == 8) /* the block's elements in order */
+        for (int e = 0; e < 32; e++) px->b[pb][e / 4][4 * k + e % 4] = xq[rlm__q8act_w6_pos(c * 128 + 32 * j + e)];
       else /* k = 4r .. 4r+3: evens of the block, then odds */
         for (int r = 0; r < 8; r++)
           memcpy(&px->b[pb][r][4 * k], xq + c * 128 + (r < 4 ? 16 * j + 4 * r : 64 + 16 * j + 4 * (r - 4)), 4);

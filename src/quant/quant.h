@@ -181,10 +181,12 @@ static inline int64_t rlm__q8act_w8_pos(int64_t e) {
 /* The block scales d (one float a block of 32) of a quantized activation
  * row in the layout for w->bits (after the codes, and for 4- and 6-bit
  * weights after the per-lane scales). */
-static inline const float *rlm__q8act_block_scales(const rlm_qmat *w, const void *row) {
-  const int64_t cols = w->cols;
-  if (w->bits == 8) return (const float *)((const char *)row + 2 * cols);
+static inline const float *rlm__q8act_int8_block_scales(int64_t cols, const void *row) { /* nibble, half-block */
   return (const float *)((const char *)row + cols) + (cols / 128) * 16;
+}
+static inline const float *rlm__q8act_block_scales(const rlm_qmat *w, const void *row) {
+  if (w->bits == 8) return (const float *)((const char *)row + 2 * w->cols);
+  return rlm__q8act_int8_block_scales(w->cols, row);
 }
 /* For 6-bit weights: the same codes as int8 in the half-block layout, then
  * the nibble layout's per-lane and block scales. */
@@ -196,6 +198,11 @@ static inline int64_t rlm__q8act_w6_pos(int64_t e) {
   const int64_t i = e % 32, j = (e % 128) / 32;
   return e / 128 * 128 + 64 * (i / 16) + 16 * j + i % 16;
 }
+/* A quantizer of one activation row into one of the layouts above. */
+typedef void (*rlm__q8act_fn)(const float *x, int64_t cols, void *scratch);
+/* The layout for w's bits (nibble, half-block, quad): what the mat-vec
+ * kernels and the reference read. */
+rlm__q8act_fn rlm__q8act_quantizer(int bits);
 typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                int64_t o1, float *y);
 /* The reference for all widths: scratch in the layout for w->bits. */
@@ -211,6 +218,12 @@ typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t st
 void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                      int64_t o0, int64_t o1, float *y);
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits);
+/* The layout the m-row kernel fn reads for weights of `bits`: the one for
+ * the width (rlm__q8act_quantizer), except 8-bit weights on the VNNI and
+ * AMX kernels, which read the half-block layout (qdot.c says why); and
+ * that of rlm__qmm_q8_kernel(bits). */
+rlm__q8act_fn rlm__qmm_q8_quantizer_for(rlm__qmm_q8_fn fn, int bits);
+rlm__q8act_fn rlm__qmm_q8_quantizer(int bits);
 /* qdot_avx2.c: the AVX2 + FMA + F16C versions (x86 only; call only where
  * rlm__cpu_avx2()); the products take all widths, as the reference does. */
 void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scratch);
