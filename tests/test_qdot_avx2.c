@@ -352,19 +352,23 @@ TEST(avx2_quantize_matches_ref) {
   free(seen), free(a), free(b), free(x);
 }
 
-/* 4-bit: VNNI first, then AVX2, then the reference; 8-bit: the mat-vec
- * AVX2 (the VNNI machines run it too), the m-row product VNNI first. */
+/* VNNI first, then AVX2, then the reference, at 4 and 8 bits; the 8-bit
+ * layout follows the kernel (half-block on VNNI, quad on AVX2). */
 TEST(dispatch_picks_avx2) {
   if (rlm__cpu_avx512_vnni()) {
     CHECK(rlm__qmv_q8_kernel(4) != rlm__qmv_q8_avx2);
+    CHECK(rlm__qmv_q8_kernel(8) != rlm__qmv_q8_avx2);
     CHECK(rlm__qmm_q8_kernel(4) != rlm__qmm_q8_avx2);
     CHECK(rlm__qmm_q8_kernel(8) != rlm__qmm_q8_avx2);
+    CHECK(rlm__qmv_q8_quantizer_for(rlm__qmv_q8_kernel(8), 8) == rlm__q8act_quantize_w6);
   } else {
     CHECK(rlm__qmv_q8_kernel(4) == rlm__qmv_q8_avx2);
+    CHECK(rlm__qmv_q8_kernel(8) == rlm__qmv_q8_avx2);
     CHECK(rlm__qmm_q8_kernel(4) == rlm__qmm_q8_avx2);
     CHECK(rlm__qmm_q8_kernel(8) == rlm__qmm_q8_avx2);
   }
-  CHECK(rlm__qmv_q8_kernel(8) == rlm__qmv_q8_avx2);
+  CHECK(rlm__qmv_q8_quantizer_for(rlm__qmv_q8_avx2, 8) == rlm__q8act_quantize_w8);
+  CHECK(rlm__qmm_q8_quantizer_for(rlm__qmm_q8_avx2, 8) == rlm__q8act_quantize_w8);
   /* the dispatched quantizers are the AVX2 ones here: same bytes as them */
   const int64_t cols = 256;
   const size_t n4 = (size_t)cols + (size_t)(cols / 128) * 16 * 4 + (size_t)(cols / 32) * 4;

@@ -506,7 +506,7 @@ static double q8_bound(const rlm_qmat *w, const float *x, int64_t o) {
   return bound;
 }
 
-/* The fastest kernels (4 and 6 bits: VNNI, or AVX2; 8: AVX2; and AVX2
+/* The fastest kernels (VNNI, or AVX2, each on the layout it reads; and AVX2
  * called directly) against the scalar reference (same integer sums, float
  * rounding apart), and the reference against the exact float product
  * within what int8 activations can cost (qdot.c's error contract): per
@@ -539,6 +539,7 @@ TEST(qmatvec_int8_activations) {
           int bad = 0;
           for (int f = 0; f < n_fast; f++) {
             poison(yf, rows);
+            rlm__qmv_q8_quantizer_for(fast[f], bits)(x, cols, scratch); /* the layout fast[f] reads */
             fast[f](&t.w, scratch, xsum, 3, rows - 2, yf);
             for (int64_t o = 0; o < rows; o++) {
               if (o < 3 || o >= rows - 2) {

@@ -71,8 +71,9 @@
  * the 8-bit mat-vec a VNNI machine runs too (one row of x: bound by the
  * bytes already).
  *
- *   8-bit weights, m rows, on AVX-512 VNNI and AMX: the half-block layout
- *   above (rlm__qmm_q8_quantizer says which layout a kernel reads). vpdpbusd
+ *   8-bit weights on AVX-512 VNNI (one row of x and m) and AMX: the
+ *   half-block layout above (rlm__qmm_q8_quantizer_for and
+ *   rlm__qmv_q8_quantizer_for say which layout a kernel reads). vpdpbusd
  *   takes the u8 codes as stored (a u8 x s8 product fits its int16
  *   intermediate, and the four are summed into int32 unsaturated), so a
  *   chunk's 128 bytes need only one 128-bit-lane shuffle per register,
@@ -82,7 +83,10 @@
  *   the codes to int16 first (4 unpack rounds a chunk) and did half the
  *   products an instruction: on Gemma-3-1B's tied head (its 16384 x 1152
  *   slice in bench_qmm, one thread, Zen 5 VM) m = 8 went from 51-64 to 133
- *   GMAC/s, m = 16 from 45-50 to 86, level with the 4-bit products.
+ *   GMAC/s, m = 16 from 45-50 to 86, level with the 4-bit products; the
+ *   one-row product of that slice (in L3) from 25-28 to 37-38. A decode
+ *   step of one row reads the whole head from DRAM, where both ran at
+ *   the bandwidth: tg32 48-52 tok/s either way.
  */
 #include "quant/quant.h"
 
@@ -444,10 +448,10 @@ RLM_VNNI static inline __attribute__((always_inline)) __m512 row_dot(const rlm_q
     if (ahead && bits == 6) {
       _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96), _MM_HINT_T1);
       _mm_prefetch((const char *)(r + PF_ROWS * rb + c * 96 + 64), _MM_HINT_T1);
-    } else if (ahead) {
-      _mm_prefetch((const char *)(r + PF_BYTES + c * 64), _MM_HINT_T0);
+    } else if (ahead) { /* 4 bits: a line a chunk; 8: two */
+      for (int l = 0; l < bits / 4; l++) _mm_prefetch((const char *)(r + PF_BYTES + c * 16 * bits + 64 * l), _MM_HINT_T0);
       if ((c & 3) == 0) {
-        const int64_t e = o * ng + c * per + (PF_BYTES / 64) * per;
+        const int64_t e = o * ng + c * per + (PF_BYTES / (16 * bits)) * per;
         _mm_prefetch((const char *)w->scales + e * sb_size, _MM_HINT_T0);
         _mm_prefetch((const char *)w->biases + e * sb_size, _MM_HINT_T0);
       }
@@ -505,6 +509,11 @@ RLM_VNNI static void qmv_q8_rows(const rlm_qmat *w, const void *scratch, const f
 RLM_VNNI static void qmv_w6_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
                                  int64_t o1, float *y) {
   QMV_BY_SCALES(6)
+}
+
+RLM_VNNI static void qmv_w8_rows(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0,
+                                 int64_t o1, float *y) {
+  QMV_BY_SCALES(8)
 }
 
 enum { QT = 8 }; /* inputs of a register tile at most */
@@ -827,8 +836,16 @@ rlm__q8act_fn rlm__qmm_q8_quantizer_for(rlm__qmm_q8_fn fn, int bits) {
 
 rlm__q8act_fn rlm__qmm_q8_quantizer(int bits) { return rlm__qmm_q8_quantizer_for(rlm__qmm_q8_kernel(bits), bits); }
 
+rlm__q8act_fn rlm__qmv_q8_quantizer_for(rlm__qmv_q8_fn fn, int bits) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (bits == 8 && fn == qmv_w8_rows) return rlm__q8act_quantize_w6;
+#endif
+  return rlm__q8act_quantizer(bits);
+}
+
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
+  if (bits == 8 && rlm__cpu_avx512_vnni()) return qmv_w8_rows;
   if (bits == 8 && rlm__cpu_avx2()) return rlm__qmv_q8_avx2;
   if (bits == 4 && rlm__cpu_avx512_vnni()) return qmv_q8_rows;
   if (bits == 6 && rlm__cpu_avx512_vnni()) return qmv_w6_rows;

@@ -70,7 +70,8 @@ size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size) {
 static void q8_prepare(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
   const struct q8_job *j = ctx;
   const int64_t cols = j->w->cols, ng = cols / j->w->group_size;
-  const rlm__q8act_fn quantize = j->m == 1 ? rlm__q8act_quantizer(j->w->bits) : rlm__qmm_q8_quantizer_for(j->mm, j->w->bits);
+  const rlm__q8act_fn quantize = j->m == 1 ? rlm__qmv_q8_quantizer_for(j->mv, j->w->bits)
+                                            : rlm__qmm_q8_quantizer_for(j->mm, j->w->bits);
   rlm__group_sums(j->x + i0 * cols, i1 - i0, cols, j->w->group_size, j->xsum + i0 * ng);
   for (int64_t i = i0; i < i1; i++) quantize(j->x + i * cols, cols, (char *)j->scratch + (size_t)i * j->stride);
 }

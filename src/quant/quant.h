@@ -208,10 +208,12 @@ typedef void (*rlm__qmv_q8_fn)(const rlm_qmat *w, const void *scratch, const flo
 /* The reference for all widths: scratch in the layout for w->bits. */
 void rlm__qmv_q8_ref(const rlm_qmat *w, const void *scratch, const float *xsum, int64_t o0, int64_t o1,
                      float *y);
-/* The fastest for weights of `bits` (4 and 6: AVX-512 VNNI, else AVX2; 8:
- * AVX2; the m-row one for 4 and 8: AMX where granted, else AVX-512 VNNI,
- * else AVX2; for 6 as the mat-vec) or the reference. */
+/* The fastest for weights of `bits` (AVX-512 VNNI, else AVX2; the m-row
+ * one for 4 and 8: AMX where granted, else as the mat-vec) or the
+ * reference. */
 rlm__qmv_q8_fn rlm__qmv_q8_kernel(int bits);
+/* The layout the mat-vec fn reads: rlm__qmm_q8_quantizer_for's rule. */
+rlm__q8act_fn rlm__qmv_q8_quantizer_for(rlm__qmv_q8_fn fn, int bits);
 /* m rows: row i's quantized x at scratch + i * stride; y [m][rows]. */
 typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
                                int64_t m, int64_t o0, int64_t o1, float *y);
