@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Aggregate decode tokens/s against the batch size B, from the JSON Lines
 that `ringlm bench --batch ... --json` prints (one file per series; the
-series is named after the file), as docs/performance.md shows it.
+series is named after the file), as docs/performance.md shows it. A file
+may hold several rounds of the same sizes: the line goes through each B's
+median, a bar from its slowest run to its fastest.
 
     ringlm bench -m build-bench/gemma3-1b-4bit --batch 1,2,4,8,16 -p 32 -n 16 --json > f32.jsonl
     /usr/bin/python3 bench/plot_batch.py OUT.png f32.jsonl [int8.jsonl ...]
@@ -10,6 +12,7 @@ Needs matplotlib (Debian: python3-matplotlib).
 """
 import json
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -19,9 +22,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def series(path):
-    rows = [json.loads(l) for l in open(path) if l.strip().startswith("{")]
-    rows.sort(key=lambda r: r["pl"])
-    return [r["pl"] for r in rows], [r["speed_tg"] for r in rows]
+    """B, the median tokens/s at each B, and the slowest and fastest run
+    (a file may hold several rounds of the same sizes)."""
+    runs = {}
+    for line in open(path):
+        if line.strip().startswith("{"):
+            r = json.loads(line)
+            runs.setdefault(r["pl"], []).append(r["speed_tg"])
+    b = sorted(runs)
+    return b, [statistics.median(runs[x]) for x in b], [min(runs[x]) for x in b], [max(runs[x]) for x in b]
 
 
 def main():
@@ -29,8 +38,11 @@ def main():
         sys.exit(__doc__)
     fig, ax = plt.subplots(figsize=(6, 4))
     for path in sys.argv[2:]:
-        b, s = series(path)
-        ax.plot(b, s, marker="o", label=os.path.splitext(os.path.basename(path))[0])
+        b, s, lo, hi = series(path)
+        line = ax.plot(b, s, marker="o", label=os.path.splitext(os.path.basename(path))[0])[0]
+        if lo != hi:  # rounds: the slowest to the fastest
+            ax.errorbar(b, s, yerr=[[m - a for m, a in zip(s, lo)], [z - m for m, z in zip(s, hi)]],
+                        fmt="none", ecolor=line.get_color(), capsize=3)
         if b and b[0] == 1:  # the ideal: B times the one-row speed
             ax.plot(b, [s[0] * x for x in b], linestyle=":", color="grey")
     ax.set_xscale("log", base=2)
