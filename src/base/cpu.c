@@ -52,11 +52,14 @@ static int probe(void) {
   __builtin_cpu_init();
   const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29));
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
-  /* switches that turn a kernel off, to compare with the one it replaces */
+  /* switches that turn a kernel off, to compare with the one it replaces
+   * (RINGLM_NO_AVX512: the AVX2 kernels, as a CPU without AVX-512 runs) */
   const char *no_amx = getenv("RINGLM_NO_AMX"), *no_panel = getenv("RINGLM_NO_PANEL");
+  const char *no_avx512 = getenv("RINGLM_NO_AVX512");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                      !(no_avx512 && no_avx512[0] == '1');
+  const bool vnni = avx512 && __builtin_cpu_supports("avx512vnni");
   const bool amx = vnni && !(no_amx && no_amx[0] == '1') && amx_int8();
   const bool panel = vnni && !(no_panel && no_panel[0] == '1');
   return CPU_KNOWN | (avx2 ? CPU_AVX2 : 0) | (avx512 ? CPU_AVX512 : 0) | (vnni ? CPU_VNNI : 0) | (amx ? CPU_AMX : 0) |
