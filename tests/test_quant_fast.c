@@ -462,9 +462,7 @@ static const int Q8_BITS[] = {4, 6, 8};
 
 /* One row's quantized x in the layout for w's bits, the dispatched way. */
 static void q8act_quantize_for(const rlm_qmat *w, const float *x, void *out) {
-  if (w->bits == 8) rlm__q8act_quantize_w8(x, w->cols, out);
-  else if (w->bits == 6) rlm__q8act_quantize_w6(x, w->cols, out);
-  else rlm__q8act_quantize(x, w->cols, out);
+  rlm__q8act_quantizer(w->bits)(x, w->cols, out);
 }
 
 /* The mat-vec kernels under test for w's bits: the dispatched one (VNNI or

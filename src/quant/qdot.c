@@ -67,9 +67,8 @@
  *
  * The scalar reference computes the same sums in the natural order; the
  * fast kernels agree with it to float rounding (the tests bound both).
- * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI, and
- * the 8-bit mat-vec a VNNI machine runs too (one row of x: bound by the
- * bytes already).
+ * qdot_avx2.c has the AVX2 versions, for CPUs without AVX-512 VNNI (the
+ * only ones, with the reference, that read the quad layout).
  *
  *   8-bit weights on AVX-512 VNNI (one row of x and m) and AMX: the
  *   half-block layout above (rlm__qmm_q8_quantizer_for and
@@ -435,6 +434,9 @@ RLM_VNNI static inline void bias_xn(const rlm_qmat *w, int64_t o, int64_t ng, co
  * 40.0-41.0, alternating; tg32 at depth 0 39.4-41.0 -> 43.6-44.4 tok/s. */
 enum { PF_ROWS = 8, PF_BYTES = 4096 };
 
+/* Bytes of one scale or bias: where a prefetch of row o's lands. */
+static inline int64_t scale_bytes(rlm_dtype t) { return t == RLM_DTYPE_F32 ? 4 : 2; }
+
 RLM_VNNI static inline __attribute__((always_inline)) __m512 row_dot(const rlm_qmat *w, int64_t o, const int8_t *xq,
                                                                       const float *xd16, __mmask8 mask, __m512i idx,
                                                                       const int bits, const rlm_dtype st) {
@@ -442,7 +444,7 @@ RLM_VNNI static inline __attribute__((always_inline)) __m512 row_dot(const rlm_q
   const int per = 128 / w->group_size ? 128 / w->group_size : 1; /* groups in a chunk */
   const uint8_t *r = (const uint8_t *)w->wq + o * rb;
   const bool ahead = bits == 6 ? o + PF_ROWS < w->rows : (o + 1) * rb + PF_BYTES <= w->rows * rb;
-  const int64_t sb_size = st == RLM_DTYPE_F32 ? 4 : 2;
+  const int64_t sb_size = scale_bytes(st);
   __m512 a = _mm512_setzero_ps();
   for (int64_t c = 0; c < chunks; c++) {
     if (ahead && bits == 6) {
@@ -564,7 +566,7 @@ RLM_VNNI static inline __attribute__((always_inline)) void tile_rxn(const rlm_qm
   const bool ahead = o + PF_ROWS + R <= w->rows;
   if (ahead && bits != 6) /* their scales and biases: a line each */
     for (int k = 0; k < R; k++) {
-      const int64_t e = (o + PF_ROWS + k) * ng * (w->sdtype == RLM_DTYPE_F32 ? 4 : 2);
+      const int64_t e = (o + PF_ROWS + k) * ng * scale_bytes(w->sdtype);
       _mm_prefetch((const char *)w->scales + e, _MM_HINT_T1);
       _mm_prefetch((const char *)w->biases + e, _MM_HINT_T1);
     }
@@ -833,8 +835,6 @@ rlm__q8act_fn rlm__qmm_q8_quantizer_for(rlm__qmm_q8_fn fn, int bits) {
 #endif
   return rlm__q8act_quantizer(bits);
 }
-
-rlm__q8act_fn rlm__qmm_q8_quantizer(int bits) { return rlm__qmm_q8_quantizer_for(rlm__qmm_q8_kernel(bits), bits); }
 
 rlm__q8act_fn rlm__qmv_q8_quantizer_for(rlm__qmv_q8_fn fn, int bits) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -160,7 +160,8 @@ void rlm__qmatmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m,
 /* ---- qdot.c: 4-, 6- and 8-bit weights x int8 activations (decode, approximate) */
 /* Scratch bytes for one quantized activation row of `cols`, in any of the
  * layouts (qdot.c: the nibble one for 4-bit weights, the half-block one
- * for 6, the quad one for 8). */
+ * for 6, and for 8 the half-block one on VNNI and AMX, the quad one on
+ * AVX2 and the reference). */
 size_t rlm__q8act_bytes(int64_t cols);
 /* Whether w can take int8 activations (4-, 6- or 8-bit, G >= 32, cols a
  * multiple of 128). */
@@ -169,8 +170,8 @@ bool rlm__q8act_ok(const rlm_qmat *w);
  * the nibble layout. */
 void rlm__q8act_quantize(const float *x, int64_t cols, void *scratch);
 void rlm__q8act_quantize_ref(const float *x, int64_t cols, void *scratch); /* the definition */
-/* For 8-bit weights: the same codes as int16 in the quad layout, then the
- * block scales. */
+/* For 8-bit weights on the AVX2 kernels and the reference: the same codes
+ * as int16 in the quad layout, then the block scales. */
 void rlm__q8act_quantize_w8(const float *x, int64_t cols, void *scratch);
 void rlm__q8act_quantize_w8_ref(const float *x, int64_t cols, void *scratch); /* the definition */
 /* Where element e's code sits in the quad layout (int16 index). */
@@ -222,10 +223,8 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits);
 /* The layout the m-row kernel fn reads for weights of `bits`: the one for
  * the width (rlm__q8act_quantizer), except 8-bit weights on the VNNI and
- * AMX kernels, which read the half-block layout (qdot.c says why); and
- * that of rlm__qmm_q8_kernel(bits). */
+ * AMX kernels, which read the half-block layout (qdot.c says why). */
 rlm__q8act_fn rlm__qmm_q8_quantizer_for(rlm__qmm_q8_fn fn, int bits);
-rlm__q8act_fn rlm__qmm_q8_quantizer(int bits);
 /* qdot_avx2.c: the AVX2 + FMA + F16C versions (x86 only; call only where
  * rlm__cpu_avx2()); the products take all widths, as the reference does. */
 void rlm__q8act_quantize_avx2(const float *x, int64_t cols, void *scratch);
