@@ -495,7 +495,11 @@ static bool one_launch_dense(const rlm_cuda_weight *ws, int k, int64_t n) {
 
 static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x,
                          int64_t n) {
-  if (skip(s)) return;
+  /* not skip(): that forgets q8's memo, and the norm before q, k, v (and
+   * before gate, up) has just written their int8 activations; calling it
+   * here made every such pair of products quantize x again, a launch of
+   * its own, twice a layer (ncu of a Llama-8B step, 2026-12-04) */
+  if (cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first) return;
   rlm_cuda_weight dw[3];
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
   const bool dense = k <= 3 && one_launch_dense(dw, k, n);
