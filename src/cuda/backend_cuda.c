@@ -311,12 +311,15 @@ static void note(rlm_session *s, rlm_status rc, const rlm_error *e) {
   if (rc && !cs->first) cs->first = rc, cs->first_err = *e;
 }
 
-/* Whether an op enqueues nothing (a replayed graph holds it, or the pass
- * has failed). Every op but the products calls it, and so forgets which
- * activations q8 holds: it may have written them. */
+/* Whether an op enqueues nothing: a replayed graph holds it, or the pass
+ * has failed. The products ask this alone, keeping q8's memo. */
+static bool enqueues_nothing(rlm_session *s) { return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first; }
+
+/* enqueues_nothing, for every op but the products: it also forgets which
+ * activations q8 holds (the op may write them). */
 static bool skip(rlm_session *s) {
   cs_of(s)->q8_x = NULL;
-  return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first;
+  return enqueues_nothing(s);
 }
 
 static void *cuda_alloc(rlm_session *s, size_t bytes) {
@@ -428,7 +431,7 @@ static int64_t i8_max(int64_t rows) {
  * int8-activation product where the CPU would use it, else f32; more than
  * GEMM_MIN rows (prefill, large batches): qgemm or cuBLAS (see the top). */
 static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
-  if (cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first) return;
+  if (enqueues_nothing(s)) return;
   cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
@@ -495,11 +498,11 @@ static bool one_launch_dense(const rlm_cuda_weight *ws, int k, int64_t n) {
 
 static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *const *ys, int k, const float *x,
                          int64_t n) {
-  /* not skip(): that forgets q8's memo, and the norm before q, k, v (and
-   * before gate, up) has just written their int8 activations; calling it
-   * here made every such pair of products quantize x again, a launch of
-   * its own, twice a layer (ncu of a Llama-8B step, 2026-12-04) */
-  if (cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first) return;
+  /* not skip(): the norm before q, k, v (and before gate, up) has just
+   * written their int8 activations; forgetting them made every such pair
+   * of products quantize x again, a launch of its own, twice a layer (ncu
+   * of a Llama-8B step, 2026-12-04) */
+  if (enqueues_nothing(s)) return;
   rlm_cuda_weight dw[3];
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
   const bool dense = k <= 3 && one_launch_dense(dw, k, n);

@@ -678,6 +678,24 @@ int norm_keep(int n, int g32) {
   return 0;
 }
 
+/* The row kernels where norm_keep gives a KEEP, else the strided ones. */
+template <int G32>
+void launch_add_norm(int keep, unsigned rows, cudaStream_t st, float *x, const float *h, const float *post,
+                     const float *w, float *y, int n, double eps, uint8_t *q8, int bits, int g) {
+  if (keep == 4) launch_k(add_norm_row_kernel<G32, 4>, rows, kNormThreads, 0, st, x, h, post, w, y, n, eps, q8, bits, g);
+  else if (keep == 8)
+    launch_k(add_norm_row_kernel<G32, 8>, rows, kNormThreads, 0, st, x, h, post, w, y, n, eps, q8, bits, g);
+  else launch_k(add_norm_kernel<G32>, rows, kNormThreads, 0, st, x, h, post, w, y, n, eps, q8, bits, g);
+}
+
+template <int G32>
+void launch_rmsnorm(int keep, unsigned rows, cudaStream_t st, float *y, const float *x, const float *w, int n,
+                    double eps, uint8_t *q8, int bits, int g) {
+  if (keep == 4) launch_k(rmsnorm_row_kernel<G32, 4>, rows, kNormThreads, 0, st, y, x, w, n, eps, q8, bits, g);
+  else if (keep == 8) launch_k(rmsnorm_row_kernel<G32, 8>, rows, kNormThreads, 0, st, y, x, w, n, eps, q8, bits, g);
+  else launch_k(rmsnorm_kernel<G32>, rows, kNormThreads, 0, st, y, x, w, n, eps, q8, bits, g);
+}
+
 /* The gated activation of one row's weight groups, a warp a group, with
  * their int8 activations (act_mul_kernel's y, then q8_group). */
 template <bool GELU, int G32>
@@ -714,13 +732,8 @@ extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *
   rlm_status rc = q8_check(q8, n, fn, err);
   if (rc || rows == 0) return rc;
   const int bits = q8 ? q8->bits : 0, g = q8 ? q8->group_size : 0, keep = norm_keep(n, g / 32);
-#define RLM_K(G32)                                                                                                   \
-  (keep == 4   ? launch_k(add_norm_row_kernel<G32, 4>, (unsigned)rows, kNormThreads, 0, stream_of(st), x, h, post, w, \
-                          y, n, eps, q8_scratch(q8), bits, g)                                                          \
-   : keep == 8 ? launch_k(add_norm_row_kernel<G32, 8>, (unsigned)rows, kNormThreads, 0, stream_of(st), x, h, post, w, \
-                          y, n, eps, q8_scratch(q8), bits, g)                                                          \
-               : launch_k(add_norm_kernel<G32>, (unsigned)rows, kNormThreads, 0, stream_of(st), x, h, post, w, y, n,   \
-                          eps, q8_scratch(q8), bits, g))
+#define RLM_K(G32) \
+  launch_add_norm<G32>(keep, (unsigned)rows, stream_of(st), x, h, post, w, y, n, eps, q8_scratch(q8), bits, g)
   if (!q8) RLM_K(0);
   else RLM_CUDA_FOR_G32(g, RLM_K)
 #undef RLM_K
@@ -734,13 +747,8 @@ extern "C" rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w
   rlm_status rc = q8_check(q8, n, fn, err);
   if (rc || rows == 0) return rc;
   const int bits = q8 ? q8->bits : 0, g = q8 ? q8->group_size : 0, keep = norm_keep(n, g / 32);
-#define RLM_K(G32)                                                                                                   \
-  (keep == 4   ? launch_k(rmsnorm_row_kernel<G32, 4>, (unsigned)rows, kNormThreads, 0, stream_of(st), y, x, w, n, eps, \
-                          q8_scratch(q8), bits, g)                                                                     \
-   : keep == 8 ? launch_k(rmsnorm_row_kernel<G32, 8>, (unsigned)rows, kNormThreads, 0, stream_of(st), y, x, w, n, eps, \
-                          q8_scratch(q8), bits, g)                                                                     \
-               : launch_k(rmsnorm_kernel<G32>, (unsigned)rows, kNormThreads, 0, stream_of(st), y, x, w, n, eps,        \
-                          q8_scratch(q8), bits, g))
+#define RLM_K(G32) \
+  launch_rmsnorm<G32>(keep, (unsigned)rows, stream_of(st), y, x, w, n, eps, q8_scratch(q8), bits, g)
   if (!q8) RLM_K(0);
   else RLM_CUDA_FOR_G32(g, RLM_K)
 #undef RLM_K
