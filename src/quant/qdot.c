@@ -371,9 +371,16 @@ RLM_VNNI static inline __attribute__((always_inline)) void chunk_codes(const uin
     *hi = _mm512_shuffle_i64x2(a, b, 0xDD);
     return;
   }
-  const __m512i v = _mm512_loadu_si512(r + c * 64), low = _mm512_set1_epi8(15);
-  *lo = _mm512_and_si512(v, low);
-  *hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  /* The chunk is loaded once for each half: loaded once, GCC 12 spilled
+   * the raw codes in the 2 x 8 tile (a 64-byte store and two reloads a
+   * row and chunk). Hiding that q is r's chunk makes the second load an
+   * L1 hit and the tile spill-free: 6912 x 1152 at m = 8, one thread,
+   * weights in L3, 100-106 -> 107-117 GMAC/s. */
+  const uint8_t *q = r + c * 64;
+  __asm__("" : "+r"(q));
+  const __m512i low = _mm512_set1_epi8(15);
+  *lo = _mm512_and_si512(_mm512_loadu_si512(r + c * 64), low);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(_mm512_loadu_si512(q), 4), low);
 }
 
 /* One chunk of 128 weights of one row against the quantized x. */
