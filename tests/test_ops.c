@@ -8,6 +8,10 @@
  *       every finite float found 2.38e-7, see ops_x86.c), and with random u
  *       at most ACT_TOL * max(|u|, |y|) plus the rounding of the product.
  *       Lengths 0..40 (every tail) with guards around the row, and y == g.
+ *   softcap  cap tanh(x / cap) against the scalar version (tanhf) for caps
+ *       30 and 50 over the same inputs: relative error at most
+ *       SOFTCAP_TOL; +-inf give +-cap, NaN stays NaN, +-0 keep their sign;
+ *       lengths 0..40 with guards.
  *   rmsnorm  against a double-precision reference within RMS_TOL relative
  *       per element, for n = 1, 7, 1152, 6912, 16384 and tail lengths,
  *       with and without weights, out of place and in place (bit for bit
@@ -26,6 +30,9 @@
  * glibc 2.36's tanhf and expf (ops_x86.c); the room is for another libm. */
 static const double ACT_TOL = 3e-7;
 static const double RMS_TOL = 1e-6; /* rmsnorm vs double                    */
+/* softcap vs tanhf, relative: the vector tanh's two branches measured at
+ * most 2 ulps (2.4e-7) over every 1e-3 of [-20, 20] and the random set */
+static const double SOFTCAP_TOL = 3e-7;
 static const float GUARD = 1234.5f; /* written around rows, must survive    */
 
 static const rlm_ops_isa *g_t; /* the table under test */
@@ -173,6 +180,68 @@ TEST(act_saturate) {
   }
 }
 
+/* ---- softcap ------------------------------------------------------------- */
+
+/* One element against the scalar version: the special values exactly, the
+ * rest within SOFTCAP_TOL relative (FLT_MIN: tiny results are z * cap in
+ * both). Returns the relative error (0 for the specials). */
+static double softcap_one(float x, float got, float want, float cap) {
+  test_note("softcap(%.9g, cap %g): %.9g, scalar %.9g", x, cap, got, want);
+  if (isnan(x) || isinf(x) || x == 0.0f) {
+    if (isnan(x)) CHECK(isnan(got));
+    else if (isinf(x)) CHECK(got == copysignf(cap, x));
+    else CHECK(got == 0.0f && signbit(got) == signbit(x));
+    return 0;
+  }
+  const double e = fabs((double)got - want) / fmax(fabs(want), FLT_MIN);
+  CHECK(isfinite(got) && e <= SOFTCAP_TOL);
+  return e;
+}
+
+TEST(softcap_sweep) {
+  enum { CAP = 40001 + N_OF(SPECIAL) + 200000 };
+  static const float CAPS[] = {30.0f, 50.0f};
+  uint64_t rng = 0x50f7ca9ull;
+  float *x = xmalloc(CAP * sizeof *x), *y = xmalloc(CAP * sizeof *y), *r = xmalloc(CAP * sizeof *r);
+  const int64_t n = act_inputs(x, CAP, &rng);
+  for (int c = 0; c < N_OF(CAPS); c++) {
+    for (int64_t i = 0; i < n; i++) x[i] *= CAPS[c] / 20.0f; /* the sweep's [-20, 20] over both branches */
+    memcpy(y, x, (size_t)n * sizeof *x);
+    memcpy(r, x, (size_t)n * sizeof *x);
+    g_t->softcap(y, CAPS[c], n);
+    rlm__softcap_ref(r, CAPS[c], n);
+    double worst = 0;
+    float worst_x = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const double e = softcap_one(x[i], y[i], r[i], CAPS[c]);
+      if (e > worst) worst = e, worst_x = x[i];
+    }
+    printf("     %s softcap %g: max rel err vs tanhf %.3g (x = %.9g) over %lld inputs\n", g_t->name, CAPS[c], worst,
+           worst_x, (long long)n);
+    for (int64_t i = 0; i < n; i++) x[i] /= CAPS[c] / 20.0f;
+  }
+  free(x), free(y), free(r);
+}
+
+/* Every length 0..40, guards on both sides. */
+TEST(softcap_tails) {
+  enum { MAXN = 40, PAD = 16 };
+  uint64_t rng = 0x7a11c4ull;
+  float x[MAXN], r[MAXN], buf[MAXN + 2 * PAD];
+  for (int n = 0; n <= MAXN; n++) {
+    for (int i = 0; i < n; i++) x[i] = t_rng_float(&rng, -90.0f, 90.0f);
+    for (int i = 0; i < MAXN + 2 * PAD; i++) buf[i] = GUARD;
+    float *y = buf + PAD;
+    memcpy(y, x, (size_t)n * sizeof *x);
+    memcpy(r, x, (size_t)n * sizeof *x);
+    g_t->softcap(y, 30.0f, n);
+    rlm__softcap_ref(r, 30.0f, n);
+    test_note("softcap, n = %d", n);
+    for (int i = 0; i < n; i++) softcap_one(x[i], y[i], r[i], 30.0f);
+    for (int i = 0; i < PAD; i++) CHECK(buf[i] == GUARD && y[n + i] == GUARD);
+  }
+}
+
 /* ---- rmsnorm ------------------------------------------------------------- */
 
 /* y = w * x / sqrt(mean(x^2) + eps), all in double. */
@@ -258,6 +327,8 @@ static void run_table(const char *name) {
       {"silu_times_u", silu_times_u},
       {"gelu_tails_in_place", gelu_tails_in_place},
       {"silu_tails_in_place", silu_tails_in_place},
+      {"softcap_sweep", softcap_sweep},
+      {"softcap_tails", softcap_tails},
       {"rmsnorm_vs_double", rmsnorm_vs_double},
       {"rmsnorm_zero_row", rmsnorm_zero_row},
   };
@@ -286,6 +357,10 @@ TEST(dispatch_picks_fastest) {
   CHECK(!memcmp(a, b, sizeof a));
   rlm__rmsnorm(a, g, u, N, 1e-6);
   best->rmsnorm(b, g, u, N, 1e-6);
+  CHECK(!memcmp(a, b, sizeof a));
+  memcpy(a, g, sizeof a), memcpy(b, g, sizeof b);
+  rlm__softcap(a, 2.0f, N);
+  best->softcap(b, 2.0f, N);
   CHECK(!memcmp(a, b, sizeof a));
   printf("     dispatch: %s\n", best->name);
 }

@@ -67,7 +67,7 @@ static void cpu_scale(rlm_session *s, float *x, float a, size_t n) {
 
 static void cpu_softcap(rlm_session *s, float *x, float cap, size_t n) {
   (void)s;
-  for (size_t i = 0; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+  rlm__softcap(x, cap, (int64_t)n);
 }
 
 static void cpu_copy(rlm_session *s, float *dst, const float *src, size_t n) {

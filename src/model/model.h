@@ -262,6 +262,8 @@ typedef struct rlm_ops_isa {
   void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);
   /* y = g / (1 + e^-g) * u                                             */
   void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
+  /* x = cap * tanh(x / cap) in place (Gemma's logit and attention caps)  */
+  void (*softcap)(float *x, float cap, int64_t n);
 } rlm_ops_isa;
 
 /* The table for isa ("scalar", "avx2", "avx512"), or NULL where this CPU
@@ -274,10 +276,12 @@ const rlm_ops_isa *rlm__ops_x86(const char *isa);
 void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps);
 void rlm__gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n);
 void rlm__silu_mul(float *y, const float *g, const float *u, int64_t n);
+void rlm__softcap(float *x, float cap, int64_t n);
 /* The scalar table's functions. */
 void rlm__rmsnorm_ref(float *y, const float *x, const float *w, int n, double eps);
 void rlm__gelu_tanh_mul_ref(float *y, const float *g, const float *u, int64_t n);
 void rlm__silu_mul_ref(float *y, const float *g, const float *u, int64_t n);
+void rlm__softcap_ref(float *x, float cap, int64_t n);
 float rlm__gelu_tanh(float x);
 /* cs[i] = cos, sin of pos * inv_freq[i] for i < half: computed once per
  * chunk and position, shared by every layer of that kind. */

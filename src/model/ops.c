@@ -35,11 +35,17 @@ void rlm__silu_mul_ref(float *y, const float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+/* transformers' soft cap: tanh(x / cap) * cap, in f32. */
+void rlm__softcap_ref(float *x, float cap, int64_t n) {
+  for (int64_t i = 0; i < n; i++) x[i] = tanhf(x[i] / cap) * cap;
+}
+
 static const rlm_ops_isa ops_scalar = {
     .name = "scalar",
     .rmsnorm = rlm__rmsnorm_ref,
     .gelu_tanh_mul = rlm__gelu_tanh_mul_ref,
     .silu_mul = rlm__silu_mul_ref,
+    .softcap = rlm__softcap_ref,
 };
 
 const rlm_ops_isa *rlm__ops_isa(const char *isa) {
@@ -65,6 +71,8 @@ void rlm__rmsnorm(float *y, const float *x, const float *w, int n, double eps) {
 void rlm__gelu_tanh_mul(float *y, const float *g, const float *u, int64_t n) { ops()->gelu_tanh_mul(y, g, u, n); }
 
 void rlm__silu_mul(float *y, const float *g, const float *u, int64_t n) { ops()->silu_mul(y, g, u, n); }
+
+void rlm__softcap(float *x, float cap, int64_t n) { ops()->softcap(x, cap, n); }
 
 /* The angle is pos * inv_freq in f32, as transformers computes it, so both
  * round the same way; cos and sin in double, rounded once. */

@@ -4,6 +4,7 @@
  *   rmsnorm        y = w * (x * r), r = 1 / sqrt(sum x^2 / n + eps)
  *   gelu_tanh_mul  y = gelu_tanh(g) * u (transformers' gelu_pytorch_tanh)
  *   silu_mul       y = g / (1 + e^-g) * u
+ *   softcap        x = cap * tanh(x / cap), in place
  *
  * ops.c holds the scalar versions, which define the results, and picks a
  * table once per process (rlm__ops_isa); tests/test_ops.c checks every
@@ -32,6 +33,12 @@
  *            and the negative tail keeps its relative precision (the
  *            reference, 1 + tanhf(z), has only absolute precision there).
  *   silu     the same with t = e^-|x|.
+ *   softcap  z = x / cap (the reference's division, the same bits); for
+ *            |z| >= 0.625, tanh |z| = (1 - t) / (1 + t) with t = e^-2|z|
+ *            <= 0.29 (no cancellation), the sign put back; below, the
+ *            odd polynomial z + z^3 P(z^2) of Cephes' tanhf, whose
+ *            relative error stays near an ulp where 1 - t would cancel.
+ *            Then times cap. tests/test_ops.c bounds it against tanhf.
  *   exp      x = n ln2 + r, |r| <= ln2/2, Cephes' degree-7 polynomial for
  *            e^r evaluated with FMA, times 2^n: at most 1.01 ulp from
  *            the exact value over every float in [-87.3, 0]. AVX2 gives 0
@@ -74,6 +81,12 @@
 #define EXP_P3 4.1665795894e-2f
 #define EXP_P4 1.6666665459e-1f
 #define EXP_P5 5.0000001201e-1f
+#define TANH_SMALL 0.625f /* below: the polynomial (Cephes tanhf's split) */
+#define TANH_P0 -5.70498872745e-3f
+#define TANH_P1 2.06390887954e-2f
+#define TANH_P2 -5.37397155531e-2f
+#define TANH_P3 1.33314422036e-1f
+#define TANH_P4 -3.33332819422e-1f
 
 /* ========================================================================
  * AVX2 + FMA: 8 lanes.
@@ -128,6 +141,34 @@ RLM_AVX2 static RLM_INLINE __m256 gelu_avx2(__m256 x) {
 
 RLM_AVX2 static RLM_INLINE __m256 silu_avx2(__m256 x) {
   return x_sigmoid_avx2(x, x, exp_neg_avx2(_mm256_sub_ps(_mm256_setzero_ps(), abs_avx2(x))));
+}
+
+/* tanh z (see NUMERICS): tanh |z| by the polynomial where |z| <
+ * TANH_SMALL, else (1 - t) / (1 + t); then z's sign (-0 stays -0). NaN
+ * fails the compare and stays NaN through t. */
+RLM_AVX2 static RLM_INLINE __m256 tanh_avx2(__m256 z) {
+  const __m256 a = abs_avx2(z), z2 = _mm256_mul_ps(z, z);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(TANH_P0), z2, _mm256_set1_ps(TANH_P1));
+  p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(TANH_P2));
+  p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(TANH_P3));
+  p = _mm256_fmadd_ps(p, z2, _mm256_set1_ps(TANH_P4));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z2), a, a);
+  const __m256 t = exp_neg_avx2(_mm256_mul_ps(_mm256_set1_ps(-2.0f), a));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 big = _mm256_div_ps(_mm256_sub_ps(one, t), _mm256_add_ps(one, t));
+  const __m256 r = _mm256_blendv_ps(big, small, _mm256_cmp_ps(a, _mm256_set1_ps(TANH_SMALL), _CMP_LT_OQ));
+  return _mm256_or_ps(r, _mm256_and_ps(_mm256_set1_ps(-0.0f), z)); /* odd: tanh |z| with z's sign */
+}
+
+RLM_AVX2 static void softcap_avx2(float *x, float cap, int64_t n) {
+  const __m256 c = _mm256_set1_ps(cap);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, _mm256_mul_ps(tanh_avx2(_mm256_div_ps(_mm256_loadu_ps(x + i), c)), c));
+  if (i == n) return;
+  const __m256i m = tail_mask_avx2(n - i);
+  const __m256 r = _mm256_mul_ps(tanh_avx2(_mm256_div_ps(_mm256_maskload_ps(x + i, m), c)), c);
+  _mm256_maskstore_ps(x + i, m, r);
 }
 
 RLM_AVX2 static void gelu_tanh_mul_avx2(float *y, const float *g, const float *u, int64_t n) {
@@ -230,6 +271,31 @@ RLM_AVX512 static RLM_INLINE __m512 silu_avx512(__m512 x) {
   return x_sigmoid_avx512(x, x, exp_neg_avx512(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x))));
 }
 
+/* As tanh_avx2. */
+RLM_AVX512 static RLM_INLINE __m512 tanh_avx512(__m512 z) {
+  const __m512 a = _mm512_abs_ps(z), z2 = _mm512_mul_ps(z, z);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(TANH_P0), z2, _mm512_set1_ps(TANH_P1));
+  p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(TANH_P2));
+  p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(TANH_P3));
+  p = _mm512_fmadd_ps(p, z2, _mm512_set1_ps(TANH_P4));
+  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(p, z2), a, a);
+  const __m512 t = exp_neg_avx512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), a));
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512 big = _mm512_div_ps(_mm512_sub_ps(one, t), _mm512_add_ps(one, t));
+  const __m512 r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, _mm512_set1_ps(TANH_SMALL), _CMP_LT_OQ), big, small);
+  return _mm512_or_ps(r, _mm512_and_ps(_mm512_set1_ps(-0.0f), z)); /* odd: tanh |z| with z's sign */
+}
+
+RLM_AVX512 static void softcap_avx512(float *x, float cap, int64_t n) {
+  const __m512 c = _mm512_set1_ps(cap);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(tanh_avx512(_mm512_div_ps(_mm512_loadu_ps(x + i), c)), c));
+  if (i == n) return;
+  const __mmask16 m = tail_mask16(n - i);
+  _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(tanh_avx512(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), c)), c));
+}
+
 RLM_AVX512 static void gelu_tanh_mul_avx512(float *y, const float *g, const float *u, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
@@ -293,6 +359,7 @@ static const rlm_ops_isa ops_avx2 = {
     .rmsnorm = rmsnorm_avx2,
     .gelu_tanh_mul = gelu_tanh_mul_avx2,
     .silu_mul = silu_mul_avx2,
+    .softcap = softcap_avx2,
 };
 
 static const rlm_ops_isa ops_avx512 = {
@@ -300,6 +367,7 @@ static const rlm_ops_isa ops_avx512 = {
     .rmsnorm = rmsnorm_avx512,
     .gelu_tanh_mul = gelu_tanh_mul_avx512,
     .silu_mul = silu_mul_avx512,
+    .softcap = softcap_avx512,
 };
 
 const rlm_ops_isa *rlm__ops_x86(const char *isa) {
