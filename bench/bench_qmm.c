@@ -31,8 +31,17 @@
  * quantized matrix: speed does not depend on their values, and quantizing
  * 300M values would take longer than the timing.
  *
+ * --stack M times a whole batched decode step's products on the int8
+ * path: the Gemma-3-1B shape's 26 layers (q, k, v, o, gate, up, down, each
+ * layer its own 4-bit matrices, 700 MB) and its 8-bit 262144 x 1152 head
+ * (320 MB), one after another at m = M rows, as the model runs them: the
+ * weights come from DRAM. Then the same with one layer's matrices reused
+ * 26 times (in L3). GMAC/s per kind of product and for the step; the
+ * step's tok/s is what a B = M decode would make if nothing but its
+ * products took time. Random codes, as --heads.
+ *
  * usage: bench_qmm [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...]
- *                  [--heads M1,M2,...]
+ *                  [--heads M1,M2,...] [--stack M]
  */
 #include "bench.h"
 #include "quant/quant.h"
@@ -186,6 +195,43 @@ static void heads(rlm_pool *pool, const int64_t *ms, int n_m, int reps, int thre
   }
 }
 
+/* The --stack table (see the top). */
+static void stack(rlm_pool *pool, int64_t m, int reps, int threads) {
+  enum { LAYERS = 26, KINDS = 8 }; /* 7 a layer, then the head */
+  static const struct {
+    const char *name;
+    int64_t rows, cols;
+    int bits;
+  } K[KINDS] = {{"q", 1024, 1152, 4},    {"k", 256, 1152, 4},    {"v", 256, 1152, 4},
+                {"o", 1152, 1024, 4},    {"gate", 6912, 1152, 4}, {"up", 6912, 1152, 4},
+                {"down", 1152, 6912, 4}, {"head8", 262144, 1152, 8}};
+  qmm_case *c = xmalloc(sizeof *c * (LAYERS * (KINDS - 1) + 1));
+  for (int l = 0; l < LAYERS; l++)
+    for (int k = 0; k < KINDS - 1; k++) head_make(&c[l * (KINDS - 1) + k], K[k].rows, K[k].cols, K[k].bits, m);
+  qmm_case *head = &c[LAYERS * (KINDS - 1)];
+  head_make(head, K[KINDS - 1].rows, K[KINDS - 1].cols, K[KINDS - 1].bits, m);
+  printf("bench_qmm --stack: Gemma-3-1B shape, m = %lld, %d thread(s), %d steps after one unmeasured\n",
+         (long long)m, threads, reps);
+  for (int hot = 0; hot < 2; hot++) {
+    double t[KINDS] = {0}, macs[KINDS] = {0};
+    for (int r = 0; r <= reps; r++)
+      for (int i = 0; i <= LAYERS * (KINDS - 1); i++) {
+        const int k = i == LAYERS * (KINDS - 1) ? KINDS - 1 : i % (KINDS - 1);
+        qmm_case *q = k == KINDS - 1 ? head : &c[hot ? k : i];
+        const double t0 = now_s();
+        rlm__qmatmul_q8(pool, &q->w, q->x, q->m, q->scratch, q->y);
+        if (r > 0) t[k] += now_s() - t0, macs[k] += (double)m * (double)q->w.rows * (double)q->w.cols;
+      }
+    double tt = 0, mm = 0;
+    printf("  %s:", hot ? "one layer's weights reused (L3)" : "every layer's own weights (DRAM)");
+    for (int k = 0; k < KINDS; k++) printf(" %s %.0f", K[k].name, macs[k] / t[k] / 1e9), tt += t[k], mm += macs[k];
+    printf(" GMAC/s; step %.0f GMAC/s, %.2f ms, %.1f tok/s\n", mm / tt / 1e9, tt / reps * 1e3,
+           (double)m * reps / tt);
+  }
+  for (int i = 0; i <= LAYERS * (KINDS - 1); i++) case_free(&c[i]);
+  free(c);
+}
+
 /* "1,2,4" -> ms[]; returns the count (at most SWEEP_MAX, each >= 1). */
 static int parse_list(const char *s, int64_t *ms) {
   int n = 0;
@@ -224,7 +270,7 @@ static void sweep(rlm_pool *pool, const int64_t *ms, int n_m, int reps) {
 
 int main(int argc, char **argv) {
   int reps = 5, threads = 1, n_sweep = 0, n_heads = 0;
-  int64_t m = 512, ms[SWEEP_MAX], mh[SWEEP_MAX];
+  int64_t m = 512, ms[SWEEP_MAX], mh[SWEEP_MAX], m_stack = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "-m") && i + 1 < argc) m = atoll(argv[++i]);
@@ -233,9 +279,11 @@ int main(int argc, char **argv) {
       n_sweep = parse_list(i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "1,2,4,8,16", ms);
     else if (!strcmp(argv[i], "--heads"))
       n_heads = parse_list(i + 1 < argc && argv[i + 1][0] != '-' ? argv[++i] : "1,8", mh);
+    else if (!strcmp(argv[i], "--stack") && i + 1 < argc && atoll(argv[i + 1]) >= 1) m_stack = atoll(argv[++i]);
     else n_sweep = -1;
     if (n_sweep < 0 || (!strcmp(argv[i], "--sweep") && n_sweep == 0) || (!strcmp(argv[i], "--heads") && n_heads == 0)) {
-      fprintf(stderr, "usage: %s [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...] [--heads M1,M2,...]\n",
+      fprintf(stderr,
+              "usage: %s [--reps N] [-m ROWS] [--threads N] [--sweep M1,M2,...] [--heads M1,M2,...] [--stack M]\n",
               argv[0]);
       return 2;
     }
@@ -246,6 +294,11 @@ int main(int argc, char **argv) {
   if (threads > 1 && rlm__pool_create(&pool, threads, NULL)) {
     fprintf(stderr, "bench_qmm: cannot create a pool of %d threads\n", threads);
     return 1;
+  }
+  if (m_stack > 0) {
+    stack(pool, m_stack, reps, threads);
+    rlm__pool_free(pool);
+    return 0;
   }
   if (n_heads > 0) {
     heads(pool, mh, n_heads, reps, threads);
