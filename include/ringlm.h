@@ -919,7 +919,9 @@ typedef struct rlm_gen_params {
   bool adaptive;     /* per-row proposal length: +2 after a step that kept
                         every proposal, -1 after one that did not (the
                         heuristic schedule of transformers' assisted
-                        generation), within 1..draft_max                  */
+                        generation), within 1..draft_max for a draft
+                        model; lookup goes down to 0, where it proposes
+                        one token every 8th decode step to find repeats   */
 } rlm_gen_params;
 
 RLM_API rlm_gen_params rlm_gen_params_default(void);

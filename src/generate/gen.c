@@ -60,6 +60,7 @@ typedef struct gen_row {
   rlm_detok_stream *ds;
   rlm_stop *stop;
   int k;                       /* proposal length now (adaptive)          */
+  int idle;                    /* lookup at k = 0: steps since a probe    */
   int n_draft;                 /* this step's proposals                   */
   int32_t draft[MAX_DRAFT];
   int lg0;                     /* its first logits row in the target pass */
@@ -318,6 +319,7 @@ rlm_status rlm_gen_add(rlm_gen *g, const rlm_gen_request *r, int *row, rlm_error
   for (int64_t i = 0; i < r->n_prompt; i++) rlm_sampler_accept(w->smp, r->prompt[i]);
   w->n_hist = r->n_prompt, w->fed = r->n_cached, w->limit = limit;
   w->k = g->p.draft_max;
+  w->idle = 0;
   w->st = w->fed < w->n_hist - 1 ? ROW_PREFILL : ROW_DECODE;
   w->st_row = (rlm_gen_stats){.n_prompt = r->n_prompt - r->n_cached};
   g->tot.n_prompt += w->st_row.n_prompt;
@@ -343,11 +345,12 @@ void rlm_gen_get_stats(const rlm_gen *g, int row, rlm_gen_stats *out) {
 
 /* ---- proposals ------------------------------------------------------------ */
 
-/* Proposals worth making: no more than the output has left (all kept,
- * they end the request) and the context has room to feed. */
-static int proposal_room(const rlm_gen *g, const gen_row *w) {
+/* Proposals worth making, of the `want` the schedule allows: no more than
+ * the output has left (all kept, they end the request) and the context
+ * has room to feed. */
+static int proposal_room(const rlm_gen *g, const gen_row *w, int want) {
   if (!g->K || !w->rq.speculate) return 0;
-  int64_t k = w->k;
+  int64_t k = want;
   if (w->rq.max_tokens >= 0) k = RLM_MIN(k, w->rq.max_tokens - w->st_row.n_gen);
   if (w->limit) k = RLM_MIN(k, w->limit - w->n_hist);
   return (int)RLM_MAX(k, 0);
@@ -357,7 +360,7 @@ static void propose_lookup(rlm_gen *g) {
   for (int r = 0; r < g->R; r++) {
     gen_row *w = &g->rows[r];
     w->n_draft = 0;
-    int k = w->st == ROW_DECODE ? proposal_room(g, w) : 0;
+    int k = w->st == ROW_DECODE ? proposal_room(g, w, rlm__lookup_probe(w->k, &w->idle)) : 0;
     if (k) w->n_draft = rlm__ngram_propose(w->hist, w->n_hist, g->p.lookup_n, k, w->draft);
   }
 }
@@ -418,7 +421,7 @@ static rlm_status propose_draft(rlm_gen *g, rlm_error *err) {
   for (int r = 0; r < g->R; r++) {
     gen_row *w = &g->rows[r];
     w->n_draft = 0;
-    k_row[r] = w->st == ROW_DECODE && w->dsmp ? proposal_room(g, w) : 0;
+    k_row[r] = w->st == ROW_DECODE && w->dsmp ? proposal_room(g, w, w->k) : 0;
     kmax = RLM_MAX(kmax, k_row[r]);
   }
   rlm_status rc = kmax ? draft_catch_up(g, k_row, err) : RLM_OK;
@@ -579,10 +582,11 @@ static int32_t judge_noting(rlm_gen *g, int r, int j, bool *kept) {
   return id;
 }
 
-/* Adaptive proposal length, transformers' heuristic schedule. */
+/* Adaptive proposal length (rlm__spec_next_k): a draft's rows stay at 1 or
+ * more; lookup's fall to what was kept and may stop at 0 and probe. */
 static void adapt(rlm_gen *g, gen_row *w, int kept) {
   if (!g->p.adaptive || !w->n_draft) return;
-  w->k = kept == w->n_draft ? RLM_MIN(g->p.draft_max, w->k + 2) : RLM_MAX(1, w->k - 1);
+  w->k = rlm__spec_next_k(w->k, kept, w->n_draft, !g->d, g->p.draft_max);
 }
 
 /* Verifies a decode row, emits, and rolls both rows back to the history. */
