@@ -916,12 +916,12 @@ typedef struct rlm_gen_params {
   int draft_max;     /* most tokens proposed per row and step, 1..32 (8)  */
   int lookup_n;      /* > 0 and no draft session: n-gram prompt lookup
                         matching the last lookup_n tokens                 */
-  bool adaptive;     /* per-row proposal length: +2 after a step that kept
-                        every proposal, -1 after one that did not (the
-                        heuristic schedule of transformers' assisted
-                        generation), within 1..draft_max for a draft
-                        model; lookup goes down to 0, where it proposes
-                        one token every 8th decode step to find repeats   */
+  bool adaptive;     /* per-row proposal length: +2 (up to draft_max)
+                        after a step that kept every proposal, else at
+                        most kept + 1 and one less, down to 0, where the
+                        row proposes one token every 8th decode step to
+                        find where proposals hold again; false: always
+                        draft_max                                         */
 } rlm_gen_params;
 
 RLM_API rlm_gen_params rlm_gen_params_default(void);

@@ -412,36 +412,32 @@ TEST(seeded_runs_repeat) {
 
 /* ---- the adaptive proposal length ------------------------------------------ */
 
-/* +2 on full acceptance up to k_max; otherwise a draft's rows -1 down to
- * 1, lookup's to at most kept + 1 down to 0, where a row probes one token
- * every RLM_LOOKUP_PROBE-th step and climbs back when the probe is kept. */
+/* +2 on full acceptance up to k_max; otherwise at most kept + 1 and k - 1,
+ * down to 0, where a row probes one token every RLM_SPEC_PROBE-th step
+ * and climbs back when the probe is kept. */
 TEST(adaptive_schedule) {
-  for (int lookup = 0; lookup < 2; lookup++) {
-    CHECK_EQ(rlm__spec_next_k(4, 4, 4, lookup, 8), 6);
-    CHECK_EQ(rlm__spec_next_k(7, 7, 7, lookup, 8), 8);
-    CHECK_EQ(rlm__spec_next_k(8, 8, 8, lookup, 8), 8);
-    /* a proposal cut short by the room left, all kept, still counts as full */
-    CHECK_EQ(rlm__spec_next_k(6, 2, 2, lookup, 8), 8);
-  }
-  CHECK_EQ(rlm__spec_next_k(8, 2, 8, false, 8), 7); /* a draft's: k - 1 ... */
-  CHECK_EQ(rlm__spec_next_k(1, 0, 1, false, 8), 1); /* ... down to 1 */
-  CHECK_EQ(rlm__spec_next_k(8, 2, 8, true, 8), 3);  /* lookup's: kept + 1 ... */
-  CHECK_EQ(rlm__spec_next_k(4, 3, 4, true, 8), 3);  /* ... or k - 1 ... */
-  CHECK_EQ(rlm__spec_next_k(8, 0, 8, true, 8), 1);
-  CHECK_EQ(rlm__spec_next_k(1, 0, 1, true, 8), 0); /* ... down to 0 */
-  CHECK_EQ(rlm__spec_next_k(0, 1, 1, true, 8), 2); /* a kept probe */
+  CHECK_EQ(rlm__spec_next_k(4, 4, 4, 8), 6);
+  CHECK_EQ(rlm__spec_next_k(7, 7, 7, 8), 8);
+  CHECK_EQ(rlm__spec_next_k(8, 8, 8, 8), 8);
+  /* a proposal cut short by the room left, all kept, still counts as full */
+  CHECK_EQ(rlm__spec_next_k(6, 2, 2, 8), 8);
+  CHECK_EQ(rlm__spec_next_k(8, 2, 8, 8), 3); /* kept + 1 ... */
+  CHECK_EQ(rlm__spec_next_k(4, 3, 4, 8), 3); /* ... or k - 1 ... */
+  CHECK_EQ(rlm__spec_next_k(8, 0, 8, 8), 1);
+  CHECK_EQ(rlm__spec_next_k(1, 0, 1, 8), 0); /* ... down to 0 */
+  CHECK_EQ(rlm__spec_next_k(0, 1, 1, 8), 2); /* a kept probe */
   int idle = 5;
-  CHECK_EQ(rlm__lookup_probe(3, &idle), 3);
+  CHECK_EQ(rlm__spec_probe(3, &idle), 3);
   CHECK_EQ(idle, 0);
   int made = 0, first = -1;
-  for (int step = 0; step < 4 * RLM_LOOKUP_PROBE; step++) {
-    const int k = rlm__lookup_probe(0, &idle);
+  for (int step = 0; step < 4 * RLM_SPEC_PROBE; step++) {
+    const int k = rlm__spec_probe(0, &idle);
     CHECK(k == 0 || k == 1);
     if (k && first < 0) first = step;
     made += k;
   }
   CHECK_EQ(made, 4);
-  CHECK_EQ(first, RLM_LOOKUP_PROBE - 1);
+  CHECK_EQ(first, RLM_SPEC_PROBE - 1);
 }
 
 /* ---- rlm__ngram_propose -------------------------------------------------- */

@@ -176,8 +176,8 @@ static const opt_def opts[] = {
     {{"--draft-max"}, "K", OPT_INT, C_SPEC, F(draft_max), .lo = 1, .hi = 32,
      .help = "most tokens proposed per step (--draft, --lookup)"},
     {{"--draft-adaptive"}, "0|1", OPT_INT, C_SPEC, F(draft_adaptive), SET(0, 1),
-     .help = "1: proposals per step grow by 2 after a step that kept all, shrink by 1 after one that did not "
-             "(lookup: to 0, then one every 8th step)"},
+     .help = "1: proposals per step grow by 2 after a step that kept all, else fall to at most kept + 1, "
+             "down to 0 (then one every 8th step)"},
     {{"-f", "--file"}, "FILE", OPT_STR, C_BATCH, F(file),
      .help = "prompts, one per line: text, or JSON {\"prompt\"|\"ids\", \"max_tokens\"}; required"},
     {{"-f", "--file"}, "FILE", OPT_STR, C_BENCH, F(file),

@@ -60,7 +60,7 @@ typedef struct gen_row {
   rlm_detok_stream *ds;
   rlm_stop *stop;
   int k;                       /* proposal length now (adaptive)          */
-  int idle;                    /* lookup at k = 0: steps since a probe    */
+  int idle;                    /* at k = 0: decode steps since a probe    */
   int n_draft;                 /* this step's proposals                   */
   int32_t draft[MAX_DRAFT];
   int lg0;                     /* its first logits row in the target pass */
@@ -360,7 +360,7 @@ static void propose_lookup(rlm_gen *g) {
   for (int r = 0; r < g->R; r++) {
     gen_row *w = &g->rows[r];
     w->n_draft = 0;
-    int k = w->st == ROW_DECODE ? proposal_room(g, w, rlm__lookup_probe(w->k, &w->idle)) : 0;
+    int k = w->st == ROW_DECODE ? proposal_room(g, w, rlm__spec_probe(w->k, &w->idle)) : 0;
     if (k) w->n_draft = rlm__ngram_propose(w->hist, w->n_hist, g->p.lookup_n, k, w->draft);
   }
 }
@@ -421,7 +421,7 @@ static rlm_status propose_draft(rlm_gen *g, rlm_error *err) {
   for (int r = 0; r < g->R; r++) {
     gen_row *w = &g->rows[r];
     w->n_draft = 0;
-    k_row[r] = w->st == ROW_DECODE && w->dsmp ? proposal_room(g, w, w->k) : 0;
+    k_row[r] = w->st == ROW_DECODE && w->dsmp ? proposal_room(g, w, rlm__spec_probe(w->k, &w->idle)) : 0;
     kmax = RLM_MAX(kmax, k_row[r]);
   }
   rlm_status rc = kmax ? draft_catch_up(g, k_row, err) : RLM_OK;
@@ -582,11 +582,11 @@ static int32_t judge_noting(rlm_gen *g, int r, int j, bool *kept) {
   return id;
 }
 
-/* Adaptive proposal length (rlm__spec_next_k): a draft's rows stay at 1 or
- * more; lookup's fall to what was kept and may stop at 0 and probe. */
+/* Adaptive proposal length (rlm__spec_next_k): to what was kept and down
+ * to 0, where the row probes (rlm__spec_probe). */
 static void adapt(rlm_gen *g, gen_row *w, int kept) {
   if (!g->p.adaptive || !w->n_draft) return;
-  w->k = rlm__spec_next_k(w->k, kept, w->n_draft, !g->d, g->p.draft_max);
+  w->k = rlm__spec_next_k(w->k, kept, w->n_draft, g->p.draft_max);
 }
 
 /* Verifies a decode row, emits, and rolls both rows back to the history. */

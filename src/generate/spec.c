@@ -103,21 +103,22 @@ int rlm__ngram_propose(const int32_t *hist, int64_t n_hist, int n, int k, int32_
   return 0;
 }
 
-int rlm__spec_next_k(int k, int kept, int n_draft, bool lookup, int k_max) {
+/* Why it falls fast and may stop: proposals that are not kept each cost a
+ * position in the verification pass, and with k - 1 down to 1
+ * (transformers' heuristic schedule) a row keeps paying for them. The
+ * embedded model, bench/spec_prompts.txt, draft-max 8, one thread:
+ * lookup on the two sentences kept 2 and 3 of 35 and 42 proposals,
+ * 0.85-0.89x of plain decoding, and 0.95-0.97x with this schedule; the 1M
+ * draft 0.70x, 0.74-0.78x with k - 1 down to 0, 0.84-0.86x with this. */
+int rlm__spec_next_k(int k, int kept, int n_draft, int k_max) {
   if (kept >= n_draft) return k + 2 < k_max ? k + 2 : k_max;
-  if (!lookup) return k - 1 > 1 ? k - 1 : 1;
   const int next = kept + 1 < k - 1 ? kept + 1 : k - 1;
   return next > 0 ? next : 0;
 }
 
-/* Why lookup drops faster and may stop: its proposals cost nothing to
- * make, but each costs a position in the verification pass, and where the
- * text does not repeat they are almost never kept (the embedded model on
- * bench/spec_prompts.txt's two sentences, draft-max 8: 2 and 3 kept of 35
- * and 42, 0.85-0.89x of plain decoding, with k going 8, 7, ... 1). */
-int rlm__lookup_probe(int k, int *idle) {
+int rlm__spec_probe(int k, int *idle) {
   if (k > 0) return *idle = 0, k;
-  if (++*idle < RLM_LOOKUP_PROBE) return 0;
+  if (++*idle < RLM_SPEC_PROBE) return 0;
   *idle = 0;
   return 1;
 }

@@ -65,16 +65,15 @@ bool rlm__spec_accept_one(rlm_sampler *s, const float *p, const float *q, int32_
 int rlm__ngram_propose(const int32_t *hist, int64_t n_hist, int n, int k, int32_t *out);
 
 /* The adaptive proposal length after a verification that kept `kept` of
- * n_draft >= 1 proposals: k + 2 (at most k_max) when it kept them all.
- * Otherwise, for a draft model's rows, k - 1 down to 1 (transformers'
- * heuristic schedule); for lookup's, at most kept + 1 and k - 1, down to
- * 0, where the row makes a one-token probe every RLM_LOOKUP_PROBE decode
- * steps (rlm__lookup_probe), so text that starts to repeat brings k back. */
-int rlm__spec_next_k(int k, int kept, int n_draft, bool lookup, int k_max);
-enum { RLM_LOOKUP_PROBE = 8 };
-/* Proposals a lookup row at adaptive length k may make this step: k, or at
- * k = 0 one on every RLM_LOOKUP_PROBE-th call (*idle counts the calls). */
-int rlm__lookup_probe(int k, int *idle);
+ * n_draft >= 1 proposals: k + 2 (at most k_max) when it kept them all,
+ * else at most kept + 1 and k - 1, down to 0. A row at 0 makes a
+ * one-token probe every RLM_SPEC_PROBE decode steps (rlm__spec_probe),
+ * so text where proposals start to hold brings k back. */
+int rlm__spec_next_k(int k, int kept, int n_draft, int k_max);
+enum { RLM_SPEC_PROBE = 8 };
+/* Proposals a row at adaptive length k may make this step: k, or at k = 0
+ * one on every RLM_SPEC_PROBE-th call (*idle counts the calls). */
+int rlm__spec_probe(int k, int *idle);
 
 /* Room in s for any piece of up to piece_max bytes, so that rlm_stop_push
  * never allocates afterwards (a generation step must not fail halfway). */
