@@ -421,6 +421,11 @@ RLM_API rlm_status rlm_kv_read_block(rlm_kv *kv, const rlm_kv_batch *b,
  * positions attend this cache as those positions did. k, v are unused. */
 RLM_API rlm_status rlm_kv_attend_last(rlm_kv *kv, const rlm_kv_batch *b,
                                       rlm_error *err);
+/* The same, one query at a time, each reading the cache as a one-token
+ * step at its position did: rlm_kv_append_committed's counterpart, whose
+ * outputs are a run of decode steps' to the bit. */
+RLM_API rlm_status rlm_kv_attend_committed(rlm_kv *kv, const rlm_kv_batch *b,
+                                           rlm_error *err);
 /* Forgets the last n positions of every row (n is clamped per row). */
 RLM_API rlm_status rlm_kv_trim(rlm_kv *kv, int64_t n, rlm_error *err);
 /* Ragged rollback: row i keeps keep[i] of the tokens appended since its

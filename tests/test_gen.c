@@ -15,7 +15,8 @@
  * plain engine's. Logprobs: each one is log_softmax of the logits that
  * rlm_session_eval gives on a second session, greedy and sampled, plain
  * and speculative (whose greedy logprobs are the plain run's); the top
- * ids descend and start with the greedy id; -1 gives NULL.
+ * ids descend and start with the greedy id; -1 gives NULL. Verification
+ * passes' logits are one-token steps' to the bit under int8 activations.
  */
 #include "generate/spec.h"
 #include "model/model.h"
@@ -562,6 +563,56 @@ TEST(penalties_speculative_equals_plain) {
   rlm_model_free(m);
 }
 
+/* A verification pass's logits are a run of one-token steps' to the bit
+ * under int8 activations (backend_cpu.c's STEPWISE RUNS): session a feeds
+ * seq one id a step, session b five at a time wanting every logit, after
+ * the same prompt, longer than the window (rings wrap), two threads, on
+ * the embedded model (KV-shared layers) and a Gemma 4 fixture, for dense,
+ * 4-bit and ring+sink caches. Before, a two-token pass's logits were up to
+ * 0.36 off the steps' on the embedded model. */
+static void check_stepwise(rlm_model *m, const kv_case *kc, int n_prompt, int32_t V) {
+  enum { T = 30, CH = 5 };
+  rlm_session_params p = rlm_session_params_default();
+  p.n_threads = 2, p.act_bits = 8, p.kv_group_size = 32, p.prefill_chunk = 64;
+  p.k_bits = kc->k_bits, p.v_bits = kc->v_bits, p.max_kv = kc->max_kv, p.kv_sinks = kc->sinks;
+  rlm_session *a = NULL, *b = NULL;
+  rlm_error err;
+  CHECK_EQ(rlm_session_create(&a, m, &p, &err), RLM_OK);
+  CHECK_EQ(rlm_session_create(&b, m, &p, &err), RLM_OK);
+  int32_t *ids = xmalloc((size_t)(n_prompt + T) * sizeof *ids);
+  float *la = xmalloc((size_t)T * (size_t)V * sizeof *la), *lb = xmalloc((size_t)CH * (size_t)V * sizeof *lb);
+  for (int i = 0; i < n_prompt + T; i++) ids[i] = (int32_t)((i * 37 + 11) % (V - 8) + 5);
+  if (a && b) {
+    CHECK_EQ(rlm_session_eval(a, ids, n_prompt, la, false, &err), RLM_OK);
+    CHECK_EQ(rlm_session_eval(b, ids, n_prompt, lb, false, &err), RLM_OK);
+    for (int t = 0; t < T; t++)
+      CHECK_EQ(rlm_session_eval(a, ids + n_prompt + t, 1, la + (size_t)t * V, false, &err), RLM_OK);
+    int differ = 0;
+    for (int t = 0; t < T; t += CH) {
+      CHECK_EQ(rlm_session_eval(b, ids + n_prompt + t, CH, lb, true, &err), RLM_OK);
+      differ += memcmp(lb, la + (size_t)t * V, (size_t)CH * (size_t)V * sizeof *lb) != 0;
+    }
+    test_note("kv %s: %d of %d passes differ", kc->name, differ, T / CH);
+    CHECK_EQ(differ, 0);
+  }
+  free(ids), free(la), free(lb);
+  rlm_session_free(a), rlm_session_free(b);
+}
+
+TEST(verification_logits_are_decode_steps) {
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s/models/brown-15m-4bit", g_src);
+  rlm_model *m = NULL, *f = load("gemma4_text");
+  rlm_error err;
+  CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
+  static const kv_case cases[] = {{"dense", 0, 0, 0, 0}, {"4-bit", 4, 4, 0, 0}, {"rings+sinks", 0, 0, 24, 4}};
+  for (int c = 0; c < N_OF(cases); c++) {
+    if (m) check_stepwise(m, &cases[c], 140, rlm_model_vocab_size(m));
+    if (f) check_stepwise(f, &cases[c], 40, rlm_model_vocab_size(f));
+  }
+  rlm_model_free(m), rlm_model_free(f);
+}
+
 /* Engine steps (decode, draft passes, verification, rollback) allocate
  * nothing once the requests are running, logprobs and penalties too. */
 TEST(engine_steps_do_not_allocate) {
@@ -622,5 +673,6 @@ int main(void) {
   RUN(logprobs_range);
   RUN(penalties_speculative_equals_plain);
   RUN(engine_steps_do_not_allocate);
+  RUN(verification_logits_are_decode_steps);
   return t_finish(g_tmp);
 }

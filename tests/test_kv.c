@@ -5,9 +5,10 @@
  * dequantize(quantize(x)) in f32) and computes every attention output in
  * double over all positions with the explicit mask (causal, sliding window,
  * sinks, left padding). Random sequences of operations -- decode, window
- * appends of 1..64 tokens, committed spans, block reads, donor reads,
- * trims, uniform and ragged rollbacks, save/restore, rows joining, leaving
- * and extracted -- run on every cache kind; after each, the cache's outputs
+ * appends of 1..64 tokens, committed spans, block reads, donor reads
+ * (together and one query at a time), trims, uniform and ragged
+ * rollbacks, save/restore, rows joining, leaving and extracted -- run on
+ * every cache kind; after each, the cache's outputs
  * must match the reference (relative 1e-5). Seeds are printed on failure.
  */
 #include "kv/kv.h"
@@ -279,15 +280,17 @@ static void op_read_block(sim *s, int N) {
   }
 }
 
-/* Donor read: queries for the last n positions of each row. */
+/* Donor read: queries for the last n positions of each row, together or
+ * one at a time (rlm_kv_attend_committed: half the calls). */
 static void op_attend_last(sim *s, int n) {
   for (int b = 0; b < s->B; b++)
     if (s->rows[b].n < n) return;
+  const bool committed = t_rng_next(&s->rng) & 1;
   fill_random(s, n, 1.0f / sqrtf((float)s->dk));
   rlm_kv_batch bt = batch_of(s, n, false);
   bt.k = bt.v = NULL;
   rlm_error err;
-  rlm_status rc = rlm_kv_attend_last(s->kv, &bt, &err);
+  rlm_status rc = (committed ? rlm_kv_attend_committed : rlm_kv_attend_last)(s->kv, &bt, &err);
   /* After a rollback, rejected tokens may have overwritten keys the older
    * queries need: then the cache must refuse, and only then. */
   bool feasible = true;

@@ -86,6 +86,8 @@ typedef struct kv_read {
   int b;
   int j0, j1;
   int64_t start;         /* row b's offset before the call */
+  int64_t end;           /* > 0: a plain cache's segment stops here (the
+                            row's offset when the queries' step ran)     */
   rlm_attn_seg segs[2];  /* per head, filled by read_head   */
   int n_segs;
   bool use_ring, use_blk, use_den;
@@ -97,8 +99,8 @@ typedef struct kv_read {
  * attention splits a call over threads by slot count (attn_split.c), and
  * a plain cache grown to 32,768 slots while holding 16,416 gave one
  * thread all the keys and the other nothing. */
-static rlm_attn_seg ring_seg(const rlm_kv *kv, int b, int h) {
-  const int64_t n = kv->ring ? kv->n_alloc : RLM_MIN(kv->n_alloc, kv->offset[b]);
+static rlm_attn_seg ring_seg(const rlm_kv *kv, int b, int h, int64_t end) {
+  const int64_t n = kv->ring ? kv->n_alloc : RLM_MIN(kv->n_alloc, end > 0 ? end : kv->offset[b]);
   return (rlm_attn_seg){n, rlm__kv_row_pos(kv, b), rlm__kv_mat(kv, &kv->k, b, h, kv->n_alloc),
                         rlm__kv_mat(kv, &kv->v, b, h, kv->n_alloc)};
 }
@@ -138,7 +140,7 @@ static void read_row(rlm_kv *kv, kv_read *r) {
   const int n_blk = r->j1 - r->j0;
   for (int h = 0; h < kv->cfg.n_kv_heads; h++) {
     r->n_segs = 0;
-    if (r->use_ring) r->segs[r->n_segs++] = ring_seg(kv, r->b, h);
+    if (r->use_ring) r->segs[r->n_segs++] = ring_seg(kv, r->b, h, r->end);
     if (r->use_blk) r->segs[r->n_segs++] = blk_seg(kv, &kv->blk_k, &kv->blk_v, h, n_blk);
     if (r->use_den) r->segs[r->n_segs++] = blk_seg(kv, &kv->den_k, &kv->den_v, h, n_blk);
     read_head(kv, r, h);
@@ -217,29 +219,52 @@ rlm_status rlm_kv_read_block(rlm_kv *kv, const rlm_kv_batch *bt, rlm_error *err)
   return RLM_OK;
 }
 
-rlm_status rlm_kv_attend_last(rlm_kv *kv, const rlm_kv_batch *bt, rlm_error *err) {
-  rlm_status rc = check_batch(kv, bt, "rlm_kv_attend_last", false, err);
+/* The checks of a donor read by op: each row holds the keys its last
+ * n_tokens positions' queries see. */
+static rlm_status check_last(rlm_kv *kv, const rlm_kv_batch *bt, const char *op, rlm_error *err) {
+  rlm_status rc = check_batch(kv, bt, op, false, err);
   if (rc) return rc;
   if (bt->n_tokens > kv->cfg.max_chunk || !bt->q)
-    return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_attend_last: %d tokens (max_chunk %d) or no q",
-                    bt->n_tokens, kv->cfg.max_chunk);
+    return rlm__err(err, RLM_ERR_INVALID, "%s: %d tokens (max_chunk %d) or no q", op, bt->n_tokens,
+                    kv->cfg.max_chunk);
   for (int b = 0; b < kv->n_rows; b++) {
     int64_t real = bt->n_tokens - row_pad(bt, b), off = kv->offset[b];
     if (real > off)
-      return rlm__err(err, RLM_ERR_INVALID, "rlm_kv_attend_last: row %d has only %lld positions", b,
-                      (long long)off);
+      return rlm__err(err, RLM_ERR_INVALID, "%s: row %d has only %lld positions", op, b, (long long)off);
     /* After a rollback the rejected tokens may have overwritten keys that
      * the older of these queries see (the slack covers resuming, not
      * re-reading the past). */
     if (!row_holds(kv, b, window_lo(kv, off - real), off))
-      return rlm__err(err, RLM_ERR_INVALID,
-                      "rlm_kv_attend_last: row %d no longer holds the keys of positions %lld..%lld",
+      return rlm__err(err, RLM_ERR_INVALID, "%s: row %d no longer holds the keys of positions %lld..%lld", op,
                       b, (long long)(off - real), (long long)(off - 1));
   }
+  return RLM_OK;
+}
+
+rlm_status rlm_kv_attend_last(rlm_kv *kv, const rlm_kv_batch *bt, rlm_error *err) {
+  rlm_status rc = check_last(kv, bt, "rlm_kv_attend_last", err);
+  if (rc) return rc;
   for (int b = 0; b < kv->n_rows; b++) {
     kv_read r = {.bt = bt, .b = b, .j0 = 0, .j1 = bt->n_tokens,
                  .start = kv->offset[b] - (bt->n_tokens - row_pad(bt, b)), .use_ring = true};
     read_row(kv, &r);
+  }
+  return RLM_OK;
+}
+
+/* Query j reads the segments a one-token step at its position read: a
+ * plain cache's segment ends after that position, not at the offset (the
+ * attention splits its keys over threads by the segment's length). */
+rlm_status rlm_kv_attend_committed(rlm_kv *kv, const rlm_kv_batch *bt, rlm_error *err) {
+  rlm_status rc = check_last(kv, bt, "rlm_kv_attend_committed", err);
+  if (rc) return rc;
+  for (int b = 0; b < kv->n_rows; b++) {
+    const int64_t pad = row_pad(bt, b), start = kv->offset[b] - (bt->n_tokens - pad);
+    for (int j = (int)pad; j < bt->n_tokens; j++) {
+      kv_read r = {.bt = bt, .b = b, .j0 = j, .j1 = j + 1, .start = start, .end = start + j - pad + 1,
+                   .use_ring = true};
+      read_row(kv, &r);
+    }
   }
   return RLM_OK;
 }

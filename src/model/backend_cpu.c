@@ -104,10 +104,32 @@ static void cpu_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, fl
     memmove(dst + (size_t)i * width, src + (size_t)ps->want[i0 + i] * width, (size_t)width * sizeof *dst);
 }
 
+/* STEPWISE RUNS. A run of at most STEPWISE_MAX tokens that all want
+ * logits (a speculative verification) is appended and attended one
+ * position at a time, as decode steps would: a window's attention sums in
+ * another order, and int8 activations can turn that 1e-7-relative
+ * difference into other codes and the logits by a third of a unit (the
+ * embedded model, docs/performance.md), which let a verification pick
+ * another token than plain greedy decoding where the best two were that
+ * close. Prefill runs (logits of the last token at most) keep the window. */
+enum { STEPWISE_MAX = 33 };
+
+static bool stepwise(const rlm_pass *ps, const rlm_run *run) {
+  if (run->n < 2 || run->n > STEPWISE_MAX) return false;
+  int lo = 0, hi = ps->n_want; /* the first wanted index >= j0 (want ascends) */
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (ps->want[mid] < run->j0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo + run->n <= ps->n_want && ps->want[lo] == run->j0 && ps->want[lo + run->n - 1] == run->j0 + run->n - 1;
+}
+
 /* Each run's tokens attend their own row's cache of layer li (a KV-shared
  * layer: the donor layer's cache of that row, which this pass has just
- * appended to). act_bits 8 also quantizes the queries of 4-bit K caches
- * to int8 (attn.h's INT8 QUERIES, as llama.cpp does for a q4_0 cache). */
+ * appended to), stepwise where that run is (above). act_bits 8 also
+ * quantizes the queries of 4-bit K caches to int8 (attn.h's INT8 QUERIES,
+ * as llama.cpp does for a q4_0 cache). */
 static rlm_status cpu_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
   const rlm_model_config *c = &s->m->cfg;
   const int donor = c->kv_donor[li], hd = c->layer_head_dim[li];
@@ -119,8 +141,10 @@ static rlm_status cpu_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_err
     rlm_kv_batch b = {run->n, s->k + j0 * kd, s->v + j0 * kd, s->q + j0 * qd, c->n_heads,
                       (float)c->attn_scale, NULL, s->att + j0 * qd};
     kv[donor >= 0 ? donor : li]->int8_q = s->p.act_bits == 8;
-    rlm_status rc = donor >= 0   ? rlm_kv_attend_last(kv[donor], &b, err)
+    const bool steps = stepwise(ps, run);
+    rlm_status rc = donor >= 0 ? (steps ? rlm_kv_attend_committed : rlm_kv_attend_last)(kv[donor], &b, err)
                     : run->n == 1 ? rlm_kv_append_decode(kv[li], &b, err)
+                    : steps       ? rlm_kv_append_committed(kv[li], &b, err)
                                   : rlm_kv_append_window(kv[li], &b, err);
     if (rc) return rc;
   }
