@@ -111,7 +111,11 @@ static void cpu_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, fl
  * difference into other codes and the logits by a third of a unit (the
  * embedded model, docs/performance.md), which let a verification pick
  * another token than plain greedy decoding where the best two were that
- * close. Prefill runs (logits of the last token at most) keep the window. */
+ * close. With the int8 products' rows equal to one-row products' below 32
+ * tokens a pass (test_quant_fast), such a pass's logits are the decode
+ * steps' to the bit; a pass of 32 or more tokens takes the 4-bit panel
+ * kernel, whose sums are the reference's instead. Prefill runs (logits of
+ * the last token at most) keep the window. */
 enum { STEPWISE_MAX = 33 };
 
 static bool stepwise(const rlm_pass *ps, const rlm_run *run) {
