@@ -116,7 +116,7 @@ static void cpu_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, fl
  * steps' to the bit; a pass of 32 or more tokens takes the 4-bit panel
  * kernel, whose sums are the reference's instead. Prefill runs (logits of
  * the last token at most) keep the window. */
-enum { STEPWISE_MAX = 33 };
+enum { STEPWISE_MAX = 33 }; /* draft_max's limit, 32 proposals, and the pending id (ringlm.h) */
 
 static bool stepwise(const rlm_pass *ps, const rlm_run *run) {
   if (run->n < 2 || run->n > STEPWISE_MAX) return false;

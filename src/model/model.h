@@ -262,7 +262,7 @@ typedef struct rlm_ops_isa {
   void (*gelu_tanh_mul)(float *y, const float *g, const float *u, int64_t n);
   /* y = g / (1 + e^-g) * u                                             */
   void (*silu_mul)(float *y, const float *g, const float *u, int64_t n);
-  /* x = cap * tanh(x / cap) in place (Gemma's logit and attention caps)  */
+  /* x = cap * tanh(x / cap) in place (the final logit cap of Gemma 2/4) */
   void (*softcap)(float *x, float cap, int64_t n);
 } rlm_ops_isa;
 
