@@ -755,17 +755,17 @@ TEST(qmatmul_int8_activations) {
       }
 }
 
-/* Each row of an m-row int8 product has the bits of that row's one-row
- * product for m = 2..31, the register tiles' range: the CPU's stepwise
- * verification (backend_cpu.c) relies on it for speculative decoding to
- * equal plain decoding under int8 activations. From 32 rows 4-bit weights
- * take the panel kernel, whose sums are the reference's (checked to fail
- * here at 32 and 33), so passes of 32 tokens or more are not held to it. */
+/* Each row of rlm__qmatmul_q8_rows's m-row product has the bits of that
+ * row's one-row product (rlm__qmatmul_q8 at m = 1), past the AMX tiles'
+ * 8 rows and the 4-bit panels' 32 (whose sums go in another order; on
+ * an AMX machine the plain m-row product failed this from m = 8): the
+ * CPU's verification passes (backend_cpu.c) rely on it for speculative
+ * decoding to equal plain decoding under int8 activations. */
 TEST(int8_rows_equal_one_row) {
   static const int64_t COLS[] = {384, 1152};
   for (int bi = 0; bi < N_OF(Q8_BITS); bi++)
     for (int c = 0; c < N_OF(COLS); c++) {
-      const int64_t rows = 37, cols = COLS[c], M = 31;
+      const int64_t rows = 37, cols = COLS[c], M = 40;
       test_qmat t;
       qmat_make(&t, rows, cols, Q8_BITS[bi], 64, RLM_DTYPE_BF16, &g_seed);
       float *x = xmalloc((size_t)(M * cols) * sizeof *x), *y1 = xmalloc((size_t)(M * rows) * sizeof *y1);
@@ -774,7 +774,7 @@ TEST(int8_rows_equal_one_row) {
       for (int64_t i = 0; i < M * cols; i++) x[i] = t_rng_normal(&g_seed);
       for (int64_t i = 0; i < M; i++) rlm__qmatmul_q8(NULL, &t.w, x + i * cols, 1, scratch, y1 + i * rows);
       for (int64_t m = 2; m <= M; m++) {
-        rlm__qmatmul_q8(NULL, &t.w, x, m, scratch, ym);
+        rlm__qmatmul_q8_rows(NULL, &t.w, x, m, scratch, ym);
         test_note("bits %d cols %lld m %lld", Q8_BITS[bi], (long long)cols, (long long)m);
         CHECK(!memcmp(ym, y1, (size_t)(m * rows) * sizeof *ym));
       }

@@ -21,11 +21,6 @@ static rlm_status cpu_ok(rlm_session *s, rlm_error *err) {
   return RLM_OK;
 }
 
-static rlm_status cpu_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
-  (void)ps;
-  return cpu_ok(s, err);
-}
-
 static void cpu_embed(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, float scale, float *out) {
   (void)s;
   const size_t w = (size_t)e->in;
@@ -37,9 +32,11 @@ static void cpu_embed(rlm_session *s, const rlm_pass *ps, const rlm_linear *e, f
 }
 
 /* int8 activations when the session asks (rlm__linear_q8 falls back to
- * the exact product where the weights do not allow them). */
+ * the exact product where the weights do not allow them); in a pass that
+ * verifies proposals, products whose rows are one-row products to the bit
+ * (STEPWISE RUNS below). */
 static void cpu_linear(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
-  if (s->p.act_bits == 8) rlm__linear_q8(s->pool, l, x, n, y, s->q8);
+  if (s->p.act_bits == 8) (s->rows_exact ? rlm__linear_q8_rows : rlm__linear_q8)(s->pool, l, x, n, y, s->q8);
   else rlm__linear(s->pool, l, x, n, y, s->xsum);
 }
 
@@ -111,11 +108,11 @@ static void cpu_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, fl
  * difference into other codes and the logits by a third of a unit (the
  * embedded model, docs/performance.md), which let a verification pick
  * another token than plain greedy decoding where the best two were that
- * close. With the int8 products' rows equal to one-row products' below 32
- * tokens a pass (test_quant_fast), such a pass's logits are the decode
- * steps' to the bit; a pass of 32 or more tokens takes the 4-bit panel
- * kernel, whose sums are the reference's instead. Prefill runs (logits of
- * the last token at most) keep the window. */
+ * close. With the pass's int8 products row-exact (cpu_begin:
+ * rlm__linear_q8_rows, each row the one-row product's bits at any m,
+ * test_quant_fast), such a pass's logits are the decode steps' to the
+ * bit. Prefill runs (logits of the last token at most) keep the window
+ * and the fastest products. */
 enum { STEPWISE_MAX = 33 }; /* draft_max's limit, 32 proposals, and the pending id (ringlm.h) */
 
 static bool stepwise(const rlm_pass *ps, const rlm_run *run) {
@@ -127,6 +124,15 @@ static bool stepwise(const rlm_pass *ps, const rlm_run *run) {
     else hi = mid;
   }
   return lo + run->n <= ps->n_want && ps->want[lo] == run->j0 && ps->want[lo + run->n - 1] == run->j0 + run->n - 1;
+}
+
+/* A pass with a stepwise run takes row-exact products throughout, for
+ * every run's rows: the AMX tiles and the 4-bit panels sum in another
+ * order than the one-row kernels, which the steps of plain decoding use. */
+static rlm_status cpu_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
+  s->rows_exact = false;
+  for (int r = 0; r < ps->n_runs && !s->rows_exact; r++) s->rows_exact = stepwise(ps, &ps->runs[r]);
+  return cpu_ok(s, err);
 }
 
 /* Each run's tokens attend their own row's cache of layer li (a KV-shared

@@ -176,6 +176,8 @@ struct rlm_session {
   float *ple, *ple_tmp;       /* [chunk][n_layers][ple_dim] (Gemma 4)    */
   float *moe;                 /* MoE: one token's router and expert work */
   void *q8;                   /* act_bits 8: quantized activation rows   */
+  bool rows_exact;            /* this pass verifies proposals: row-exact
+                                 products (backend_cpu.c)                */
   float *rope;                /* [2][chunk][max_head_dim/2][cos, sin]:    */
                               /* the pass's angles, full then sliding     */
   /* the pass plan (session.c) */
@@ -295,6 +297,9 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
  * cols % 128 == 0: every 4-bit layer and the 8-bit tied lm_head of an MLX
  * 4-bit checkpoint); scratch: rlm__qmatmul_q8_bytes. */
 void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch);
+/* The same, each row of y with the bits row alone would give
+ * (rlm__qmatmul_q8_rows): a speculative verification's products. */
+void rlm__linear_q8_rows(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch);
 /* Bytes of rlm__linear_q8's scratch for m rows of at most cols inputs
  * (any weight kind). */
 size_t rlm__linear_q8_bytes(int64_t m, int64_t cols);

@@ -110,13 +110,22 @@ void rlm__linear(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m,
   rlm__dense_matmul(pool, l->w, l->dtype, l->out, l->in, x, m, y);
 }
 
-void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch) {
+static void linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch,
+                      bool rows) {
   if (l->kq.blocks) { /* its scratch starts on a 64-byte boundary (rlm__linear_q8_bytes) */
     rlm__kq_matmul_q8(pool, &l->kq, x, m, (void *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63), y);
     return;
   }
-  if (l->quant && rlm__q8act_ok(&l->q)) rlm__qmatmul_q8(pool, &l->q, x, m, scratch, y);
+  if (l->quant && rlm__q8act_ok(&l->q)) (rows ? rlm__qmatmul_q8_rows : rlm__qmatmul_q8)(pool, &l->q, x, m, scratch, y);
   else rlm__linear(pool, l, x, m, y, scratch);
+}
+
+void rlm__linear_q8(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch) {
+  linear_q8(pool, l, x, m, y, scratch, false);
+}
+
+void rlm__linear_q8_rows(rlm_pool *pool, const rlm_linear *l, const float *x, int64_t m, float *y, void *scratch) {
+  linear_q8(pool, l, x, m, y, scratch, true);
 }
 
 size_t rlm__linear_q8_bytes(int64_t m, int64_t cols) {

@@ -776,9 +776,8 @@ enum { QMM_OUT_BLOCK = 128, QMM_IN_BLOCK = 16 };
  * KB, L2) against QMM_IN_BLOCK quantized inputs (L1); inside, 2 x 4
  * register tiles of 2 weight rows and up to QT inputs (tile_rxn). 4-, 6-
  * or 8-bit weights (their activation layouts share the lane map). */
-RLM_VNNI static void qmm_q8_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
-                                 int64_t m, int64_t o0, int64_t o1, float *y) {
-  if (panel_ok(w, m)) o0 = qmm_panels(w, scratch, stride, xsum, m, o0, o1, y);
+RLM_VNNI static void qmm_q8_tiles(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum,
+                                  int64_t m, int64_t o0, int64_t o1, float *y) {
   const rows_fn *rows = w->bits == 8 ? rows_w8 : w->bits == 6 ? rows_w6 : rows_w4;
   const int per = 128 / w->group_size ? 128 / w->group_size : 1;
   const int64_t ng = w->cols / w->group_size;
@@ -811,12 +810,41 @@ void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, cons
     rlm__qmv_q8_ref(w, (const char *)scratch + (size_t)i * stride, xsum + i * ng, o0, o1, y + i * w->rows);
 }
 
+/* The same, each row by the mat-vec kernel (weights read once a row):
+ * the one-row product's bits by construction, where no m-row kernel is
+ * known to give them. */
+static void qmm_q8_by_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
+                           int64_t o0, int64_t o1, float *y) {
+  const rlm__qmv_q8_fn mv = rlm__qmv_q8_kernel(w->bits);
+  const int64_t ng = w->cols / w->group_size;
+  for (int64_t i = 0; i < m; i++)
+    mv(w, (const char *)scratch + (size_t)i * stride, xsum + i * ng, o0, o1, y + i * w->rows);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
+/* Past PANEL_MIN_M inputs the 4-bit panels first (their sums are the
+ * reference's), the register tiles for the rest. */
 void rlm__qmm_q8_vnni(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                       int64_t o0, int64_t o1, float *y) {
-  qmm_q8_rows(w, scratch, stride, xsum, m, o0, o1, y);
+  if (panel_ok(w, m)) o0 = qmm_panels(w, scratch, stride, xsum, m, o0, o1, y);
+  qmm_q8_tiles(w, scratch, stride, xsum, m, o0, o1, y);
+}
+
+/* The register tiles alone at any m: each row the bits of the VNNI
+ * mat-vec kernels' one-row product (tests/test_quant_fast.c memcmps it). */
+static void qmm_q8_vnni_rows(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
+                             int64_t o0, int64_t o1, float *y) {
+  qmm_q8_tiles(w, scratch, stride, xsum, m, o0, o1, y);
 }
 #endif
+
+rlm__qmm_q8_fn rlm__qmm_q8_rows_kernel(int bits) {
+#if defined(__x86_64__) || defined(__i386__)
+  if ((bits == 4 || bits == 6 || bits == 8) && rlm__cpu_avx512_vnni()) return qmm_q8_vnni_rows;
+#endif
+  (void)bits;
+  return qmm_q8_by_rows;
+}
 
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -834,8 +862,9 @@ rlm__q8act_fn rlm__q8act_quantizer(int bits) {
 }
 
 rlm__q8act_fn rlm__qmm_q8_quantizer_for(rlm__qmm_q8_fn fn, int bits) {
+  if (fn == qmm_q8_by_rows) return rlm__qmv_q8_quantizer_for(rlm__qmv_q8_kernel(bits), bits);
 #if defined(__x86_64__) || defined(__i386__)
-  if (bits == 8 && fn == rlm__qmm_q8_vnni) return rlm__q8act_quantize_w6;
+  if (bits == 8 && (fn == rlm__qmm_q8_vnni || fn == qmm_q8_vnni_rows)) return rlm__q8act_quantize_w6;
 #if defined(__x86_64__)
   if (bits == 8 && fn == rlm__qmm_q8_amx) return rlm__q8act_quantize_w6;
 #endif

@@ -78,13 +78,22 @@ static void q8_prepare(void *ctx, int64_t i0, int64_t i1, int ith, int nth) {
 
 /* Layout of scratch: m quantized rows (each in the layout for w's bits),
  * then the group sums [m][cols/G]. */
-void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y) {
+static void q8_matmul(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y,
+                      rlm__qmm_q8_fn mm) {
   const size_t stride = q8_stride(w->cols);
   float *xsum = (float *)((char *)scratch + (size_t)m * stride);
-  struct q8_job j = {rlm__qmv_q8_kernel(w->bits), rlm__qmm_q8_kernel(w->bits), w, x, scratch, stride, xsum, m, y};
+  struct q8_job j = {rlm__qmv_q8_kernel(w->bits), mm, w, x, scratch, stride, xsum, m, y};
   if (m == 1) q8_prepare(&j, 0, 1, 0, 1);
   else rlm__pool_for(pool, m, 1, (double)w->cols, q8_prepare, &j);
   rlm__pool_for(pool, w->rows, 16, (double)w->cols * (double)m, q8_range, &j);
+}
+
+void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y) {
+  q8_matmul(pool, w, x, m, scratch, y, rlm__qmm_q8_kernel(w->bits));
+}
+
+void rlm__qmatmul_q8_rows(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y) {
+  q8_matmul(pool, w, x, m, scratch, y, rlm__qmm_q8_rows_kernel(w->bits));
 }
 
 /* ---- public API -------------------------------------------------------- */

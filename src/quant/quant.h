@@ -221,6 +221,11 @@ typedef void (*rlm__qmm_q8_fn)(const rlm_qmat *w, const void *scratch, size_t st
 void rlm__qmm_q8_ref(const rlm_qmat *w, const void *scratch, size_t stride, const float *xsum, int64_t m,
                      int64_t o0, int64_t o1, float *y);
 rlm__qmm_q8_fn rlm__qmm_q8_kernel(int bits);
+/* The m-row kernel whose every row has the bits of the one-row product
+ * (rlm__qmv_q8_kernel's) at any m: no AMX tiles, no panels, whose sums go
+ * in another order. A speculative verification needs it: its logits must
+ * be the decode steps' to the bit (backend_cpu.c, STEPWISE RUNS). */
+rlm__qmm_q8_fn rlm__qmm_q8_rows_kernel(int bits);
 /* The layout the m-row kernel fn reads for weights of `bits`: the one for
  * the width (rlm__q8act_quantizer), except 8-bit weights on the VNNI and
  * AMX kernels, which read the half-block layout (qdot.c says why). */
@@ -246,5 +251,8 @@ void rlm__qmm_q8_amx(const rlm_qmat *w, const void *scratch, size_t stride, cons
 size_t rlm__qmatmul_q8_bytes(int64_t m, int64_t cols, int group_size);
 /* y [m][rows] = x W^T with int8 activations over the pool. */
 void rlm__qmatmul_q8(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y);
+/* The same with rlm__qmm_q8_rows_kernel: row i of y has the bits that
+ * rlm__qmatmul_q8 of row i alone (m = 1) gives. */
+void rlm__qmatmul_q8_rows(rlm_pool *pool, const rlm_qmat *w, const float *x, int64_t m, void *scratch, float *y);
 
 #endif /* RLM_QUANT_H */
