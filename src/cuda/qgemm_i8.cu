@@ -32,17 +32,27 @@
  * the chunk's 4 block scales d and its group sums of x per token. Rows
  * of codes and of xq are padded so that the fragment reads hit 32
  * distinct banks. The weights' scales and biases are read from global
- * memory (4 lanes of a quad share each). SPLIT-K: where row and token
- * tiles are too few to fill the SMs (4096 rows are 64 tiles), S = 2..8
- * blocks share a tile, each a run of chunks, and write f32 partials that
- * a second kernel adds in a fixed order (a replay gives the same bits).
+ * memory a chunk ahead, into registers (chunk c + 1's loads are in
+ * flight while chunk c's mmas run): the 4 lanes of a quad share two
+ * rows, so each reads one group of the chunk and shuffles hand the
+ * values round. SPLIT-K: where row and token tiles are too few to fill
+ * the SMs (4096 rows are 64 tiles), S = 2..8 blocks share a tile, each a
+ * run of chunks, and write f32 partials that a second kernel adds in a
+ * fixed order (a replay gives the same bits). The split count aims at
+ * kTarget blocks, or RINGLM_CUDA_I8_TARGET (66..1056) to compare.
  *
- * PDL: the codes of the first stages are requested before the wait for
- * the kernel that quantized x (common.cuh).
+ * EPILOGUE: no int-to-float conversion (a quarter-rate instruction). The
+ * mma adds its s32 sums to the bits of 1.5 * 2^23 (its C operand), and
+ * one FADD takes the exact float back out (kMagic below).
+ *
+ * PDL: the codes of the first stages and the first chunk's scales and
+ * biases are requested before the wait for the kernel that quantized x
+ * (common.cuh).
  */
 #include "common.cuh"
 
 #include <cuda_runtime.h>
+#include <stdlib.h>
 
 namespace {
 
@@ -53,6 +63,7 @@ constexpr int kBM = 64;       /* weight rows per block: 16 a warp */
 constexpr int kChunk = 128;   /* columns per stage: 4 blocks of 32 */
 constexpr int kStages = 4;
 constexpr int kTarget = 264;  /* blocks wanted: two per SM of an H200 */
+constexpr int kTargetMin = 66, kTargetMax = 1056; /* RINGLM_CUDA_I8_TARGET's range */
 constexpr int kMaxSplit = 8;
 
 template <int BITS, int NT>
@@ -84,14 +95,30 @@ __device__ __forceinline__ void cp_sums(void *dst, const void *src, int g) {
   else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_u32(dst)), "l"(src) : "memory");
 }
 
-/* d = a . b over one block of 32 columns: unsigned codes, signed activations. */
+/* The mma's accumulator starts at the bits of the float 1.5 * 2^23, whose
+ * unit in the last place is 1 and whose mantissa field is 2^22. A block's
+ * dot isum of unsigned 8-bit codes and signed 8-bit activations has
+ * |isum| <= 32 * 255 * 128 = 1,044,480 < 2^22, so the integer sum
+ * kMagic + isum only moves the mantissa field inside (0, 2^23): no carry
+ * into the exponent, no s32 overflow, and the bits are those of the float
+ * 1.5 * 2^23 + isum exactly. Subtracting kMagicF is then exact too (an
+ * integer under 2^22, 0 giving +0), so one FADD yields (float)isum bit
+ * for bit, where an I2F (a quarter of the FP32 rate) did before. */
+constexpr int kMagic = 0x4B400000;
+constexpr float kMagicF = 12582912.0f; /* 1.5 * 2^23, the float of kMagic's bits */
+
+/* d = the bits of 1.5 * 2^23 + a . b over one block of 32 columns:
+ * unsigned codes, signed activations (kMagic). */
 __device__ __forceinline__ void mma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%10,%10,%10,%10};\n"
                : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(kMagic));
 }
+
+/* (float)isum from the mma's bits (kMagic). */
+__device__ __forceinline__ float magic_f32(int bits) { return __int_as_float(bits) - kMagicF; }
 
 /* The codes of chunk c for the block's rows (clamped to the last row). */
 template <int BITS, int NT>
@@ -124,24 +151,35 @@ __device__ __forceinline__ void load_x(const Args &p, int64_t tok0, int c, uint8
   }
 }
 
+/* One lane's share of a chunk's scales and biases: group t % gpc of the
+ * quad's two rows a and b (the fragment's rows g and g + 8). The 4 lanes
+ * of a quad share the rows, so between them they hold all the chunk's
+ * groups, and group q is lane (quad, q)'s (sb_of): 4 registers a chunk
+ * rather than 16, which leaves room for the next chunk's in flight. */
 template <typename T>
-__device__ __forceinline__ float ld_scale(const void *a, size_t i) {
-  return to_f32(__ldg(static_cast<const T *>(a) + i));
+struct ChunkSB {
+  T sa, sb; /* scales */
+  T ba, bb; /* biases */
+};
+
+/* Lane t's share of chunk c's scales and biases for rows ra and rb, as
+ * stored: converted once they have landed (sb_f32). */
+template <typename T>
+__device__ __forceinline__ ChunkSB<T> load_sb(const Args &p, int64_t ra, int64_t rb, int c, int ng, int gpc, int t) {
+  const T *sc = static_cast<const T *>(p.sc), *bi = static_cast<const T *>(p.bi);
+  const int q = t & (gpc - 1); /* gpc is 1, 2 or 4 */
+  const size_t ga = (size_t)ra * ng + (size_t)c * gpc + q, gb = (size_t)rb * ng + (size_t)c * gpc + q;
+  return {__ldg(sc + ga), __ldg(sc + gb), __ldg(bi + ga), __ldg(bi + gb)};
 }
 
-/* The scales and biases of chunk c's groups (gpc of them; the rest of
- * the 4 repeat group 0) for rows ra and rb. */
+/* As f32 (to_f32 is exact). */
 template <typename T>
-__device__ __forceinline__ void load_sb(const Args &p, int64_t ra, int64_t rb, int c, int ng, int gpc, float *sa,
-                                        float *sb, float *ba, float *bb) {
-#pragma unroll
-  for (int q = 0; q < 4; q++) {
-    const int qq = q < gpc ? q : 0;
-    const size_t ga = (size_t)ra * ng + (size_t)c * gpc + qq, gb = (size_t)rb * ng + (size_t)c * gpc + qq;
-    sa[q] = ld_scale<T>(p.sc, ga), sb[q] = ld_scale<T>(p.sc, gb);
-    ba[q] = ld_scale<T>(p.bi, ga), bb[q] = ld_scale<T>(p.bi, gb);
-  }
+__device__ __forceinline__ ChunkSB<float> sb_f32(const ChunkSB<T> &v) {
+  return {to_f32(v.sa), to_f32(v.sb), to_f32(v.ba), to_f32(v.bb)};
 }
+
+/* v of group q: lane q of this lane's quad holds it (ChunkSB). */
+__device__ __forceinline__ float sb_of(float v, int q) { return __shfl_sync(0xffffffffu, v, q, 4); }
 
 /* Block (token tile, row tile, split z). */
 template <int BITS, int NT, typename T>
@@ -155,24 +193,33 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   const int n_chunks = p.cols / kChunk, S = (int)gridDim.z, z = (int)blockIdx.z;
   const int c0 = z * n_chunks / S, c1 = (z + 1) * n_chunks / S;
 
-  /* The weights of the first stages, then (PDL) x once it is written. */
+  /* This lane's two weight rows (clamped for the scale reads). */
+  const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
+  const int64_t rac = ra < p.rows ? ra : p.rows - 1, rbc = rb < p.rows ? rb : p.rows - 1;
+  const int ng = p.cols / p.g, gpc = kChunk / p.g; /* groups a row, groups a chunk (1, 2 or 4) */
+
+  /* The weights of the first stages and chunk c0's scales and biases,
+   * then (PDL) x once it is written. */
   for (int s = 0; s < kStages - 1; s++)
     if (c0 + s < c1) load_codes<BITS, NT>(p, row0, c0 + s, smem + s * C::kStage);
+  ChunkSB<T> next = {}; /* chunk c's scales and biases, then (in flight) chunk c + 1's */
+  if (c0 < c1) next = load_sb<T>(p, rac, rbc, c0, ng, gpc, t);
   pdl_enter();
   for (int s = 0; s < kStages - 1; s++) {
     if (c0 + s < c1) load_x<BITS, NT>(p, tok0, c0 + s, smem + s * C::kStage);
     cp_commit();
   }
 
-  /* This lane's two weight rows (clamped for the scale reads). */
-  const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
-  const int64_t rac = ra < p.rows ? ra : p.rows - 1, rbc = rb < p.rows ? rb : p.rows - 1;
-  const int ng = p.cols / p.g, gpc = kChunk / p.g; /* groups a row, groups a chunk (1, 2 or 4) */
   float acc[NT][4];
 #pragma unroll
   for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
 
   for (int c = c0; c < c1; c++) {
+    /* A register double buffer: chunk c's scales and biases landed during
+     * chunk c - 1; chunk c + 1's are in flight during chunk c's mmas
+     * (clamped to c on the last, so nothing past chunk c1 - 1 is read). */
+    const ChunkSB<float> cur = sb_f32(next);
+    next = load_sb<T>(p, rac, rbc, c + 1 < c1 ? c + 1 : c, ng, gpc, t);
     cp_wait<kStages - 2>();
     __syncthreads();
     const int nxt = c + kStages - 1; /* into the stage every warp finished with (the barrier above) */
@@ -186,8 +233,6 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
     const uint8_t *as = st + (warp * 16 + g8) * C::kARow, *xs = st + C::kA;
     const float *ds = reinterpret_cast<const float *>(st + C::kA + C::kB);
     const float *ss = ds + C::kBN * 4;
-    float sa[4], sb[4], ba[4], bb[4]; /* this chunk's groups of the two rows */
-    load_sb<T>(p, rac, rbc, c, ng, gpc, sa, sb, ba, bb);
 #pragma unroll
     for (int j = 0; j < 4; j++) { /* the chunk's blocks of 32 */
       uint32_t a0, a1, a2, a3;
@@ -203,8 +248,7 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
         a3 = *reinterpret_cast<const uint32_t *>(as + 8 * C::kARow + j * 32 + 16 + 4 * t);
       }
       const int q = j * 32 / p.g; /* the group of block j inside the chunk */
-      const float s_a = q == 0 ? sa[0] : q == 1 ? sa[1] : q == 2 ? sa[2] : sa[3];
-      const float s_b = q == 0 ? sb[0] : q == 1 ? sb[1] : q == 2 ? sb[2] : sb[3];
+      const float s_a = sb_of(cur.sa, q), s_b = sb_of(cur.sb, q);
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
         const uint8_t *xr = xs + (nt * 8 + g8) * C::kBRow + j * 32;
@@ -219,21 +263,21 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
         int d[4];
         mma_u8s8(d, a0, a1, a2, a3, b0, b1);
         const float d0 = ds[(nt * 8 + 2 * t) * 4 + j], d1 = ds[(nt * 8 + 2 * t + 1) * 4 + j];
-        acc[nt][0] = fmaf((float)d[0], d0 * s_a, acc[nt][0]);
-        acc[nt][1] = fmaf((float)d[1], d1 * s_a, acc[nt][1]);
-        acc[nt][2] = fmaf((float)d[2], d0 * s_b, acc[nt][2]);
-        acc[nt][3] = fmaf((float)d[3], d1 * s_b, acc[nt][3]);
+        acc[nt][0] = fmaf(magic_f32(d[0]), d0 * s_a, acc[nt][0]);
+        acc[nt][1] = fmaf(magic_f32(d[1]), d1 * s_a, acc[nt][1]);
+        acc[nt][2] = fmaf(magic_f32(d[2]), d0 * s_b, acc[nt][2]);
+        acc[nt][3] = fmaf(magic_f32(d[3]), d1 * s_b, acc[nt][3]);
       }
     }
+    for (int q = 0; q < gpc; q++) { /* the bias term, once per group (each acc adds q in order) */
+      const float b_a = sb_of(cur.ba, q), b_b = sb_of(cur.bb, q);
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) /* the bias term, once per group */
-      for (int q = 0; q < gpc; q++) {
+      for (int nt = 0; nt < NT; nt++) {
         const float x0 = ss[(nt * 8 + 2 * t) * 4 + q], x1 = ss[(nt * 8 + 2 * t + 1) * 4 + q];
-        const float b_a = q == 0 ? ba[0] : q == 1 ? ba[1] : q == 2 ? ba[2] : ba[3];
-        const float b_b = q == 0 ? bb[0] : q == 1 ? bb[1] : q == 2 ? bb[2] : bb[3];
         acc[nt][0] = fmaf(b_a, x0, acc[nt][0]), acc[nt][1] = fmaf(b_a, x1, acc[nt][1]);
         acc[nt][2] = fmaf(b_b, x0, acc[nt][2]), acc[nt][3] = fmaf(b_b, x1, acc[nt][3]);
       }
+    }
   }
 
   float *out = p.y + (size_t)z * (size_t)p.m * (size_t)p.rows; /* split z's partials (z = 0: y itself) */
@@ -256,11 +300,24 @@ __global__ void add_splits_kernel(const float *__restrict__ part, int S, int64_t
   }
 }
 
-/* Splits of K: doubled while the grid is under kTarget blocks and each
- * split keeps 2 chunks at least. */
+/* Blocks pick_splits aims for: kTarget, or RINGLM_CUDA_I8_TARGET in
+ * kTargetMin..kTargetMax, to compare (more blocks, more split-K
+ * partials). Read once: the partials' size depends on it. */
+int target_blocks() {
+  static const int target = [] {
+    const char *e = getenv("RINGLM_CUDA_I8_TARGET");
+    const int v = e ? atoi(e) : kTarget;
+    return v >= kTargetMin && v <= kTargetMax ? v : kTarget;
+  }();
+  return target;
+}
+
+/* Splits of K: doubled while the grid is under target_blocks() blocks and
+ * each split keeps 2 chunks at least. */
 int pick_splits(int64_t blocks, int n_chunks) {
+  const int target = target_blocks();
   int s = 1;
-  while (s < kMaxSplit && blocks * s < kTarget && n_chunks / (2 * s) >= 2) s *= 2;
+  while (s < kMaxSplit && blocks * s < target && n_chunks / (2 * s) >= 2) s *= 2;
   return s;
 }
 
@@ -293,8 +350,9 @@ int pick_nt(int64_t m) { return m <= 16 ? 2 : 4; }
 } // namespace
 
 extern "C" size_t rlm__cuda_qgemm_i8_part_bytes(int64_t m) {
-  /* S row tiles stay under 2 kTarget (pick_splits), so S * rows <= 2 kTarget kBM */
-  return (size_t)2 * kTarget * kBM * (size_t)m * sizeof(float);
+  /* S row tiles stay under 2 target_blocks() (pick_splits, the same value
+   * read once), so S * rows <= 2 target kBM */
+  return (size_t)2 * target_blocks() * kBM * (size_t)m * sizeof(float);
 }
 
 extern "C" rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m, float *y, float *part,
