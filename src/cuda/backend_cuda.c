@@ -376,9 +376,10 @@ static rlm_status q8_of(rlm_session *s, const rlm_cuda_qmat *w, const float *x, 
 }
 
 /* RUN-TIME SWITCHES. Each turns one of this file's choices off (or, for
- * RINGLM_CUDA_I8_MAX, sets it), so that one build compares both sides in
- * one call on a shared machine (docs/cuda-notes.md gives each
- * comparison). Read once, on the first use, whichever thread that is. */
+ * RINGLM_CUDA_I8_MAX, sets it; RINGLM_CUDA_XREG6 turns an untried one
+ * on), so that one build compares both sides in one call on a shared
+ * machine (docs/cuda-notes.md gives each comparison). Read once, on the
+ * first use, whichever thread that is. */
 typedef struct cuda_switches {
   int64_t i8_max;   /* RINGLM_CUDA_I8_MAX=n: tokens up to which the int8
                        tensor-core product runs, for every product (-1:
@@ -386,6 +387,9 @@ typedef struct cuda_switches {
   bool dense_multi; /* RINGLM_CUDA_DENSE_MULTI=0: dense products one by one */
   bool fuse;        /* RINGLM_CUDA_FUSE=0: no producers' int8, no qkv_prep */
   bool attn_tc;     /* RINGLM_CUDA_ATTN_TC=0: flash-decoding kernel for prefill */
+  bool xreg6;       /* RINGLM_CUDA_XREG6=1: one-row products of 6-bit weights
+                       on the int8 path (xreg6_takes); off until it has
+                       run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -402,6 +406,8 @@ static void read_switches(void) {
   g_switches.dense_multi = env_on("RINGLM_CUDA_DENSE_MULTI");
   g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
+  e = getenv("RINGLM_CUDA_XREG6");
+  g_switches.xreg6 = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -413,6 +419,16 @@ static const cuda_switches *switches(void) {
 /* Whether w takes the int8-activation and tensor-core products: quantized
  * (in MLX's format, or converted from GGUF blocks) at 4 or 8 bits. */
 static bool fast_bits(const rlm_cuda_weight *w) { return w->q.wq && (w->q.bits == 4 || w->q.bits == 8); }
+
+/* Whether a product of n rows of x with w, 6-bit, takes the int8-activation
+ * product under --act-bits 8: one row (decode's x-in-registers kernel, as
+ * the CPU multiplies 6-bit weights by int8 activations too), where
+ * rlm__cuda_q8_takes says so, and only with RINGLM_CUDA_XREG6=1 for now
+ * (else the f32 unit kernel, qgemv.cu). Llama's 6-bit output head. */
+static bool xreg6_takes(const rlm_session *s, const rlm_cuda_weight *w, int64_t n) {
+  return switches()->xreg6 && s->p.act_bits == 8 && n == 1 && w->q.wq && w->q.bits == 6 &&
+         rlm__cuda_q8_takes(&w->q, 1);
+}
 
 /* Tokens up to which the int8 tensor-core product runs for a product of
  * `rows` rows: I8_NARROW_MAX where rows <= I8_NARROW_ROWS (qgemm.cu's
@@ -436,7 +452,8 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
   rlm_status rc = RLM_OK;
-  const bool fast = fast_bits(&w), q8 = fast && s->p.act_bits == 8 && l->in % 128 == 0;
+  const bool fast = fast_bits(&w);
+  const bool q8 = (fast && s->p.act_bits == 8 && l->in % 128 == 0) || xreg6_takes(s, &w, n);
   if (q8 && n > MAX_M && n <= i8_max(l->out) && cs->i8_part) {
     rc = q8_of(s, &w.q, x, (int)n, &er);
     if (!rc) rc = rlm__cuda_qgemm_i8(&w.q, cs->q8, n, y, cs->i8_part, cs->st, &er);
@@ -559,15 +576,17 @@ static void q8_made(rlm_session *s, const rlm_cuda_q8out *q8, const float *y, in
  * the per-head ones (q, k: rows of head_dim) do not. The final norm
  * writes them in lm_head's format, which may differ from the layers'
  * (an 8-bit head over 4-bit layers): else the head quantizes x again, a
- * launch of its own. */
+ * launch of its own. A 6-bit head takes them for one row only
+ * (xreg6_takes): none for more. */
 static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps) {
   if (skip(s)) return;
   rlm_error er;
   rlm_cuda_q8out buf;
   const cuda_sess *cs = cs_of(s);
+  const int head_bits = cs->q8_head_bits == 6 && rows > 1 ? 0 : cs->q8_head_bits;
   const rlm_cuda_q8out *q8 = n != s->m->cfg.hidden ? NULL
                              : w == s->m->final_norm && cs->q8_head_bits
-                                 ? q8_out_as(s, rows, n, cs->q8_head_bits, cs->q8_head_group, &buf)
+                                 ? q8_out_as(s, rows, n, head_bits, cs->q8_head_group, &buf)
                                  : q8_out(s, rows, n, &buf);
   note(s, rlm__cuda_rmsnorm(y, x, dvec(s, w), rows, n, eps, q8, cs->st, &er), &er);
   q8_made(s, q8, y, rows, n);
@@ -909,14 +928,16 @@ static const rlm_backend backend_cuda = {
 /* ---- create / free --------------------------------------------------------- */
 
 /* q8_out's format: the first layer's q projection's, where it takes the
- * int8-activation products (fast_bits, cols a multiple of 128). */
+ * int8-activation products (fast_bits, cols a multiple of 128). The final
+ * norm's: lm_head's where it takes them, a 6-bit head only for one row
+ * (xreg6_takes; cuda_rmsnorm). */
 static void set_q8_fmt(rlm_session *s) {
   const rlm_cuda_weight w = weight_of(s, &s->m->layers[0].wq);
   cuda_sess *cs = cs_of(s);
   if (fuse_on() && s->p.act_bits == 8 && fast_bits(&w) && w.q.cols % 128 == 0)
     cs->q8_fmt_bits = w.q.bits, cs->q8_fmt_group = w.q.group_size;
   const rlm_cuda_weight h = weight_of(s, &s->m->lm_head);
-  if (cs->q8_fmt_bits && fast_bits(&h) && h.q.cols % 128 == 0)
+  if (cs->q8_fmt_bits && ((fast_bits(&h) && h.q.cols % 128 == 0) || xreg6_takes(s, &h, 1)))
     cs->q8_head_bits = h.q.bits, cs->q8_head_group = h.q.group_size;
 }
 

@@ -82,8 +82,8 @@ __device__ __forceinline__ void widen16<__half>(const uint4 &v, float *f) {
  * scratch), as rlm__q8act_quantize_ref makes them. Per row of x, padded
  * to 16 bytes: xq [cols] int8 (for 4-bit weights each 8 elements stored
  * evens then odds, [x0 x2 x4 x6 | x1 x3 x5 x7], to match nibbles split by
- * one mask and one shift; for 8-bit ones in natural order) | d [cols/32]
- * f32 | xsum [cols/g] f32. */
+ * one mask and one shift; for 6- and 8-bit ones in natural order) | d
+ * [cols/32] f32 | xsum [cols/g] f32. */
 __host__ __device__ inline size_t q8_row_bytes(int64_t cols, int g) {
   return ((size_t)cols + 4 * (size_t)(cols / 32) + 4 * (size_t)(cols / g) + 15) & ~(size_t)15;
 }
@@ -227,9 +227,9 @@ inline rlm_status fail(rlm_error *err, rlm_status st, const char *fn, const char
  * floats can take; the message names fn. */
 inline rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, rlm_error *err) {
   if (!q8) return RLM_OK;
-  if (!q8->scratch || (q8->bits != 4 && q8->bits != 8) ||
+  if (!q8->scratch || (q8->bits != 4 && q8->bits != 6 && q8->bits != 8) ||
       (q8->group_size != 32 && q8->group_size != 64 && q8->group_size != 128) || n % 128 || n % q8->group_size)
-    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4 or 8, group 32/64/128 and a "
+    return fail(err, RLM_ERR_INVALID, fn, "int8 activations need a scratch, bits 4, 6 or 8, group 32/64/128 and a "
                 "width (%lld) a multiple of 128 and of the group", (long long)n);
   return RLM_OK;
 }

@@ -42,13 +42,21 @@ rlm_status rlm__cuda_qgemv(const rlm_cuda_qmat *w, const float *x, int m, float 
  * rlm__cuda_q8act_bytes, device memory), then any number of products with
  * weights of that cols, bits and group size. Bits 4 and 8, groups 32/64/
  * 128, cols a multiple of 128, m <= 8 for the product (the quantization
- * takes any m). Equal to rlm__qmv_q8_ref up to the order of f32 additions
- * (the activations' bytes are the CPU's). */
+ * takes any m); bits 6 for one row of x where rlm__cuda_q8_takes says so
+ * (else RLM_ERR_UNSUPPORTED), its activations in column order. Equal to
+ * rlm__qmv_q8_ref up to the order of f32 additions (the activations'
+ * codes and block scales are the CPU's; for 4 and 8 bits their bytes). */
 size_t rlm__cuda_q8act_bytes(int64_t cols, int group_size, int m);
 rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t cols, int bits, int group_size,
                                     void *scratch, rlm_cuda_stream stream, rlm_error *err);
 rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,
                               rlm_cuda_stream stream, rlm_error *err);
+/* Whether rlm__cuda_qgemv_q8 (and _multi) take w at m rows of x: 4 and 8
+ * bits at m <= 8; 6 bits only at m = 1 and where decode's x-in-registers
+ * kernel splits the columns (P = ceil(cols / 1024) passes over at most 8
+ * warps, 1, 2 or 4 a warp: P of 1-8, 10, 12, 14, 16, 20, 24, 28 or 32);
+ * groups 32/64/128, cols a multiple of 128, f16/bf16/f32 scales. */
+bool rlm__cuda_q8_takes(const rlm_cuda_qmat *w, int m);
 /* k <= 3 products of the same x in one launch (q, k, v; gate, up): y_i =
  * x . W_i^T for W_i = ws[i], each y_i [m][ws[i].rows]; the W_i share
  * cols, bits, group size and scale dtype. Each y_i has the bits the

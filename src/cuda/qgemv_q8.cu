@@ -1,5 +1,6 @@
-/* qgemv_q8.cu -- MLX-affine 4- and 8-bit weights times int8 activations:
- * the CPU's `--act-bits 8` product (src/quant/qdot.c) on the GPU.
+/* qgemv_q8.cu -- MLX-affine 4- and 8-bit weights (and 6-bit ones, for one
+ * row of x) times int8 activations: the CPU's `--act-bits 8` product
+ * (src/quant/qdot.c) on the GPU.
  *
  * Why: the f32 product (qgemv.cu) spends about 9 instructions per byte of
  * 4-bit codes (shift, mask, to-float, FMA per code), more than the chip
@@ -211,19 +212,28 @@ __device__ __forceinline__ float fold_rows(float (&a)[R], int lane, int *row) {
   return v;
 }
 
-/* DECODE'S 4-BIT PRODUCT (m = 1): x in registers.
+/* DECODE'S 4- AND 6-BIT PRODUCT (m = 1): x in registers.
  * qgemv_q8_kernel reads x's codes and scales again for every pair of
  * weight rows: 36 bytes of x side per 32 bytes of codes, loads that the
  * L1 serves but that cost as many instructions as the codes' (ncu: L1TEX
  * stalls, DRAM 45%). Here lane l of warp w owns the 32 columns of x-block
  * (w + p * W) * 32 + l for its PP passes, loads their codes, scale and sum
- * once, and keeps them for every row: per row a lane then reads one
- * 16-byte vector of codes and one scale and bias. The W warps of a block
- * split the columns (split-K: P = ceil(cols / 1024) passes, W = P / PP) over
- * the same R rows; each warp folds its R sums (fold_rows), and the warps
- * add up in shared memory in a fixed order (a replay gives the same
- * bits). The bias term b_g * xsum_g is added by the one lane
- * whose block starts group g.
+ * once, and keeps them for every row: per row a lane then reads one unit
+ * of 32 codes (BITS words: one 16-byte vector at 4 bits, three 8-byte
+ * loads at 6) and one scale and bias. The W warps of a block split the
+ * columns (split-K: P = ceil(cols / 1024) passes, W = P / PP) over the
+ * same R rows; each warp folds its R sums (fold_rows), and the warps add
+ * up in shared memory in a fixed order (a replay gives the same bits).
+ * The bias term b_g * xsum_g is added by the one lane whose block starts
+ * group g.
+ *
+ * 6 BITS (Llama's output head, as the anchor's Q6_K): x's codes in column
+ * order (q8_group's layout for bits other than 4), and each quad of codes
+ * (3 bytes of the unit's LSB-first stream) spread into the 4 bytes of a
+ * word for dp4a (six_bytes): 8 dp4a a row a lane, about 3 instructions a
+ * byte of codes against 1.2 at 4 bits. A unit is 6 words, so a block
+ * takes R = 4 / PP rows (xreg_rows), which keeps the current and next row
+ * groups' codes at 24 words each.
  *
  * PERSISTENT: launched one-shot (a block a row group), the blocks each
  * loaded once, waited, summed and exited; Llama-8B's gate (1,792 groups,
@@ -234,9 +244,22 @@ __device__ __forceinline__ float fold_rows(float (&a)[R], int lane, int *row) {
  * one is summed. Every output row is summed the same way whichever block
  * takes it, so the grid changes no bit. RINGLM_CUDA_XREG_LOOP=0 launches
  * a block a group, to compare. */
-template <int PP, int R, typename T>
+
+/* A lane's unit of 32 codes of one row: BITS words, one 16-byte vector
+ * at 4 bits, three 8-byte ones at 6 (a unit starts at byte 24 v of its
+ * row: 8-byte aligned, not 16). */
+template <int BITS>
+struct XregUnit {
+  uint2 v[3];
+};
+template <>
+struct XregUnit<4> {
+  uint4 v;
+};
+
+template <int BITS, int PP, int R, typename T>
 struct XregRows {
-  uint4 wv[R][PP];
+  XregUnit<BITS> w[R][PP];
   float s[R][PP], b[R][PP];
 };
 
@@ -245,7 +268,8 @@ struct XregRows {
  * the branch out after the current group's sums, so the loads meant to
  * be in flight during those sums were issued only after them, and each
  * group waited a whole memory latency (SASS of qgemv_q4_xreg_kernel<1,
- * 8, bf16>, 2026-12-04; docs/cuda-notes.md). */
+ * 8, bf16>, now qgemv_xreg_kernel<4, 1, 8, bf16>, 2026-12-04;
+ * docs/cuda-notes.md). */
 __device__ __forceinline__ uint4 ldcs_if(const uint4 *p, bool on) {
   uint4 v = make_uint4(0, 0, 0, 0);
   asm volatile(
@@ -253,6 +277,13 @@ __device__ __forceinline__ uint4 ldcs_if(const uint4 *p, bool on) {
       "@q ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];\n\t}"
       : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
       : "l"(p), "r"((int)on));
+  return v;
+}
+__device__ __forceinline__ uint2 ldcs_if(const uint2 *p, bool on) {
+  uint2 v = make_uint2(0, 0);
+  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %3, 0;\n\t@q ld.global.cs.v2.u32 {%0, %1}, [%2];\n\t}"
+               : "+r"(v.x), "+r"(v.y)
+               : "l"(p), "r"((int)on));
   return v;
 }
 __device__ __forceinline__ float ldg_f32_if(const float *p, bool on) {
@@ -283,15 +314,18 @@ __device__ __forceinline__ float ld_scale_if(const __nv_bfloat16 *p, bool on) {
  * offsets from it (R rows of codes, scales or biases are far below 2^31
  * elements): the first version's 64-bit products and clamps per row were
  * a third of the kernel's instructions (SASS of <1, 8, bf16>: 308 IMAD
- * against 64 IDP). `gi` is vec * 32 / g, a lane's group, worked out once. */
-template <int PP, int R, typename T>
+ * against 64 IDP). `gi` is vec * 32 / g, a lane's group, worked out once.
+ * A row is n_vec units: n_vec 16-byte vectors at 4 bits, 3 n_vec 8-byte
+ * words at 6 (cols * 6 / 8 bytes, a multiple of 96: unit v at byte 24 v). */
+template <int BITS, int PP, int R, typename T>
 __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int (&vec)[PP], const int (&gi)[PP],
-                                          int n_vec, int n_groups, XregRows<PP, R, T> &o, bool on) {
+                                          int n_vec, int n_groups, XregRows<BITS, PP, R, T> &o, bool on) {
   const Seg &sg = seg_of(segs, &blk);
   const int64_t row0 = blk * R;
   const int64_t left = sg.rows - 1 - row0; /* rows of the group past its first, may be < R - 1 */
   const int last = left < R - 1 ? (int)(left < 0 ? 0 : left) : R - 1;
-  const uint4 *__restrict__ wq = sg.wq + row0 * n_vec;
+  const uint4 *__restrict__ wq = sg.wq + row0 * n_vec;                                      /* 4 bits */
+  const uint2 *__restrict__ wq6 = reinterpret_cast<const uint2 *>(sg.wq) + row0 * (3 * n_vec); /* 6 bits */
   const T *__restrict__ sc = static_cast<const T *>(sg.sc) + row0 * n_groups;
   const T *__restrict__ bi = static_cast<const T *>(sg.bi) + row0 * n_groups;
 #pragma unroll
@@ -299,27 +333,33 @@ __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const i
     const int rr = r < last ? r : last;
 #pragma unroll
     for (int p = 0; p < PP; p++) {
-      o.wv[r][p] = ldcs_if(wq + (rr * n_vec + vec[p]), on);
+      if constexpr (BITS == 4) {
+        o.w[r][p].v = ldcs_if(wq + (rr * n_vec + vec[p]), on);
+      } else {
+#pragma unroll
+        for (int k = 0; k < 3; k++) o.w[r][p].v[k] = ldcs_if(wq6 + (rr * 3 * n_vec + 3 * vec[p] + k), on);
+      }
       o.s[r][p] = ld_scale_if(sc + (rr * n_groups + gi[p]), on);
       o.b[r][p] = ld_scale_if(bi + (rr * n_groups + gi[p]), on);
     }
   }
 }
 
-/* A lane's x for its PP passes, loaded once and kept for every row:
- * the int8 codes of its 32 columns split into even and odd bytes (they
- * meet the low and the high nibbles), d / 16 of its block, and the f32
- * sum of its weight group where its block starts one (else 0, so that
- * one lane adds a group's bias term). Lanes past the last column hold
- * zeros. */
-template <int PP>
+/* A lane's x for its PP passes, loaded once and kept for every row: the
+ * int8 codes of its 32 columns as 8 words, d of its block (divided by 16
+ * at 4 bits: xreg_dot), and the f32 sum of its weight group where its
+ * block starts one (else 0, so that one lane adds a group's bias term).
+ * At 4 bits words 0-3 hold the even bytes and 4-7 the odd ones (they meet
+ * the low and the high nibbles), at 6 bits the codes in column order.
+ * Lanes past the last column hold zeros. */
+template <int BITS, int PP>
 struct XregX {
-  int xe[PP][4], xo[PP][4];
-  float dx16[PP], xs[PP];
+  int xw[PP][8];
+  float dx[PP], xs[PP];
 };
 
-template <int PP>
-__device__ __forceinline__ void xreg_x(XregX<PP> &o, const uint8_t *__restrict__ scratch, int64_t cols, int g,
+template <int BITS, int PP>
+__device__ __forceinline__ void xreg_x(XregX<BITS, PP> &o, const uint8_t *__restrict__ scratch, int64_t cols, int g,
                                        int warp, int W, int lane) {
   const int n_vec = (int)(cols / 32);
   const float *dq = reinterpret_cast<const float *>(scratch + cols), *xsum = dq + cols / 32;
@@ -329,33 +369,67 @@ __device__ __forceinline__ void xreg_x(XregX<PP> &o, const uint8_t *__restrict__
     const bool in = v < n_vec;
     const int4 *xv = reinterpret_cast<const int4 *>(scratch + (in ? c0 : 0));
     const int4 a = in ? __ldg(xv) : make_int4(0, 0, 0, 0), b = in ? __ldg(xv + 1) : make_int4(0, 0, 0, 0);
-    o.xe[p][0] = a.x, o.xe[p][1] = a.z, o.xe[p][2] = b.x, o.xe[p][3] = b.z;
-    o.xo[p][0] = a.y, o.xo[p][1] = a.w, o.xo[p][2] = b.y, o.xo[p][3] = b.w;
-    /* d / 16: the sums below are 16 times a block's (exact: |16 isum| <
-     * 2^24), and (16 isum) (d / 16 s) is the bits of isum (d s) */
-    o.dx16[p] = in ? __ldg(dq + v) * 0.0625f : 0.f, o.xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
+    if constexpr (BITS == 4) {
+      o.xw[p][0] = a.x, o.xw[p][1] = a.z, o.xw[p][2] = b.x, o.xw[p][3] = b.z;
+      o.xw[p][4] = a.y, o.xw[p][5] = a.w, o.xw[p][6] = b.y, o.xw[p][7] = b.w;
+      /* d / 16: the sums below are 16 times a block's (exact: |16 isum| <
+       * 2^24), and (16 isum) (d / 16 s) is the bits of isum (d s) */
+      o.dx[p] = in ? __ldg(dq + v) * 0.0625f : 0.f;
+    } else {
+      o.xw[p][0] = a.x, o.xw[p][1] = a.y, o.xw[p][2] = a.z, o.xw[p][3] = a.w;
+      o.xw[p][4] = b.x, o.xw[p][5] = b.y, o.xw[p][6] = b.z, o.xw[p][7] = b.w;
+      o.dx[p] = in ? __ldg(dq + v) : 0.f;
+    }
+    o.xs[p] = in && c0 % g == 0 ? __ldg(xsum + c0 / g) : 0.f;
   }
 }
 
-/* acc plus one row's 32 codes (wv) of pass p times the lane's x, scale s
- * and bias b of their group. The high nibbles stay in place, 16 times the
- * code as an unsigned byte: one LOP3 a word instead of a shift and a LOP3. */
-template <int PP>
-__device__ __forceinline__ float xreg_dot(uint4 wv, float s, float b, const XregX<PP> &x, int p, float acc) {
-  const uint32_t w4[4] = {wv.x, wv.y, wv.z, wv.w};
-  int lo = 0, hi = 0;
+/* Codes 4j..4j+3 of a unit of 32 6-bit codes (MLX's LSB-first stream of 6
+ * words): its bits 24j..24j+23, in the low 24 bits of the result (a
+ * funnel shift where they straddle two words: j = 1, 2, 5, 6). With j a
+ * constant where it is unrolled, so are k and the shift. */
+__device__ __forceinline__ uint32_t six_quad(const uint32_t (&w)[6], int j) {
+  const int bit = 24 * j, k = bit >> 5, off = bit & 31;
+  if (off + 24 <= 32) return w[k] >> off;
+  return __funnelshift_r(w[k], w[k + 1], off);
+}
+
+/* Four 6-bit codes (bits 0-5, 6-11, 12-17, 18-23 of r) one a byte, as
+ * unsigned bytes for dp4a. */
+__device__ __forceinline__ uint32_t six_bytes(uint32_t r) {
+  return (r & 0x3Fu) | ((r << 2) & 0x3F00u) | ((r << 4) & 0x3F0000u) | ((r << 6) & 0x3F000000u);
+}
+
+/* acc plus one row's unit of 32 codes (w) of pass p times the lane's x,
+ * scale s and bias b of their group. At 4 bits the high nibbles stay in
+ * place, 16 times the code as an unsigned byte: one LOP3 a word instead
+ * of a shift and a LOP3. At 6 bits the integer sum (|isum| <= 32 * 63 *
+ * 127 < 2^24) is exact, then d s as the reference has it. */
+template <int BITS, int PP>
+__device__ __forceinline__ float xreg_dot(const XregUnit<BITS> &u, float s, float b, const XregX<BITS, PP> &x, int p,
+                                          float acc) {
+  if constexpr (BITS == 4) {
+    const uint32_t w[4] = {u.v.x, u.v.y, u.v.z, u.v.w};
+    int lo = 0, hi = 0;
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    lo = dp4a_us(w4[k] & 0x0F0F0F0Fu, x.xe[p][k], lo);
-    hi = dp4a_us(w4[k] & 0xF0F0F0F0u, x.xo[p][k], hi);
+    for (int k = 0; k < 4; k++) {
+      lo = dp4a_us(w[k] & 0x0F0F0F0Fu, x.xw[p][k], lo);
+      hi = dp4a_us(w[k] & 0xF0F0F0F0u, x.xw[p][4 + k], hi);
+    }
+    acc = fmaf((float)(lo * 16 + hi), x.dx[p] * s, acc);
+  } else {
+    const uint32_t w[6] = {u.v[0].x, u.v[0].y, u.v[1].x, u.v[1].y, u.v[2].x, u.v[2].y};
+    int isum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; j++) isum = dp4a_us(six_bytes(six_quad(w, j)), x.xw[p][j], isum);
+    acc = fmaf((float)isum, x.dx[p] * s, acc);
   }
-  acc = fmaf((float)(lo * 16 + hi), x.dx16[p] * s, acc);
   return fmaf(b, x.xs[p], acc);
 }
 
-template <int PP, int R, typename T>
+template <int BITS, int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
-    qgemv_q4_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
+    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
@@ -368,20 +442,20 @@ __global__ void __launch_bounds__(kWarp * 8)
     gi[p] = vec[p] * 32 / g;
   }
   int64_t blk = blockIdx.x;
-  XregRows<PP, R, T> cur;
-  xreg_load<PP, R, T>(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
+  XregRows<BITS, PP, R, T> cur;
+  xreg_load(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
   pdl_enter();
-  XregX<PP> xr;
+  XregX<BITS, PP> xr;
   xreg_x(xr, scratch, cols, g, warp, W, lane);
   for (; blk < total; blk += gridDim.x) {
-    XregRows<PP, R, T> nxt;
-    xreg_load<PP, R, T>(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
+    XregRows<BITS, PP, R, T> nxt;
+    xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
       acc[r] = 0.f;
 #pragma unroll
-      for (int p = 0; p < PP; p++) acc[r] = xreg_dot(cur.wv[r][p], cur.s[r][p], cur.b[r][p], xr, p, acc[r]);
+      for (int p = 0; p < PP; p++) acc[r] = xreg_dot(cur.w[r][p], cur.s[r][p], cur.b[r][p], xr, p, acc[r]);
     }
     int row;
     const float part = fold_rows(acc, lane, &row);
@@ -403,9 +477,10 @@ __global__ void __launch_bounds__(kWarp * 8)
 }
 
 /* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
- * of them, split over at most 8 warps), or 0 where it does not apply. */
+ * of them, split over at most 8 warps), or 0 where it does not apply: one
+ * row of x, 4- or 6-bit weights. */
 int xreg_passes(const rlm_cuda_qmat *w, int m) {
-  if (m != 1 || w->bits != 4) return 0;
+  if (m != 1 || (w->bits != 4 && w->bits != 6)) return 0;
   const int64_t P = (w->cols + 1023) / 1024;
   for (int pp = 1; pp <= 4; pp *= 2)
     if (P % pp == 0 && P / pp <= 8) return pp;
@@ -423,16 +498,18 @@ Segs make_segs(const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t rows_pe
   return p;
 }
 
-/* Rows a block of the x-in-registers kernel, 4 unless
+/* Rows a block of the x-in-registers kernel. At 4 bits 4, unless
  * RINGLM_CUDA_XREG_ROWS says 8 or 16 (to compare: docs/cuda-notes.md),
  * capped so that R * PP <= 16 (the registers). Once the next group's
  * loads really were issued before the current group's sums (ldcs_if),
  * 4 rows beat 8 in the decode step, 461.6-461.9 against 444.97-447.49
  * tok/s on Llama-8B 4-bit: at 8 rows down's two passes a lane took 168
  * registers, one block of 7 warps an SM, and every product's blocks fit
- * fewer to an SM beside the kernels that overlap them (PDL). */
-int xreg_rows(int pp) {
+ * fewer to an SM beside the kernels that overlap them (PDL). At 6 bits a
+ * unit is 6 words, not 4: R * PP = 4 (xreg_fits). */
+int xreg_rows(int bits, int pp) {
   static int rows = 0;
+  if (bits == 6) return 4 / pp;
   if (!rows) {
     const char *e = getenv("RINGLM_CUDA_XREG_ROWS");
     const int r = e ? atoi(e) : 4;
@@ -442,6 +519,9 @@ int xreg_rows(int pp) {
   while (r * pp > 16) r /= 2;
   return r;
 }
+
+/* The (R, PP) pairs instantiated: those xreg_rows gives. */
+constexpr bool xreg_fits(int bits, int r, int pp) { return bits == 4 ? r * pp <= 16 : r * pp == 4; }
 
 bool xreg_loop_on() {
   static const bool on = [] {
@@ -454,46 +534,53 @@ bool xreg_loop_on() {
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group. */
-template <int PP, int R, typename T>
+template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}, sms = 0; /* by warps a block (1..8) */
   const int wi = threads / kWarp;
   if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
     (void)cudaGetLastError(), sms = 1;
   if (!per_sm[wi] &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_q4_xreg_kernel<PP, R, T>, threads, 0) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
           cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
   return (unsigned)(groups < n ? groups : n);
 }
 
-template <int PP, int R, typename T>
+template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
   const int64_t groups = p.first_block[p.n];
-  const unsigned grid = xreg_loop_on() ? loop_grid<PP, R, T>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_q4_xreg_kernel<PP, R, T>, grid, threads, 0, st, p, x, cols, g);
+  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
 }
 
-template <int R, typename T>
+template <int BITS, int R, typename T>
 void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
   const Segs p = make_segs(ws, ys, k, R);
   const int64_t cols = ws[0].cols;
   const int g = ws[0].group_size, threads = (int)(kWarp * ((cols + 1023) / 1024 / pp));
-  /* only the pairs xreg_rows allows are instantiated (R * PP <= 16) */
-  if (pp == 1) launch_xreg_pp<1, R, T>(p, x, cols, g, threads, st);
-  if constexpr (R <= 8)
-    if (pp == 2) launch_xreg_pp<2, R, T>(p, x, cols, g, threads, st);
-  if constexpr (R <= 4)
-    if (pp == 4) launch_xreg_pp<4, R, T>(p, x, cols, g, threads, st);
+  /* only the pairs xreg_rows gives are instantiated */
+  if constexpr (xreg_fits(BITS, R, 1))
+    if (pp == 1) launch_xreg_pp<BITS, 1, R, T>(p, x, cols, g, threads, st);
+  if constexpr (xreg_fits(BITS, R, 2))
+    if (pp == 2) launch_xreg_pp<BITS, 2, R, T>(p, x, cols, g, threads, st);
+  if constexpr (xreg_fits(BITS, R, 4))
+    if (pp == 4) launch_xreg_pp<BITS, 4, R, T>(p, x, cols, g, threads, st);
 }
 
-template <typename T>
+template <int BITS, typename T>
 void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
-  const int r = xreg_rows(pp);
-  if (r == 16) launch_xreg_r<16, T>(ws, ys, k, pp, x, st);
-  else if (r == 8) launch_xreg_r<8, T>(ws, ys, k, pp, x, st);
-  else launch_xreg_r<4, T>(ws, ys, k, pp, x, st);
+  const int r = xreg_rows(BITS, pp);
+  if constexpr (BITS == 4) {
+    if (r == 16) launch_xreg_r<4, 16, T>(ws, ys, k, pp, x, st);
+    else if (r == 8) launch_xreg_r<4, 8, T>(ws, ys, k, pp, x, st);
+    else launch_xreg_r<4, 4, T>(ws, ys, k, pp, x, st);
+  } else {
+    if (r == 4) launch_xreg_r<6, 4, T>(ws, ys, k, pp, x, st);
+    else if (r == 2) launch_xreg_r<6, 2, T>(ws, ys, k, pp, x, st);
+    else launch_xreg_r<6, 1, T>(ws, ys, k, pp, x, st);
+  }
 }
 
 template <int BITS, int M, typename T>
@@ -517,8 +604,10 @@ void launch_bits(const rlm_cuda_qmat *ws, float *const *ys, int k, const uint8_t
 #undef RLM_T
 }
 
+/* The shapes the activations' scratch takes (6 bits: column order, as 8),
+ * and with check_w the weights' shapes. */
 bool shape_ok(int64_t cols, int bits, int g) {
-  return (bits == 4 || bits == 8) && (g == 32 || g == 64 || g == 128) && cols > 0 && cols % 128 == 0 &&
+  return (bits == 4 || bits == 6 || bits == 8) && (g == 32 || g == 64 || g == 128) && cols > 0 && cols % 128 == 0 &&
          cols % g == 0;
 }
 
@@ -526,13 +615,21 @@ rlm_status cuda_status(cudaError_t e, const char *fn, rlm_error *err) {
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }
 
-/* One product's checks; *fn names the caller in the message. */
-rlm_status check_w(const rlm_cuda_qmat *w, const char *fn, rlm_error *err) {
+/* One product's checks at m rows of x; *fn names the caller in the
+ * message. 6-bit weights only where the x-in-registers kernel takes them
+ * (xreg_passes): the general kernel has no 6-bit decode. */
+rlm_status check_w(const rlm_cuda_qmat *w, int m, const char *fn, rlm_error *err) {
   if (!w->wq || !w->scales || !w->biases) return fail(err, RLM_ERR_INVALID, fn, "NULL weight arrays");
   if (!shape_ok(w->cols, w->bits, w->group_size) || w->rows < 1 ||
       (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32))
     return fail(err, w->bits == 4 || w->bits == 8 ? RLM_ERR_INVALID : RLM_ERR_UNSUPPORTED, fn,
-                "4- or 8-bit weights, group 32/64/128, cols a multiple of 128, f16/bf16/f32 scales are needed");
+                "4- or 8-bit weights (or 6 for one row of x), group 32/64/128, cols a multiple of 128, "
+                "f16/bf16/f32 scales are needed");
+  if (w->bits == 6 && !xreg_passes(w, m))
+    return fail(err, RLM_ERR_UNSUPPORTED, fn,
+                "6-bit weights only for one row of x (m %d here) and cols (%lld) whose ceil(cols / 1024) passes "
+                "split over at most 8 warps, 1, 2 or 4 a warp",
+                m, (long long)w->cols);
   return RLM_OK;
 }
 
@@ -547,7 +644,7 @@ extern "C" rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t co
   const char *fn = "rlm__cuda_q8act_quantize";
   if (!x || !scratch || m < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or m < 1");
   if (!shape_ok(cols, bits, group_size))
-    return fail(err, RLM_ERR_INVALID, fn, "bits 4 or 8, group 32/64/128 and cols a multiple of 128 are needed");
+    return fail(err, RLM_ERR_INVALID, fn, "bits 4, 6 or 8, group 32/64/128 and cols a multiple of 128 are needed");
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const int64_t n_groups_all = (int64_t)m * (cols / group_size);
   const int warps = 8;
@@ -568,7 +665,7 @@ extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *c
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m outside [1, 8] or k outside [1, %d]", kMaxSegs);
   for (int i = 0; i < k; i++) {
     if (!ys[i]) return fail(err, RLM_ERR_INVALID, fn, "NULL output %d", i);
-    rlm_status rc = check_w(&ws[i], fn, err);
+    rlm_status rc = check_w(&ws[i], m, fn, err);
     if (rc) return rc;
     if (ws[i].cols != ws[0].cols || ws[i].bits != ws[0].bits || ws[i].group_size != ws[0].group_size ||
         ws[i].sdtype != ws[0].sdtype)
@@ -578,9 +675,13 @@ extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *c
   const uint8_t *x = static_cast<const uint8_t *>(scratch);
   static int no_xreg = -1; /* RLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare (docs/cuda-notes.md) */
   if (no_xreg < 0) no_xreg = getenv("RLM_CUDA_Q8_NO_XREG") != NULL;
-  const int pp = no_xreg ? 0 : xreg_passes(&ws[0], m);
-  if (pp) {
-#define RLM_T(T) launch_xreg<T>(ws, ys, k, pp, x, st)
+  const int pp = no_xreg && ws[0].bits != 6 ? 0 : xreg_passes(&ws[0], m); /* 6 bits: no other kernel */
+  if (pp && ws[0].bits == 6) {
+#define RLM_T(T) launch_xreg<6, T>(ws, ys, k, pp, x, st)
+    RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
+#undef RLM_T
+  } else if (pp) {
+#define RLM_T(T) launch_xreg<4, T>(ws, ys, k, pp, x, st)
     RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
   } else if (ws[0].bits == 4) {
@@ -589,6 +690,10 @@ extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *c
     launch_bits<8>(ws, ys, k, x, m, st);
   }
   return cuda_status(cudaGetLastError(), fn, err);
+}
+
+extern "C" bool rlm__cuda_q8_takes(const rlm_cuda_qmat *w, int m) {
+  return w && m >= 1 && m <= 8 && check_w(w, m, "rlm__cuda_q8_takes", NULL) == RLM_OK;
 }
 
 extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scratch, int m, float *y,

@@ -170,13 +170,16 @@ TEST(matches_reference) {
  * cpu (rlm__q8act_bytes(cols)), its group sums into xs, y into out. */
 static void q8_ref_row(const qm *q, const float *xr, int64_t cols, int bits, int g, void *cpu, float *xs, float *out) {
   if (bits == 4) rlm__q8act_quantize_ref(xr, cols, cpu);
+  else if (bits == 6) rlm__q8act_quantize_w6_ref(xr, cols, cpu);
   else rlm__q8act_quantize_w8_ref(xr, cols, cpu);
   rlm__group_sums(xr, 1, cols, g, xs);
   rlm__qmv_q8_ref(&q->h, cpu, xs, 0, q->h.rows, out);
 }
 
 /* The int8-activation product against rlm__qmv_q8_ref, and the GPU's
- * activation bytes against the CPU's (the same codes, block scales). */
+ * activation bytes against the CPU's (the same codes, block scales; the
+ * GPU's in its layout, common.cuh's q8_row_bytes: at 6 bits in column
+ * order, where the CPU's half-block layout permutes them). */
 static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
   qm q;
   qm_make(&q, rows, cols, bits, g, sd);
@@ -203,13 +206,13 @@ static void check_q8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
     q8_ref_row(&q, x + r * cols, cols, bits, g, cpu, xs, ref + r * rows);
     const int8_t *gq = (const int8_t *)(gs + r * rb);
     const float *gd = (const float *)(gs + r * rb + cols);
-    const float *cd = bits == 4 ? (const float *)((const char *)cpu + cols) + (cols / 128) * 16
-                                : (const float *)((const char *)cpu + 2 * cols);
+    const float *cd = rlm__q8act_block_scales(&q.h, cpu);
     for (int64_t e = 0; e < cols; e++) {
       const int64_t gp = bits == 4 ? (e & ~7) + ((e & 1) ? 4 + (e & 7) / 2 : (e & 7) / 2) : e;
       const int64_t k = e % 128;
-      const int cq = bits == 4 ? ((const int8_t *)cpu)[e / 128 * 128 + (k % 2 ? 64 + k / 2 : k / 2)]
-                               : ((const int16_t *)cpu)[rlm__q8act_w8_pos(e)];
+      const int cq = bits == 4   ? ((const int8_t *)cpu)[e / 128 * 128 + (k % 2 ? 64 + k / 2 : k / 2)]
+                     : bits == 6 ? ((const int8_t *)cpu)[rlm__q8act_w6_pos(e)]
+                                 : ((const int16_t *)cpu)[rlm__q8act_w8_pos(e)];
       bad_codes += gq[gp] != cq;
     }
     for (int64_t b = 0; b < cols / 32; b++) bad_d += memcmp(&gd[b], &cd[b], 4) != 0;
@@ -252,6 +255,22 @@ TEST(q8_matches_reference) {
   check_q8_case(1031, 4096, 8, 32, RLM_DTYPE_F16, 1);
   check_q8_case(77, 512, 8, 128, RLM_DTYPE_F32, 1);
   check_q8_case(45, 2560, 8, 64, RLM_DTYPE_BF16, 1);
+  /* m = 1 at 6 bits (decode's x-in-registers kernel, R = 4 / PP rows a
+   * block): every group and scale type at 1, 2 and 4 passes a warp (1152
+   * cols: 2 passes over 2 warps, the second with 4 of 32 lanes busy;
+   * 16384: 16 over 8 warps, 2 each; 20480: 20 over 5, 4 each), rows not a
+   * multiple of 2 or 4 */
+  static const int64_t cols6[3] = {1152, 16384, 20480};
+  for (int c = 0; c < 3; c++)
+    for (int g = 32; g <= 128; g *= 2)
+      for (int s = 0; s < 3; s++) {
+        check_q8_case(n % 2 ? 1003 : 37, cols6[c], 6, g, sds[s], 1);
+        n++;
+      }
+  check_q8_case(8195, 4096, 6, 64, RLM_DTYPE_BF16, 1); /* Llama's head width; blocks take several row groups */
+  check_q8_case(5, 640, 6, 32, RLM_DTYPE_F16, 1);      /* one pass, 20 of 32 lanes busy */
+  check_q8_case(67, 10240, 6, 128, RLM_DTYPE_F32, 1);  /* 10 passes over 5 warps */
+  check_q8_case(37, 32768, 6, 64, RLM_DTYPE_BF16, 1);  /* 32 passes over 8 warps: the most */
 }
 
 /* The int8 tensor-core product for 9..128 tokens (qgemm_i8.cu) against
@@ -355,6 +374,7 @@ TEST(multi_equals_single) {
   check_multi_case(qkv, 3, 1152, 8, RLM_DTYPE_F32, 1);
   check_multi_case(gu, 2, 1152, 4, RLM_DTYPE_BF16, 1);
   check_multi_case(gu, 1, 640, 8, RLM_DTYPE_BF16, 8);
+  check_multi_case(qkv, 3, 4096, 6, RLM_DTYPE_BF16, 1); /* 6 bits: the x-in-registers kernel only */
   rlm_cuda_qmat w[2] = {{(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 4, 64},
                         {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 640, 4, 64}};
   float *ys[2] = {(float *)16, (float *)16};
@@ -378,6 +398,31 @@ TEST(refuses_what_it_lacks) {
   w.cols = 192; /* not a multiple of 128, which the int8 path needs */
   CHECK_EQ(rlm__cuda_qgemv_q8(&w, (const void *)16, 1, (float *)16, NULL, &err), RLM_ERR_INVALID);
   CHECK_EQ(rlm__cuda_q8act_quantize((const float *)16, 1, 192, 4, 64, (void *)16, NULL, &err), RLM_ERR_INVALID);
+  /* 6 bits: one row of x, cols whose ceil(cols / 1024) passes split over
+   * at most 8 warps, 1, 2 or 4 a warp */
+  w.cols = 4096, w.bits = 6;
+  CHECK(rlm__cuda_q8_takes(&w, 1));
+  CHECK(!rlm__cuda_q8_takes(&w, 2));
+  CHECK_EQ(rlm__cuda_qgemv_q8(&w, (const void *)16, 2, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK(strstr(err.msg, "6-bit") != NULL);
+  w.cols = 9216; /* 9 passes: more than 8 warps of one, and neither 2 nor 4 divides 9 */
+  CHECK(!rlm__cuda_q8_takes(&w, 1));
+  CHECK_EQ(rlm__cuda_qgemv_q8(&w, (const void *)16, 1, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  w.cols = 33792; /* 33 passes */
+  CHECK(!rlm__cuda_q8_takes(&w, 1));
+  w.cols = 4096, w.group_size = 16; /* MLX's 6-bit g16 (GGUF's Q6_K) */
+  CHECK(!rlm__cuda_q8_takes(&w, 1));
+  CHECK_EQ(rlm__cuda_qgemv_q8(&w, (const void *)16, 1, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  w.group_size = 64, w.bits = 5;
+  CHECK(!rlm__cuda_q8_takes(&w, 1));
+  CHECK_EQ(rlm__cuda_qgemv_q8(&w, (const void *)16, 1, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_EQ(rlm__cuda_q8act_quantize((const float *)16, 1, 4096, 5, 64, (void *)16, NULL, &err), RLM_ERR_INVALID);
+  w.bits = 4; /* 4 and 8 bits: any m up to 8, any cols a multiple of 128 */
+  CHECK(rlm__cuda_q8_takes(&w, 8));
+  CHECK(!rlm__cuda_q8_takes(&w, 9));
+  w.bits = 8, w.cols = 9216;
+  CHECK(rlm__cuda_q8_takes(&w, 1));
+  CHECK(rlm__cuda_q8_takes(&w, 3));
 }
 
 /* ---- the many-token product (qgemm.cu) ------------------------------------ */
