@@ -425,6 +425,153 @@ TEST(refuses_what_it_lacks) {
   CHECK(rlm__cuda_q8_takes(&w, 3));
 }
 
+/* ---- the norm in the product (decode's layer boundary) -------------------- */
+
+/* Elements of got[n] further than tol from ref (NaN counts); *worst the
+ * largest difference. */
+static int64_t count_far(const float *got, const float *ref, int64_t n, double tol, double *worst) {
+  int64_t bad = 0;
+  *worst = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const double d = fabs((double)got[i] - ref[i]);
+    if (!(d <= tol)) bad++;
+    if (!(d <= *worst)) *worst = isnan(d) ? INFINITY : d;
+  }
+  return bad;
+}
+
+static double max_abs(const float *v, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(v[i]));
+  return m;
+}
+
+/* One row of n: rlm__cuda_add_norm_qgemv_q8 against the two launches it
+ * replaces, rlm__cuda_add_norm (on a copy of x, its int8 activations in
+ * the 4-bit layout of group g) then rlm__cuda_qgemv_q8_multi, for k
+ * products of rows[i] rows. post and has_w: Gemma's post-norm of h, the
+ * input norm's weights. x_out must equal the reference's new x bit for
+ * bit without post; with it within 1e-6 max|x|: h's norm factor comes from
+ * a double sum of squares added in another order, which may round
+ * differently in the last place. Each y within 1e-4 max|y_ref|, not bit
+ * for bit: a weight group's sum of the normed x (the bias term) is added
+ * in another order (the last place), and so is x_out's double sum of
+ * squares (its norm factor, then a code, may differ in the rarest ties).
+ * x must be left as it was, and nothing past each y written (a guard of
+ * poison). */
+static void check_norm_case(const int64_t *rows, int k, int64_t n, int g, rlm_dtype sd, bool post, bool has_w) {
+  const double eps = 1e-6;
+  const size_t nb = (size_t)n * 4;
+  float *x = malloc(nb), *h = malloc(nb), *w = malloc(nb), *pw = malloc(nb), *xo = malloc(nb), *xr = malloc(nb);
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = 2.0f * rndf(), h[i] = rndf() * (i % 5 == 1 ? 8.0f : 1.0f);
+    w[i] = 1.0f + 0.5f * rndf(), pw[i] = 0.5f + rndf();
+  }
+  float *dx = dev_copy(x, nb, cudaMemcpyHostToDevice), *dx_ref = dev_copy(x, nb, cudaMemcpyHostToDevice);
+  float *dh = dev_copy(h, nb, cudaMemcpyHostToDevice);
+  float *dw = has_w ? dev_copy(w, nb, cudaMemcpyHostToDevice) : NULL;
+  float *dp = post ? dev_copy(pw, nb, cudaMemcpyHostToDevice) : NULL;
+  float *dxo = dev_poisoned(nb), *dnorm = dev_poisoned(nb);
+  void *dsc = dev_poisoned(rlm__cuda_q8act_bytes(n, g, 1));
+  const rlm_cuda_q8out q8 = {dsc, 4, g};
+  qm q[3];
+  rlm_cuda_qmat ws[3];
+  float *ref[3], *got[3];
+  rlm_error err = {0};
+  test_note("norm in product: %d products of %lld cols, g%d, %s scales, post %d, w %d", k, (long long)n, g,
+            rlm_dtype_name(sd), post, has_w);
+  for (int i = 0; i < k; i++) {
+    qm_make(&q[i], rows[i], n, 4, g, sd);
+    ws[i] = q[i].d;
+    ref[i] = dev_poisoned((size_t)rows[i] * 4 + 64), got[i] = dev_poisoned((size_t)rows[i] * 4 + 64);
+  }
+  CHECK(rlm__cuda_add_norm_q8_takes(ws, k, n));
+  CHECK_EQ(rlm__cuda_add_norm(dx_ref, dh, dp, dw, dnorm, 1, (int)n, eps, &q8, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_qgemv_q8_multi(ws, ref, k, dsc, 1, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(dx, dh, dp, dw, eps, dxo, ws, got, k, NULL, &err), RLM_OK);
+  test_note("norm in product: %s", err.msg);
+  CU(cudaDeviceSynchronize());
+  CU(cudaMemcpy(xo, dxo, nb, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(xr, dx_ref, nb, cudaMemcpyDeviceToHost));
+  double worst;
+  const int64_t x_bad = post ? count_far(xo, xr, n, 1e-6 * max_abs(xr, n), &worst) : memcmp(xo, xr, nb) != 0;
+  CU(cudaMemcpy(xo, dx, nb, cudaMemcpyDeviceToHost));
+  const bool x_kept = memcmp(xo, x, nb) == 0;
+  int64_t y_bad = 0, guard_bad = 0;
+  for (int i = 0; i < k; i++) {
+    const size_t yb = (size_t)rows[i] * 4;
+    float *a = malloc(yb + 64), *b = malloc(yb + 64);
+    CU(cudaMemcpy(a, got[i], yb + 64, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(b, ref[i], yb, cudaMemcpyDeviceToHost));
+    double yw;
+    const double mx = max_abs(b, rows[i]);
+    const int64_t bad = count_far(a, b, rows[i], 1e-4 * mx, &yw);
+    for (size_t j = yb; j < yb + 64; j++) guard_bad += ((unsigned char *)a)[j] != 0xff;
+    test_note("norm in product: y%d (%lld rows): %lld off, worst %.3g of max|y| %.3g", i, (long long)rows[i],
+              (long long)bad, yw, mx);
+    y_bad += bad;
+    free(a), free(b);
+    cudaFree(ref[i]), cudaFree(got[i]);
+    qm_free(&q[i]);
+  }
+  test_note("norm in product: x_out %lld off, x kept %d, y %lld off, guard %lld", (long long)x_bad, x_kept,
+            (long long)y_bad, (long long)guard_bad);
+  CHECK_EQ(x_bad, 0);
+  CHECK(x_kept);
+  CHECK_EQ(y_bad, 0);
+  CHECK_EQ(guard_bad, 0);
+  cudaFree(dx), cudaFree(dx_ref), cudaFree(dh), cudaFree(dw), cudaFree(dp), cudaFree(dxo), cudaFree(dnorm);
+  cudaFree(dsc);
+  free(x), free(h), free(w), free(pw), free(xo), free(xr);
+}
+
+TEST(norm_in_product_equals_two_launches) {
+  const int64_t qkv[3] = {4096, 1024, 1024}, gu[2] = {6912, 6912}, odd[1] = {67};
+  for (int post = 0; post <= 1; post++) {
+    check_norm_case(qkv, 3, 4096, 64, RLM_DTYPE_BF16, post, true); /* Llama-8B's q, k, v: 4 warps */
+    check_norm_case(gu, 2, 1152, 64, RLM_DTYPE_BF16, post, true);  /* Gemma-1B's gate, up: 2 warps, 36 lanes */
+  }
+  /* the other group sizes (no shuffle at 32, two at 128), another scale
+   * dtype, no norm weights, one warp with idle lanes, a partial row group */
+  check_norm_case(qkv, 3, 4096, 32, RLM_DTYPE_F32, false, true);
+  check_norm_case(gu, 2, 1152, 128, RLM_DTYPE_F16, true, true);
+  check_norm_case(odd, 1, 640, 128, RLM_DTYPE_BF16, true, false);
+  /* refusals: fake device pointers, never dereferenced (nothing is launched) */
+  const rlm_cuda_qmat q4 = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16,
+                           1024, 4096, 4, 64};
+  rlm_cuda_qmat w[4] = {q4, q4, q4, q4};
+  const float *x = (const float *)(1u << 20), *h = (const float *)(2u << 20);
+  float *xo = (float *)(3u << 20);
+  float *ys[4] = {(float *)(4u << 20), (float *)(5u << 20), (float *)(6u << 20), (float *)(7u << 20)};
+  rlm_error err = {0};
+  CHECK(rlm__cuda_add_norm_q8_takes(w, 3, 4096));
+  CHECK(!rlm__cuda_add_norm_q8_takes(w, 3, 2048)); /* n is not the weights' cols */
+  CHECK(!rlm__cuda_add_norm_q8_takes(w, 4, 4096));
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, xo, w, ys, 4, NULL, &err), RLM_ERR_INVALID);
+  w[0].bits = 8; /* 8-bit weights: the scratch path */
+  CHECK(!rlm__cuda_add_norm_q8_takes(w, 1, 4096));
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, xo, w, ys, 1, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK(strstr(err.msg, "4-bit") != NULL);
+  w[0].bits = 4, w[0].cols = 8192; /* Llama's down: 8 warps, more than this kernel takes */
+  CHECK(!rlm__cuda_add_norm_q8_takes(w, 1, 8192));
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, xo, w, ys, 1, NULL, &err), RLM_ERR_UNSUPPORTED);
+  w[0].cols = 14336;
+  CHECK(!rlm__cuda_add_norm_q8_takes(w, 1, 14336));
+  w[0].cols = 4096;
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, (float *)x, w, ys, 1, NULL, &err), RLM_ERR_INVALID);
+  CHECK(strstr(err.msg, "x_out") != NULL);
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, (float *)h + 8, w, ys, 1, NULL, &err), RLM_ERR_INVALID);
+  ys[0] = xo + 1024;
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, xo, w, ys, 1, NULL, &err), RLM_ERR_INVALID);
+  ys[0] = (float *)(4u << 20);
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x + 1, h, NULL, NULL, 1e-5, xo, w, ys, 1, NULL, &err), RLM_ERR_INVALID);
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(NULL, h, NULL, NULL, 1e-5, xo, w, ys, 1, NULL, &err), RLM_ERR_INVALID);
+  w[1].cols = 1152;
+  CHECK(!rlm__cuda_add_norm_q8_takes(w, 2, 4096));
+  CHECK_EQ(rlm__cuda_add_norm_qgemv_q8(x, h, NULL, NULL, 1e-5, xo, w, ys, 2, NULL, &err), RLM_ERR_INVALID);
+  CHECK(strstr(err.msg, "differs") != NULL);
+}
+
 /* ---- the many-token product (qgemm.cu) ------------------------------------ */
 
 /* What qgemm multiplies, on the host: row r of x times 2^-e_r (max |x_r| in
@@ -949,6 +1096,7 @@ int main(int argc, char **argv) {
   RUN(multi_equals_single);
   RUN(qgemm_i8_matches_reference);
   RUN(refuses_what_it_lacks);
+  RUN(norm_in_product_equals_two_launches);
   RUN(qgemm_matches_reference);
   RUN(qgemm_dequantizes_exactly);
   RUN(qgemm_refuses_what_it_lacks);
