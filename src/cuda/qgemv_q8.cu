@@ -743,6 +743,24 @@ bool xreg_loop_on() {
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group. */
+int sm_count() {
+  static int sms = 0;
+  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+    (void)cudaGetLastError(), sms = 1;
+  return sms;
+}
+
+/* Blocks a multiprocessor of the norm in the product: 2, or
+ * RINGLM_CUDA_NORM_PER_SM (1..32) to compare. */
+int norm_per_sm() {
+  static const int n = [] {
+    const char *e = getenv("RINGLM_CUDA_NORM_PER_SM");
+    const int v = e ? atoi(e) : 2;
+    return v >= 1 && v <= 32 ? v : 2;
+  }();
+  return n;
+}
+
 template <int BITS, int PP, int R, typename T, bool NORM = false>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}, sms = 0; /* by warps a block (1..8) */
@@ -801,7 +819,15 @@ void launch_xreg_norm(const rlm_cuda_qmat *ws, float *const *ys, int k, const No
   const Segs p = make_segs(ws, ys, k, R);
   const int64_t cols = ws[0].cols, groups = p.first_block[p.n];
   const int threads = (int)(kWarp * ((cols + 1023) / 1024));
-  const unsigned grid = xreg_loop_on() ? loop_grid<4, 1, R, T, true>(threads, groups) : (unsigned)groups;
+  unsigned grid = loop_grid<4, 1, R, T, true>(threads, groups);
+  /* Every block computes the norm of the whole row (three reads of x, h
+   * and w): at the occupancy's grid (Gemma-1B's gate and up: 3,456
+   * blocks, one row group each) that was ~145 MB of L1/L2 reads an op,
+   * and the 1B model ran at 357 tok/s against 1,024 without the fusion
+   * (H200, 2026-12-05). Fewer blocks, each walking more row groups,
+   * amortize it: norm_per_sm() a multiprocessor. */
+  const unsigned cap = (unsigned)(sm_count() * norm_per_sm());
+  if (grid > cap) grid = cap;
   launch_k(qgemv_xreg_kernel<4, 1, R, T, true>, grid, threads, 0, st, p, (const uint8_t *)NULL, cols,
            ws[0].group_size, nin);
 }
