@@ -763,10 +763,8 @@ int norm_per_sm() {
 
 template <int BITS, int PP, int R, typename T, bool NORM = false>
 unsigned loop_grid(int threads, int64_t groups) {
-  static int per_sm[9] = {0}, sms = 0; /* by warps a block (1..8) */
-  const int wi = threads / kWarp;
-  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
-    (void)cudaGetLastError(), sms = 1;
+  static int per_sm[9] = {0}; /* by warps a block (1..8) */
+  const int wi = threads / kWarp, sms = sm_count();
   if (!per_sm[wi] &&
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, NORM>, threads, 0) !=
           cudaSuccess)
