@@ -650,7 +650,7 @@ static bool cuda_add_norm_linears(rlm_session *s, const float *post, const float
 
 /* The residual stream back in its own buffer (the pass's x is done with):
  * every pass starts where its graph's embedding writes. */
-static void x_home(rlm_session *s) {
+static void put_x_home(rlm_session *s) {
   cuda_sess *cs = cs_of(s);
   if (cs->x_home && s->x != cs->x_home) cs->x2 = s->x, s->x = cs->x_home;
 }
@@ -856,7 +856,7 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL;
-  x_home(s); /* a pass that failed midway may have left it moved */
+  put_x_home(s); /* a pass that failed midway may have left it moved */
   cs->x_home = s->x;
   for (int r = 0; r < ps->n_runs; r++) {
     const rlm_run *u = &ps->runs[r];
@@ -916,7 +916,7 @@ static rlm_status cuda_copy_logits(rlm_session *s, float *host, const float *dev
 
 static rlm_status cuda_end(rlm_session *s, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
-  x_home(s);
+  put_x_home(s);
   rlm_status rc = run_graph(s, err);
   cudaError_t e = cudaStreamSynchronize(cs->st);
   if (cs->first) {

@@ -429,32 +429,40 @@ TEST(gemm_prefill_quantized) {
     }
 }
 
+/* Decode steps of m differing between a captured graph and the same
+ * steps launched one by one (act_bits as given), after g_prompt: the
+ * greedy tokens of the direct session fed to both. */
+static int graph_steps_differ(rlm_model *m, int act_bits) {
+  const int V = rlm_model_vocab_size(m);
+  rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .act_bits = act_bits});
+  rlm_session *d = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .act_bits = act_bits, .no_graph = true});
+  float *lg = xmalloc((size_t)N_PROMPT * V * 4), *ld = xmalloc((size_t)N_PROMPT * V * 4);
+  rlm_error err;
+  int differ = 0;
+  if (g && d) {
+    CHECK_EQ(rlm_session_eval(g, g_prompt, N_PROMPT, lg, false, &err), RLM_OK);
+    CHECK_EQ(rlm_session_eval(d, g_prompt, N_PROMPT, ld, false, &err), RLM_OK);
+    for (int t = 0; t < N_GEN; t++) {
+      int32_t tok = argmax(ld, V);
+      CHECK_EQ(rlm_session_eval(g, &tok, 1, lg, false, &err), RLM_OK);
+      CHECK_EQ(rlm_session_eval(d, &tok, 1, ld, false, &err), RLM_OK);
+      differ += memcmp(lg, ld, (size_t)V * 4) != 0;
+    }
+  }
+  rlm_session_free(g), rlm_session_free(d);
+  free(lg), free(ld);
+  return differ;
+}
+
 /* The same prompt and decode steps with and without the captured graph:
  * the same bits. */
 TEST(graph_equals_direct) {
   for (int a = 0; a < N_ARCHS; a++) {
     rlm_model *m = load(archs[a], a % 2 ? 4 : 0);
     if (!m) continue;
-    const int V = rlm_model_vocab_size(m);
-    rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA});
-    rlm_session *d = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .no_graph = true});
-    float *lg = xmalloc((size_t)N_PROMPT * V * 4), *ld = xmalloc((size_t)N_PROMPT * V * 4);
-    rlm_error err;
-    int differ = 0;
-    if (g && d) {
-      CHECK_EQ(rlm_session_eval(g, g_prompt, N_PROMPT, lg, false, &err), RLM_OK);
-      CHECK_EQ(rlm_session_eval(d, g_prompt, N_PROMPT, ld, false, &err), RLM_OK);
-      for (int t = 0; t < N_GEN; t++) {
-        int32_t tok = argmax(ld, V);
-        CHECK_EQ(rlm_session_eval(g, &tok, 1, lg, false, &err), RLM_OK);
-        CHECK_EQ(rlm_session_eval(d, &tok, 1, ld, false, &err), RLM_OK);
-        differ += memcmp(lg, ld, (size_t)V * 4) != 0;
-      }
-    }
+    const int differ = graph_steps_differ(m, 0);
     CHECK_EQ(differ, 0);
     if (differ) test_note("%s: %d steps differ", archs[a], differ);
-    rlm_session_free(g), rlm_session_free(d);
-    free(lg), free(ld);
     rlm_model_free(m);
   }
 }
@@ -477,23 +485,7 @@ TEST(embedded_model_act8) {
   const int V = rlm_model_vocab_size(m);
   for (int i = 0; i < N_PROMPT; i++) g_prompt[i] = (int32_t)((i * 37 + 11) % (V - 8) + 5);
   check_act8_model(m, "brown-15m");
-  rlm_session *g = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .act_bits = 8});
-  rlm_session *d = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .act_bits = 8, .no_graph = true});
-  float *lg = xmalloc((size_t)N_PROMPT * V * 4), *ld = xmalloc((size_t)N_PROMPT * V * 4);
-  int differ = 0;
-  if (g && d) {
-    CHECK_EQ(rlm_session_eval(g, g_prompt, N_PROMPT, lg, false, &err), RLM_OK);
-    CHECK_EQ(rlm_session_eval(d, g_prompt, N_PROMPT, ld, false, &err), RLM_OK);
-    for (int t = 0; t < N_GEN; t++) {
-      int32_t tok = argmax(ld, V);
-      CHECK_EQ(rlm_session_eval(g, &tok, 1, lg, false, &err), RLM_OK);
-      CHECK_EQ(rlm_session_eval(d, &tok, 1, ld, false, &err), RLM_OK);
-      differ += memcmp(lg, ld, (size_t)V * 4) != 0;
-    }
-  }
-  CHECK_EQ(differ, 0);
-  rlm_session_free(g), rlm_session_free(d);
-  free(lg), free(ld);
+  CHECK_EQ(graph_steps_differ(m, 8), 0);
   rlm_model_free(m);
 }
 
