@@ -56,7 +56,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-/* LOGIT_ROWS: wanted logits per lm_head product; MAX_M: rows of x a
+/* LOGIT_ROWS: wanted logits per lm_head product (64: batched decode's
+ * head in one product that reads W once; at 16, B = 64 on Llama-8B was
+ * four int8 products of 266 us on an H100); MAX_M: rows of x a
  * matrix-vector kernel reads W once for; with int8 activations, passes of
  * MAX_M + 1 to I8_MAX tokens take the int8 tensor-core product
  * (qgemm_i8.cu: batched decode); otherwise GEMM_MIN: passes of more tokens
@@ -66,7 +68,7 @@
  * GEMM_MIN are never captured in a graph (graph_shape), so a replayed
  * step runs the kernels the same step without a graph runs. */
 enum {
-  LOGIT_ROWS = 16, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
+  LOGIT_ROWS = 64, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
   I8_MAX = 128, I8_DEFAULT = 16, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
 };
 
@@ -276,6 +278,7 @@ typedef struct cuda_sess {
   void *q8, *att_scratch;
   rlm_cuda_blas blas;         /* cuBLAS, for passes past GEMM_MIN tokens  */
   void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
+  size_t gemm_bytes;          /* its size                                 */
   float *i8_part;             /* qgemm_i8's split-K partials (I8_MAX rows) */
   /* the activations q8 holds (reused by the next product on the same x:
    * q, k and v; gate and up); any other op forgets them */
@@ -380,7 +383,7 @@ static rlm_status q8_of(rlm_session *s, const rlm_cuda_qmat *w, const float *x, 
 }
 
 /* RUN-TIME SWITCHES. Each turns one of this file's choices off (or, for
- * RINGLM_CUDA_I8_MAX, sets it; RINGLM_CUDA_XREG6 turns an untried one
+ * RINGLM_CUDA_I8_MAX, sets it; RINGLM_CUDA_NORM_FUSE turns a slower one
  * on), so that one build compares both sides in one call on a shared
  * machine (docs/cuda-notes.md gives each comparison). Read once, on the
  * first use, whichever thread that is. */
@@ -391,9 +394,9 @@ typedef struct cuda_switches {
   bool dense_multi; /* RINGLM_CUDA_DENSE_MULTI=0: dense products one by one */
   bool fuse;        /* RINGLM_CUDA_FUSE=0: no producers' int8, no qkv_prep */
   bool attn_tc;     /* RINGLM_CUDA_ATTN_TC=0: flash-decoding kernel for prefill */
-  bool xreg6;       /* RINGLM_CUDA_XREG6=1: one-row products of 6-bit weights
-                       on the int8 path (xreg6_takes); off until it has
-                       run on a GPU */
+  bool xreg6;       /* RINGLM_CUDA_XREG6=0: one-row products of 6-bit weights
+                       on the f32 unit kernel, not the int8 path
+                       (xreg6_takes) */
   bool norm_fuse;   /* RINGLM_CUDA_NORM_FUSE=1: the residual and the input
                        norm inside the next products (cuda_add_norm_linears);
                        off until it has run on a GPU */
@@ -413,8 +416,7 @@ static void read_switches(void) {
   g_switches.dense_multi = env_on("RINGLM_CUDA_DENSE_MULTI");
   g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
-  e = getenv("RINGLM_CUDA_XREG6");
-  g_switches.xreg6 = e && e[0] == '1';
+  g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
   e = getenv("RINGLM_CUDA_NORM_FUSE");
   g_switches.norm_fuse = e && e[0] == '1';
 }
@@ -432,8 +434,10 @@ static bool fast_bits(const rlm_cuda_weight *w) { return w->q.wq && (w->q.bits =
 /* Whether a product of n rows of x with w, 6-bit, takes the int8-activation
  * product under --act-bits 8: one row (decode's x-in-registers kernel, as
  * the CPU multiplies 6-bit weights by int8 activations too), where
- * rlm__cuda_q8_takes says so, and only with RINGLM_CUDA_XREG6=1 for now
- * (else the f32 unit kernel, qgemv.cu). Llama's 6-bit output head. */
+ * rlm__cuda_q8_takes says so (else, or with RINGLM_CUDA_XREG6=0, the f32
+ * unit kernel, qgemv.cu). Llama-8B's head at 6 bits, as the anchor's Q6_K
+ * has it: tg128 411-414 tok/s on the unit kernel, 444-447 here (H100,
+ * docs/cuda-notes.md). */
 static bool xreg6_takes(const rlm_session *s, const rlm_cuda_weight *w, int64_t n) {
   return switches()->xreg6 && s->p.act_bits == 8 && n == 1 && w->q.wq && w->q.bits == 6 &&
          rlm__cuda_q8_takes(&w->q, 1);
@@ -475,7 +479,9 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
     note(s, rlm__cuda_qgemm(&w.q, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
     return;
   }
-  if (n > GEMM_MIN && cs->gemm_scratch) {
+  /* cuBLAS dequantizes W into the scratch, sized for the layers: not
+   * for lm_head (LOGIT_ROWS rows) unless its weights are 4 or 8 bits */
+  if (n > GEMM_MIN && cs->gemm_scratch && rlm__cuda_gemm_scratch_bytes(n, l->out, l->in) <= cs->gemm_bytes) {
     cs->q8_x = NULL;
     note(s, rlm__cuda_gemm(cs->blas, &w, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
     return;
@@ -512,6 +518,22 @@ static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, i
   return true;
 }
 
+/* Whether k products of one x past MAX_M rows can be one launch of the
+ * int8 tensor-core product: where cuda_linear would send each of them
+ * there (batched decode's q, k and v), with the same format. At B = 64
+ * on Llama-8B k and v were launches of 32 blocks a split each, 9.6 us
+ * apiece against q's 27 (ncu on an H100, docs/cuda-notes.md). */
+static bool one_launch_i8(rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
+  if (k < 2 || n <= MAX_M || s->p.act_bits != 8 || !cs_of(s)->i8_part) return false;
+  for (int i = 0; i < k; i++) {
+    const rlm_cuda_qmat *q = &ws[i].q, *q0 = &ws[0].q;
+    if (!fast_bits(&ws[i]) || q->cols % 128 || n > i8_max(q->rows) || q->cols != q0->cols || q->bits != q0->bits ||
+        q->group_size != q0->group_size || q->sdtype != q0->sdtype)
+      return false;
+  }
+  return true;
+}
+
 /* Whether k dense products of one x can be one launch: decode-sized
  * passes, the same cols and dtype. RINGLM_CUDA_DENSE_MULTI=0 launches
  * them one by one, to compare (docs/cuda-notes.md). */
@@ -532,12 +554,23 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
   rlm_cuda_weight dw[3];
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
   const bool dense = k <= 3 && one_launch_dense(dw, k, n);
-  if (k > 3 || (!dense && !one_launch(s, dw, k, n))) {
+  const bool i8 = k <= 3 && !dense && one_launch_i8(s, dw, k, n);
+  if (k > 3 || (!dense && !i8 && !one_launch(s, dw, k, n))) {
     for (int i = 0; i < k; i++) cuda_linear(s, ls[i], x, n, ys[i]);
     return;
   }
   cuda_sess *cs = cs_of(s);
   rlm_error er;
+  if (i8) {
+    rlm_cuda_qmat ws[3];
+    for (int i = 0; i < k; i++) ws[i] = dw[i].q;
+    rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
+    if (!rc) rc = rlm__cuda_qgemm_i8_multi(ws, ys, k, cs->q8, n, cs->i8_part, cs->st, &er);
+    for (int i = 0; i < k; i++)
+      if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
+    note(s, rc, &er);
+    return;
+  }
   if (dense) {
     cs->q8_x = NULL; /* as cuda_linear's dense products */
     note(s, rlm__cuda_dense_gemv_multi(dw, ys, k, x, (int)n, cs->st, &er), &er);
@@ -1095,7 +1128,8 @@ static rlm_status make_caches(rlm_session *s, rlm_error *err) {
 
 /* The largest product a pass past GEMM_MIN tokens runs (every linear of
  * the layers and Gemma 4's per-layer projection; the head takes at most
- * LOGIT_ROWS rows); qgemm needs less (room for x alone). */
+ * LOGIT_ROWS rows: qgemm at 4 and 8 bits, else groups of MAX_M rows,
+ * cuda_linear); qgemm needs less (room for x alone). */
 static size_t gemm_bytes(const rlm_model *m, int64_t n) {
   size_t most = rlm__cuda_gemm_scratch_bytes(n, m->ple_model_proj.out, m->ple_model_proj.in);
   for (int i = 0; i < m->cfg.n_layers; i++) {
@@ -1119,8 +1153,9 @@ static rlm_status make_gemm(rlm_session *s, rlm_error *err) {
     return rlm__err(err, b == CUBLAS_STATUS_ALLOC_FAILED ? RLM_ERR_NOMEM : RLM_ERR_INTERNAL,
                     "cuda: creating a cuBLAS handle: status %d", (int)b);
   }
-  cudaError_t e = cudaMalloc(&cs->gemm_scratch, gemm_bytes(s->m, s->p.prefill_chunk));
-  if (e != cudaSuccess) cs->gemm_scratch = NULL;
+  cs->gemm_bytes = gemm_bytes(s->m, s->p.prefill_chunk);
+  cudaError_t e = cudaMalloc(&cs->gemm_scratch, cs->gemm_bytes);
+  if (e != cudaSuccess) cs->gemm_scratch = NULL, cs->gemm_bytes = 0;
   return e == cudaSuccess ? RLM_OK : cuda_fail(err, e, "allocating the GEMM scratch");
 }
 

@@ -95,6 +95,12 @@ bool rlm__cuda_add_norm_q8_takes(const rlm_cuda_qmat *ws, int k, int64_t n);
 size_t rlm__cuda_qgemm_i8_part_bytes(int64_t m);
 rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m, float *y, float *part,
                               rlm_cuda_stream stream, rlm_error *err);
+/* k <= 3 such products of the same x in one launch (q, k, v): y_i [m]
+ * [ws[i].rows]; the W_i share cols, bits, group size and scale dtype.
+ * Each y_i equals its single product up to the order of f32 additions
+ * (the split of K depends on all k shapes). */
+rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8, int64_t m,
+                                    float *part, rlm_cuda_stream stream, rlm_error *err);
 
 /* The many-token product (qgemm.cu), for batched decode and prefill:
  * y [m][rows] = x [m][cols] . W^T (f32, device memory) on the tensor

@@ -41,6 +41,12 @@
  * fixed order (a replay gives the same bits). The split count aims at
  * kTarget blocks, or RINGLM_CUDA_I8_TARGET (66..1056) to compare.
  *
+ * SEVERAL PRODUCTS OF ONE x (q, k and v) share a launch: the grid's row
+ * tiles run through the matrices in turn, each tile in one matrix, so k
+ * and v (a quarter of q's rows for Llama-8B) fill the card together
+ * with q rather than as launches of a few dozen blocks, and one
+ * add_splits launch serves all three.
+ *
  * EPILOGUE: no int-to-float conversion (a quarter-rate instruction). The
  * mma adds its s32 sums to the bits of 1.5 * 2^23 (its C operand), and
  * one FADD takes the exact float back out (kMagic below).
@@ -81,13 +87,26 @@ struct Cfg {
   static_assert(kStage % 16 == 0, "16-byte aligned stages");
 };
 
-struct Args {
+/* One weight matrix of a launch: k <= kMaxMats products of the same x
+ * (q, k, v) share a grid, each row tile belonging to one matrix. */
+constexpr int kMaxMats = 3;
+struct Mat {
   const uint8_t *wq;   /* codes [rows][cols * bits / 8] */
   const void *sc, *bi; /* [rows][cols / g] */
-  const uint8_t *x;    /* the q8 scratch: per token xq [cols] | d [cols/32] | xsum [cols/g] */
-  size_t x_row;        /* bytes per token of the scratch */
-  float *y;            /* [m][rows], or the partials [S][m][rows] */
-  int64_t m, rows;
+  float *y;            /* [m][rows] */
+  int64_t rows;
+};
+
+struct Args {
+  Mat mat[kMaxMats];
+  int tile0[kMaxMats + 1]; /* matrix i's row tiles are tile0[i] .. tile0[i + 1] - 1 */
+  int64_t roff[kMaxMats];  /* matrix i's first row in the partials' rows */
+  int k;
+  const uint8_t *x;        /* the q8 scratch: per token xq [cols] | d [cols/32] | xsum [cols/g] */
+  size_t x_row;            /* bytes per token of the scratch */
+  float *part;             /* split-K partials [S][m][R] (S > 1) */
+  int64_t R;               /* the matrices' rows together */
+  int64_t m;
   int cols, g;
 };
 
@@ -125,14 +144,14 @@ __device__ __forceinline__ float magic_f32(int bits) { return __int_as_float(bit
 
 /* The codes of chunk c for the block's rows (clamped to the last row). */
 template <int BITS, int NT>
-__device__ __forceinline__ void load_codes(const Args &p, int64_t row0, int c, uint8_t *st) {
+__device__ __forceinline__ void load_codes(const Mat &w, int cols, int64_t row0, int c, uint8_t *st) {
   using C = Cfg<BITS, NT>;
   constexpr int kPer = C::kCodeBytes / 16; /* 16-byte pieces a row */
-  const size_t wrow = (size_t)p.cols * BITS / 8;
+  const size_t wrow = (size_t)cols * BITS / 8;
   for (int i = threadIdx.x; i < kBM * kPer; i += kThreads) {
     const int r = i / kPer, piece = i % kPer;
-    const int64_t row = row0 + r < p.rows ? row0 + r : p.rows - 1;
-    cp_async16(st + r * C::kARow + piece * 16, p.wq + (size_t)row * wrow + (size_t)c * C::kCodeBytes + piece * 16);
+    const int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
+    cp_async16(st + r * C::kARow + piece * 16, w.wq + (size_t)row * wrow + (size_t)c * C::kCodeBytes + piece * 16);
   }
 }
 
@@ -168,8 +187,8 @@ struct ChunkSB {
 /* Lane t's share of chunk c's scales and biases for rows ra and rb, as
  * stored: converted once they have landed (sb_f32). */
 template <typename T>
-__device__ __forceinline__ ChunkSB<T> load_sb(const Args &p, int64_t ra, int64_t rb, int c, int ng, int gpc, int t) {
-  const T *sc = static_cast<const T *>(p.sc), *bi = static_cast<const T *>(p.bi);
+__device__ __forceinline__ ChunkSB<T> load_sb(const Mat &w, int64_t ra, int64_t rb, int c, int ng, int gpc, int t) {
+  const T *sc = static_cast<const T *>(w.sc), *bi = static_cast<const T *>(w.bi);
   const int q = t & (gpc - 1); /* gpc is 1, 2 or 4 */
   const size_t ga = (size_t)ra * ng + (size_t)c * gpc + q, gb = (size_t)rb * ng + (size_t)c * gpc + q;
   return {__ldg(sc + ga), __ldg(sc + gb), __ldg(bi + ga), __ldg(bi + gb)};
@@ -184,29 +203,38 @@ __device__ __forceinline__ ChunkSB<float> sb_f32(const ChunkSB<T> &v) {
 /* v of group q: lane q of this lane's quad holds it (ChunkSB). */
 __device__ __forceinline__ float sb_of(float v, int q) { return __shfl_sync(0xffffffffu, v, q, 4); }
 
-/* Block (token tile, row tile, split z). */
-template <int BITS, int NT, typename T>
+/* Matrix i of a launch of several, by selects: an indexed parameter went
+ * through the constant bank in the loop (o and down 5-7% slower). */
+__device__ __forceinline__ Mat mat_of(const Args &p, int i) { return i == 0 ? p.mat[0] : i == 1 ? p.mat[1] : p.mat[2]; }
+
+/* Block (token tile, row tile of all the matrices, split z). MULTI: k > 1
+ * (else matrix 0's fields stay kernel parameters, as before there were
+ * several). */
+template <int BITS, int NT, typename T, bool MULTI>
 __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
   /* token tiles vary fastest: the blocks reading a row tile's codes run
    * together, so all but the first read them from the L2 */
-  const int64_t row0 = (int64_t)blockIdx.y * kBM, tok0 = (int64_t)blockIdx.x * C::kBN;
+  const int by = (int)blockIdx.y;
+  const int mi = !MULTI ? 0 : by >= p.tile0[2] && p.k > 2 ? 2 : by >= p.tile0[1] ? 1 : 0; /* constant indices */
+  const Mat w = MULTI ? mat_of(p, mi) : p.mat[0];
+  const int64_t row0 = (int64_t)(by - (mi == 0 ? 0 : mi == 1 ? p.tile0[1] : p.tile0[2])) * kBM, tok0 = (int64_t)blockIdx.x * C::kBN;
   const int n_chunks = p.cols / kChunk, S = (int)gridDim.z, z = (int)blockIdx.z;
   const int c0 = z * n_chunks / S, c1 = (z + 1) * n_chunks / S;
 
   /* This lane's two weight rows (clamped for the scale reads). */
   const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
-  const int64_t rac = ra < p.rows ? ra : p.rows - 1, rbc = rb < p.rows ? rb : p.rows - 1;
+  const int64_t rac = ra < w.rows ? ra : w.rows - 1, rbc = rb < w.rows ? rb : w.rows - 1;
   const int ng = p.cols / p.g, gpc = kChunk / p.g; /* groups a row, groups a chunk (1, 2 or 4) */
 
   /* The weights of the first stages and chunk c0's scales and biases,
    * then (PDL) x once it is written. */
   for (int s = 0; s < kStages - 1; s++)
-    if (c0 + s < c1) load_codes<BITS, NT>(p, row0, c0 + s, smem + s * C::kStage);
+    if (c0 + s < c1) load_codes<BITS, NT>(w, p.cols, row0, c0 + s, smem + s * C::kStage);
   ChunkSB<T> next = {}; /* chunk c's scales and biases, then (in flight) chunk c + 1's */
-  if (c0 < c1) next = load_sb<T>(p, rac, rbc, c0, ng, gpc, t);
+  if (c0 < c1) next = load_sb<T>(w, rac, rbc, c0, ng, gpc, t);
   pdl_enter();
   for (int s = 0; s < kStages - 1; s++) {
     if (c0 + s < c1) load_x<BITS, NT>(p, tok0, c0 + s, smem + s * C::kStage);
@@ -222,13 +250,13 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
      * chunk c - 1; chunk c + 1's are in flight during chunk c's mmas
      * (clamped to c on the last, so nothing past chunk c1 - 1 is read). */
     const ChunkSB<float> cur = sb_f32(next);
-    next = load_sb<T>(p, rac, rbc, c + 1 < c1 ? c + 1 : c, ng, gpc, t);
+    next = load_sb<T>(w, rac, rbc, c + 1 < c1 ? c + 1 : c, ng, gpc, t);
     cp_wait<kStages - 2>();
     __syncthreads();
     const int nxt = c + kStages - 1; /* into the stage every warp finished with (the barrier above) */
     if (nxt < c1) {
       uint8_t *st = smem + ((nxt - c0) % kStages) * C::kStage;
-      load_codes<BITS, NT>(p, row0, nxt, st);
+      load_codes<BITS, NT>(w, p.cols, row0, nxt, st);
       load_x<BITS, NT>(p, tok0, nxt, st);
     }
     cp_commit();
@@ -283,23 +311,43 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
     }
   }
 
-  float *out = p.y + (size_t)z * (size_t)p.m * (size_t)p.rows; /* split z's partials (z = 0: y itself) */
+  /* S = 1: y itself; else split z's partials, this matrix's rows at roff */
+  const bool whole = gridDim.z == 1;
+  float *out = whole ? w.y : p.part + (size_t)z * (size_t)p.m * (size_t)p.R +
+               (size_t)(mi == 0 ? 0 : mi == 1 ? p.roff[1] : p.roff[2]);
+  const int64_t ld = whole ? w.rows : p.R;
 #pragma unroll
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int64_t tok = tok0 + nt * 8 + 2 * t + (e & 1), row = e < 2 ? ra : rb;
-      if (tok < p.m && row < p.rows) out[tok * p.rows + row] = acc[nt][e];
+      if (tok < p.m && row < w.rows) out[tok * ld + row] = acc[nt][e];
     }
 }
 
-/* y = the sum of S partials [S][n], in split order. */
-__global__ void add_splits_kernel(const float *__restrict__ part, int S, int64_t n, float *__restrict__ y) {
+/* Where add_splits_kernel puts each matrix's sums. */
+struct SplitOut {
+  float *y[kMaxMats];
+  int64_t roff[kMaxMats + 1]; /* roff[k] = R */
+  int k;
+};
+
+/* y_i = the sum of S partials [S][m][R], in split order; block row
+ * blockIdx.y is token blockIdx.y. */
+__global__ void add_splits_kernel(const float *__restrict__ part, int S, int64_t m, int64_t R, const SplitOut o) {
   pdl_enter();
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+  const int64_t tok = blockIdx.y, n = m * R;
+  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < R; c += (int64_t)gridDim.x * blockDim.x) {
+    const size_t i = (size_t)(tok * R + c);
     float s = part[i];
-    for (int z = 1; z < S; z++) s += part[(size_t)z * (size_t)n + (size_t)i];
-    y[i] = s;
+    for (int z = 1; z < S; z++) s += part[(size_t)z * (size_t)n + i];
+    /* constant indices only: an indexed o put it in local memory (a
+     * stack frame, 2x this kernel's time) */
+    float *y = o.y[0];
+    int64_t lo = 0, hi = o.roff[1];
+    if (o.k > 1 && c >= o.roff[1]) y = o.y[1], lo = o.roff[1], hi = o.roff[2];
+    if (o.k > 2 && c >= o.roff[2]) y = o.y[2], lo = o.roff[2], hi = o.roff[3];
+    y[tok * (hi - lo) + c - lo] = s;
   }
 }
 
@@ -324,14 +372,19 @@ int pick_splits(int64_t blocks, int n_chunks) {
   return s;
 }
 
+template <int BITS, int NT, typename T, bool MULTI>
+cudaError_t launch_one(const Args &a, int S, cudaStream_t st) {
+  using C = Cfg<BITS, NT>;
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T, MULTI>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)a.tile0[a.k], (unsigned)S);
+  return launch_k(qgemm_i8_kernel<BITS, NT, T, MULTI>, grid, dim3(kThreads), C::kSmem, st, a);
+}
+
 template <int BITS, int NT, typename T>
 cudaError_t launch(const Args &a, int S, cudaStream_t st) {
-  using C = Cfg<BITS, NT>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  if (attr != cudaSuccess) return attr;
-  const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)((a.rows + kBM - 1) / kBM), (unsigned)S);
-  return launch_k(qgemm_i8_kernel<BITS, NT, T>, grid, dim3(kThreads), C::kSmem, st, a);
+  return a.k > 1 ? launch_one<BITS, NT, T, true>(a, S, st) : launch_one<BITS, NT, T, false>(a, S, st);
 }
 
 template <int BITS, typename T>
@@ -358,11 +411,11 @@ extern "C" size_t rlm__cuda_qgemm_i8_part_bytes(int64_t m) {
   return (size_t)2 * target_blocks() * kBM * (size_t)m * sizeof(float);
 }
 
-extern "C" rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m, float *y, float *part,
-                                        rlm_cuda_stream stream, rlm_error *err) {
+/* The checks of one matrix (the first) or of one that must agree with it. */
+static rlm_status check_mat(const rlm_cuda_qmat *w, const rlm_cuda_qmat *w0, int i, rlm_error *err) {
   const char *fn = "rlm__cuda_qgemm_i8";
-  if (!w || !xq8 || !y || !part || m < 1 || w->rows < 1 || !w->wq || !w->scales || !w->biases)
-    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m < 1 or rows < 1");
+  if (w->rows < 1 || !w->wq || !w->scales || !w->biases)
+    return fail(err, RLM_ERR_INVALID, fn, "weights %d: NULL codes, scales or biases, or rows < 1", i);
   if (w->bits != 4 && w->bits != 8)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights are not supported (4 and 8 are)", w->bits);
   if ((w->group_size != 32 && w->group_size != 64 && w->group_size != 128) || w->cols % kChunk || w->cols > INT32_MAX)
@@ -370,28 +423,59 @@ extern "C" rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8
                 w->group_size, (long long)w->cols, kChunk);
   if (w->sdtype != RLM_DTYPE_F16 && w->sdtype != RLM_DTYPE_BF16 && w->sdtype != RLM_DTYPE_F32)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "scale dtype %d (f16, bf16 and f32 are supported)", (int)w->sdtype);
-  if ((reinterpret_cast<uintptr_t>(w->wq) | reinterpret_cast<uintptr_t>(xq8)) & 15)
+  if (reinterpret_cast<uintptr_t>(w->wq) & 15)
+    return fail(err, RLM_ERR_INVALID, fn, "weights %d: codes must be 16-byte aligned", i);
+  if (w != w0 && (w->cols != w0->cols || w->bits != w0->bits || w->group_size != w0->group_size ||
+                  w->sdtype != w0->sdtype))
+    return fail(err, RLM_ERR_INVALID, fn, "weights %d differ from weights 0 in cols, bits, group or scale dtype", i);
+  return RLM_OK;
+}
+
+extern "C" rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8,
+                                              int64_t m, float *part, rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_qgemm_i8";
+  if (!ws || !ys || k < 1 || k > kMaxMats || !xq8 || !part || m < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m < 1, or %d products (1 to %d)", k, kMaxMats);
+  if (reinterpret_cast<uintptr_t>(xq8) & 15)
     return fail(err, RLM_ERR_INVALID, fn, "codes and the activations' scratch must be 16-byte aligned");
+  Args a = {};
+  int64_t tiles = 0, R = 0;
+  for (int i = 0; i < k; i++) {
+    const rlm_status rc = check_mat(&ws[i], &ws[0], i, err);
+    if (rc) return rc;
+    if (!ys[i]) return fail(err, RLM_ERR_INVALID, fn, "output %d is NULL", i);
+    a.mat[i] = {reinterpret_cast<const uint8_t *>(ws[i].wq), ws[i].scales, ws[i].biases, ys[i], ws[i].rows};
+    a.tile0[i] = (int)(tiles < 65536 ? tiles : 65536), a.roff[i] = R; /* checked below */
+    tiles += (ws[i].rows + kBM - 1) / kBM, R += ws[i].rows;
+  }
+  a.tile0[k] = (int)(tiles < 65536 ? tiles : 65536);
   const int nt = pick_nt(m);
-  const int64_t tiles = (w->rows + kBM - 1) / kBM, tok_tiles = (m + 8 * nt - 1) / (8 * nt);
+  const int64_t tok_tiles = (m + 8 * nt - 1) / (8 * nt);
   if (tiles > 65535 || tok_tiles > INT32_MAX)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a product of %lld x %lld rows is past the grid's limits", (long long)m,
-                (long long)w->rows);
-  const int S = pick_splits(tiles * tok_tiles, (int)(w->cols / kChunk));
-  if ((size_t)S * (size_t)m * (size_t)w->rows * sizeof(float) > rlm__cuda_qgemm_i8_part_bytes(m) && S > 1)
+                (long long)R);
+  const int S = pick_splits(tiles * tok_tiles, (int)(ws[0].cols / kChunk));
+  if ((size_t)S * (size_t)m * (size_t)R * sizeof(float) > rlm__cuda_qgemm_i8_part_bytes(m) && S > 1)
     return fail(err, RLM_ERR_INTERNAL, fn, "partials of %d splits past the scratch", S);
+  a.k = k, a.x = static_cast<const uint8_t *>(xq8), a.x_row = rlm__cuda_q8act_bytes(ws[0].cols, ws[0].group_size, 1);
+  a.part = part, a.R = R, a.m = m, a.cols = (int)ws[0].cols, a.g = ws[0].group_size;
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  const Args a = {reinterpret_cast<const uint8_t *>(w->wq), w->scales, w->biases, static_cast<const uint8_t *>(xq8),
-                  rlm__cuda_q8act_bytes(w->cols, w->group_size, 1), S > 1 ? part : y, m, w->rows, (int)w->cols,
-                  w->group_size};
   cudaError_t e = cudaSuccess;
-#define RLM_T(T) e = launch_bits<T>(a, w->bits, nt, S, st)
-  RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
+#define RLM_T(T) e = launch_bits<T>(a, ws[0].bits, nt, S, st)
+  RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
   if (e == cudaSuccess && S > 1) {
-    const int64_t n = m * w->rows;
-    const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
-    e = launch_k(add_splits_kernel, dim3(blocks), dim3(256), 0, st, (const float *)part, S, n, y);
+    SplitOut o = {};
+    for (int i = 0; i < k; i++) o.y[i] = ys[i], o.roff[i] = a.roff[i];
+    o.roff[k] = R, o.k = k;
+    const unsigned bx = (unsigned)((R + 255) / 256 < 1024 ? (R + 255) / 256 : 1024);
+    e = launch_k(add_splits_kernel, dim3(bx, (unsigned)m), dim3(256), 0, st, (const float *)part, S, m, R, o);
   }
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
+
+extern "C" rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m, float *y, float *part,
+                                        rlm_cuda_stream stream, rlm_error *err) {
+  if (!w) return fail(err, RLM_ERR_INVALID, "rlm__cuda_qgemm_i8", "NULL weights");
+  return rlm__cuda_qgemm_i8_multi(w, &y, 1, xq8, m, part, stream, err);
 }

@@ -475,17 +475,64 @@ TEST(graph_equals_direct) {
  * exact CPU path is bounded as check_act8's, and a captured graph replays
  * to the bits of the same steps launched one by one (the fused products
  * move the residual stream between two buffers within a pass). */
-TEST(embedded_model_act8) {
+static rlm_model *load_embedded(void) {
   char dir[512];
   snprintf(dir, sizeof dir, "%s/models/brown-15m-4bit", g_src);
   rlm_model *m = NULL;
   rlm_error err;
   CHECK_EQ(rlm_model_load(&m, dir, &err), RLM_OK);
+  if (!m) test_note("%s: %s", dir, err.msg);
+  return m;
+}
+
+TEST(embedded_model_act8) {
+  rlm_model *m = load_embedded();
   if (!m) return;
   const int V = rlm_model_vocab_size(m);
   for (int i = 0; i < N_PROMPT; i++) g_prompt[i] = (int32_t)((i * 37 + 11) % (V - 8) + 5);
   check_act8_model(m, "brown-15m");
   CHECK_EQ(graph_steps_differ(m, 8), 0);
+  rlm_model_free(m);
+}
+
+/* A batch of 40 rows (past 16: the int8 tensor-core products, q, k and
+ * v in one launch, and lm_head over all 40 rows in one product) on the
+ * embedded model: a first token for each row, then 4 decode steps of all
+ * 40 at once on the exact path's greedy tokens. The GPU's distance from
+ * the exact CPU path is bounded as check_act8's, by the CPU's own int8
+ * path on the same batches. */
+TEST(wide_batch_act8) {
+  enum { B = 40, STEPS = 5 };
+  rlm_model *m = load_embedded();
+  if (!m) return;
+  rlm_error err;
+  const int V = rlm_model_vocab_size(m);
+  rlm_session *ex = open_s(m, (opts){.rows = B, .chunk = 64}), *c8 = open_s(m, (opts){.rows = B, .chunk = 64, .act_bits = 8});
+  rlm_session *g8 = open_s(m, (opts){.device = RLM_DEVICE_CUDA, .rows = B, .chunk = 64, .act_bits = 8});
+  float *le = xmalloc((size_t)B * V * 4), *lc = xmalloc((size_t)B * V * 4), *lg = xmalloc((size_t)B * V * 4);
+  double dc = 0, dg = 0;
+  if (ex && c8 && g8) {
+    int32_t ids[B], rows[B];
+    for (int r = 0; r < B; r++) ids[r] = (int32_t)((r * 53 + 7) % (V - 8) + 5), rows[r] = r;
+    for (int t = 0; t < STEPS; t++) {
+      rlm_batch b = {B, ids, rows, NULL};
+      CHECK_EQ(rlm_session_decode(ex, &b, le, &err), RLM_OK);
+      CHECK_EQ(rlm_session_decode(c8, &b, lc, &err), RLM_OK);
+      const rlm_status rc = rlm_session_decode(g8, &b, lg, &err);
+      CHECK_EQ(rc, RLM_OK);
+      if (rc) {
+        test_note("%s", err.msg);
+        break;
+      }
+      dc = fmax(dc, rel_diff(le, lc, (size_t)B * V)), dg = fmax(dg, rel_diff(le, lg, (size_t)B * V));
+      for (int r = 0; r < B; r++) ids[r] = argmax(le + (size_t)r * V, V);
+    }
+    CHECK_EQ(rlm_session_row_position(g8, B - 1), STEPS);
+  }
+  printf("  brown-15m    %d rows, int8 activations: from the exact path, cpu %.2e, gpu %.2e\n", B, dc, dg);
+  CHECK(dc > 0 && dg <= 1.5 * dc + 1e-4);
+  rlm_session_free(ex), rlm_session_free(c8), rlm_session_free(g8);
+  free(le), free(lc), free(lg);
   rlm_model_free(m);
 }
 
@@ -750,6 +797,7 @@ int main(void) {
   RUN(half_precision_matches_cpu);
   RUN(graph_equals_direct);
   RUN(embedded_model_act8);
+  RUN(wide_batch_act8);
   RUN(rollback_after_wrap);
   RUN(batched_rows);
   RUN(snapshots_through_host);

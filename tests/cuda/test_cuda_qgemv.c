@@ -305,6 +305,69 @@ static void check_i8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
   qm_free(&q);
 }
 
+/* q, k and v in one launch of the int8 tensor-core product: each output
+ * against rlm__qmv_q8_ref as the single product's, and nothing past its
+ * rows written (a poisoned guard). */
+static void check_i8_multi_case(const int64_t *rows, int k, int64_t cols, int m) {
+  const int bits = 4, g = 64;
+  qm q[3];
+  rlm_cuda_qmat ws[3];
+  float *dys[3];
+  const size_t sb = rlm__cuda_q8act_bytes(cols, g, m), pb = rlm__cuda_qgemm_i8_part_bytes(m);
+  float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)(cols / g) * 4);
+  void *cpu = malloc(rlm__q8act_bytes(cols));
+  for (int64_t i = 0; i < m * cols; i++) x[i] = rndf();
+  float *dx = dev_copy(x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice), *dp = dev_poisoned(pb);
+  void *dsc = dev_poisoned(sb);
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_q8act_quantize(dx, m, cols, bits, g, dsc, NULL, &err), RLM_OK);
+  for (int i = 0; i < k; i++) {
+    qm_make(&q[i], rows[i], cols, bits, g, RLM_DTYPE_BF16);
+    ws[i] = q[i].d;
+    dys[i] = dev_poisoned((size_t)m * (size_t)rows[i] * 4 + 64);
+  }
+  const rlm_status rc = rlm__cuda_qgemm_i8_multi(ws, dys, k, dsc, m, dp, NULL, &err);
+  test_note("i8 multi, %d products of %lld columns, m %d: %s", k, (long long)cols, m, err.msg);
+  CHECK_EQ(rc, RLM_OK);
+  CU(cudaDeviceSynchronize());
+  for (int i = 0; i < k; i++) {
+    const size_t n = (size_t)m * (size_t)rows[i];
+    float *ref = malloc(n * 4), *got = malloc(n * 4 + 64);
+    CU(cudaMemcpy(got, dys[i], n * 4 + 64, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < m; r++) q8_ref_row(&q[i], x + r * cols, cols, bits, g, cpu, xs, ref + r * rows[i]);
+    double worst, mx;
+    const int64_t bad = count_off(got, ref, (int64_t)n, &worst, &mx);
+    test_note("i8 multi: product %d (%lld rows): %lld of %zu off (worst %.3g of %.3g)", i, (long long)rows[i],
+              (long long)bad, n, worst, mx);
+    CHECK_EQ(bad, 0);
+    uint32_t guard[16];
+    memcpy(guard, (char *)got + n * 4, 64);
+    int poisoned = 0;
+    for (int j = 0; j < 16; j++) poisoned += guard[j] == 0xFFFFFFFFu;
+    CHECK_EQ(poisoned, 16);
+    free(ref), free(got);
+    cudaFree(dys[i]);
+    qm_free(&q[i]);
+  }
+  cudaFree(dx), cudaFree(dp), cudaFree(dsc);
+  free(x), free(xs), free(cpu);
+}
+
+TEST(qgemm_i8_multi_matches_reference) {
+  const int64_t small[3] = {200, 67, 64}, llama[3] = {1024, 256, 256};
+  check_i8_multi_case(small, 3, 640, 40);  /* partial row tiles, 5 chunks, no split */
+  check_i8_multi_case(small, 2, 640, 9);
+  check_i8_multi_case(llama, 3, 4096, 64); /* Llama's q:k:v, split K */
+  check_i8_multi_case(llama, 3, 4096, 17);
+  rlm_cuda_qmat w[2] = {{(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 64, 512, 4, 64},
+                        {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 64, 512, 8, 64}};
+  float *ys[4] = {(float *)16, (float *)16, (float *)16, (float *)16};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qgemm_i8_multi(w, ys, 2, (const void *)16, 9, (float *)16, NULL, &err), RLM_ERR_INVALID);
+  CHECK(strstr(err.msg, "weights 1 differ") != NULL);
+  CHECK_EQ(rlm__cuda_qgemm_i8_multi(w, ys, 4, (const void *)16, 9, (float *)16, NULL, &err), RLM_ERR_INVALID);
+}
+
 TEST(qgemm_i8_matches_reference) {
   static const rlm_dtype sds[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
   static const int ms[] = {9, 16, 17, 31, 33, 64, 100, 128};
@@ -1095,6 +1158,7 @@ int main(int argc, char **argv) {
   RUN(q8_matches_reference);
   RUN(multi_equals_single);
   RUN(qgemm_i8_matches_reference);
+  RUN(qgemm_i8_multi_matches_reference);
   RUN(refuses_what_it_lacks);
   RUN(norm_in_product_equals_two_launches);
   RUN(qgemm_matches_reference);
