@@ -9,10 +9,8 @@
 #
 # Models: random weights with the shapes of Gemma 3 1B and Llama 3.1 8B
 # (scripts/make_bench_models.py, bf16), quantized to MLX 4-bit g64 with the
-# tied embedding/head at 8 bits g64, as llama-quantize's Q4_0 gives Gemma's
-# (Q8_0); Llama's Q4_0 head is Q6_K (6.56 bits); the GPU's 6-bit product is
-# the generic, untuned one, so ours reads 8.5 bits there: more bytes than
-# the anchor's.
+# tied embedding/head as llama-quantize's Q4_0 has it: Gemma's at 8 bits
+# (Q8_0), Llama's at 6 bits g64 (Q6_K; 6.5 against 6.56 bits a weight).
 # RINGLM (default build-cuda/ringlm) and QGEMV (build-cuda/tests/
 # test_cuda_qgemv) name the programs; REPS (3) the repetitions; DEPTHS
 # (0,4096,16384) the context depths, with bf16 KV and with 4-bit KV; BATCH (8,32,64) the batch sizes of
@@ -29,11 +27,15 @@ batch=${BATCH:-8,32,64}
 mkdir -p "$dir"
 # a GPU machine without our Debian packages: the libraries test-cuda.sh gathered
 [ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for shape in gemma3-1b llama3.1-8b; do
+# The tied embedding (the output head) at the anchor file's width: Gemma's
+# Q8_0 (its 1152 columns are no multiple of Q6_K's 256), Llama's Q6_K
+# (4.35 GB against the anchor's 4.36).
+for shape in gemma3-1b:8 llama3.1-8b:6; do
+  head=${shape#*:} shape=${shape%:*}
   [ -f "$dir/$shape/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" "$shape" --no-gguf
   [ -f "$dir/$shape-4bit/model.safetensors" ] ||
     "$bin" quantize "$dir/$shape" "$dir/$shape-4bit" --bits 4 --group-size 64 --quantize-embeddings \
-      --override embed_tokens=8 >/dev/null
+      --override embed_tokens=$head >/dev/null
 done
 bw=$("$qgemv" --bench | sed -n 's/^device-to-device copy: \([0-9.]*\) GB.*/\1/p' | head -1)
 echo "device-to-device copy: ${bw:-?} GB/s"
