@@ -290,10 +290,6 @@ typedef struct cuda_sess {
   int q8_fmt_bits, q8_fmt_group;
   int q8_head_bits, q8_head_group; /* the final norm's: lm_head's format (Gemma's 8-bit tied head) */
   int kv_done;                /* the layer whose k, v qkv_norm_rope wrote, or -1 */
-  /* the residual stream's second buffer: cuda_add_norm_linears writes x +
-   * h there while the products' other blocks still read x, then swaps it
-   * with s->x; x_home is s->x at the pass's start, put back at its end */
-  float *x2, *x_home;
   /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
    * copy of the router's logits (pinned), its chosen experts and weights */
   float *moe_dev, *moe_logit;
@@ -383,10 +379,9 @@ static rlm_status q8_of(rlm_session *s, const rlm_cuda_qmat *w, const float *x, 
 }
 
 /* RUN-TIME SWITCHES. Each turns one of this file's choices off (or, for
- * RINGLM_CUDA_I8_MAX, sets it; RINGLM_CUDA_NORM_FUSE turns a slower one
- * on), so that one build compares both sides in one call on a shared
- * machine (docs/cuda-notes.md gives each comparison). Read once, on the
- * first use, whichever thread that is. */
+ * RINGLM_CUDA_I8_MAX, sets it), so that one build compares both sides in
+ * one call on a shared machine (docs/cuda-notes.md gives each
+ * comparison). Read once, on the first use, whichever thread that is. */
 typedef struct cuda_switches {
   int64_t i8_max;   /* RINGLM_CUDA_I8_MAX=n: tokens up to which the int8
                        tensor-core product runs, for every product (-1:
@@ -397,9 +392,6 @@ typedef struct cuda_switches {
   bool xreg6;       /* RINGLM_CUDA_XREG6=0: one-row products of 6-bit weights
                        on the f32 unit kernel, not the int8 path
                        (xreg6_takes) */
-  bool norm_fuse;   /* RINGLM_CUDA_NORM_FUSE=1: the residual and the input
-                       norm inside the next products (cuda_add_norm_linears);
-                       off until it has run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -417,8 +409,6 @@ static void read_switches(void) {
   g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
   g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
-  e = getenv("RINGLM_CUDA_NORM_FUSE");
-  g_switches.norm_fuse = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -650,44 +640,6 @@ static void cuda_add_norm(rlm_session *s, float *x, float *h, const float *post,
   q8_made(s, q8, y, rows, n);
 }
 
-/* THE NORM IN THE PRODUCT. A decode step's add_norm was one block a row
- * between two product launches, on the critical path 63 times a Llama-8B
- * token (5.1 us each alone: docs/cuda-notes.md). Here the next products'
- * blocks each build the norm's int8 activations themselves from x and h
- * (rlm__cuda_add_norm_qgemv_q8), block 0 writing x + h into x2, which
- * becomes s->x. Where it applies: one row, int8 activations, the
- * products one launch of 4-bit weights the kernel takes. The decision
- * depends on shapes and switches only, so a replayed pass makes the same
- * swaps as its capture. */
-static bool cuda_add_norm_linears(rlm_session *s, const float *post, const float *w, double eps,
-                                  const rlm_linear *const *ls, float *const *ys, int k, int n) {
-  cuda_sess *cs = cs_of(s);
-  if (!switches()->norm_fuse || n != 1 || k > 3 || !cs->x2 || !w) return false;
-  rlm_cuda_weight dw[3];
-  rlm_cuda_qmat ws[3];
-  for (int i = 0; i < k; i++) dw[i] = weight_of(s, ls[i]), ws[i] = dw[i].q;
-  const int64_t H = s->m->cfg.hidden;
-  const float *dpost = dvec(s, post), *dw_norm = dvec(s, w);
-  /* the kernel reads x, h and the norm vectors as 16-byte vectors */
-  const uintptr_t align = (uintptr_t)s->x | (uintptr_t)s->h | (uintptr_t)cs->x2 | (uintptr_t)dpost | (uintptr_t)dw_norm;
-  if (!one_launch(s, dw, k, n) || !rlm__cuda_add_norm_q8_takes(ws, k, H) || (align & 15)) return false;
-  cs->q8_x = NULL; /* the norm's activations are never in q8 */
-  if (!enqueues_nothing(s)) {
-    rlm_error er;
-    note(s, rlm__cuda_add_norm_qgemv_q8(s->x, s->h, dpost, dw_norm, eps, cs->x2, ws, ys, k, cs->st, &er), &er);
-  }
-  float *t = s->x;
-  s->x = cs->x2, cs->x2 = t;
-  return true;
-}
-
-/* The residual stream back in its own buffer (the pass's x is done with):
- * every pass starts where its graph's embedding writes. */
-static void put_x_home(rlm_session *s) {
-  cuda_sess *cs = cs_of(s);
-  if (cs->x_home && s->x != cs->x_home) cs->x2 = s->x, s->x = cs->x_home;
-}
-
 static void cuda_scale(rlm_session *s, float *x, float a, size_t n) {
   if (skip(s)) return;
   rlm_error er;
@@ -889,8 +841,6 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL;
-  put_x_home(s); /* a pass that failed midway may have left it moved */
-  cs->x_home = s->x;
   for (int r = 0; r < ps->n_runs; r++) {
     const rlm_run *u = &ps->runs[r];
     const int64_t p0 = ps->tok_pos[u->j0];
@@ -949,7 +899,6 @@ static rlm_status cuda_copy_logits(rlm_session *s, float *host, const float *dev
 
 static rlm_status cuda_end(rlm_session *s, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
-  put_x_home(s);
   rlm_status rc = run_graph(s, err);
   cudaError_t e = cudaStreamSynchronize(cs->st);
   if (cs->first) {
@@ -987,7 +936,6 @@ static const rlm_backend backend_cuda = {
     .rmsnorm = cuda_rmsnorm,
     .add = cuda_add,
     .add_norm = cuda_add_norm,
-    .add_norm_linears = cuda_add_norm_linears,
     .scale = cuda_scale,
     .softcap = cuda_softcap,
     .copy = cuda_copy,
@@ -1179,7 +1127,6 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
   for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
   e = cudaMalloc(&cs->q8, q8);
   if (e == cudaSuccess) e = cudaMalloc(&cs->att_scratch, att);
-  if (e == cudaSuccess) e = cudaMalloc((void **)&cs->x2, N * (size_t)c->hidden * sizeof(float));
   if (e == cudaSuccess && q8_rows > MAX_M) e = cudaMalloc((void **)&cs->i8_part, rlm__cuda_qgemm_i8_part_bytes(q8_rows));
   if (e == cudaSuccess && c->n_experts) {
     e = cudaMalloc((void **)&cs->moe_dev, moe_parts(c, N, NULL, NULL) * sizeof(float));
@@ -1226,7 +1173,6 @@ static void cuda_fini(rlm_session *s) {
   if (cs->st) cudaStreamSynchronize(cs->st);
   for (int i = 0; i < cs->n_graphs; i++) cudaGraphExecDestroy(cs->graphs[i].exec);
   cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch), cudaFree(cs->i8_part);
-  cudaFree(cs->x2);
   cudaFree(cs->gemm_scratch);
   if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
   cudaFreeHost(cs->h_plan), cudaFreeHost(cs->moe_logit), cudaFree(cs->moe_dev);

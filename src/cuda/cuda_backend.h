@@ -64,28 +64,6 @@ bool rlm__cuda_q8_takes(const rlm_cuda_qmat *w, int m);
 rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch, int m,
                                     rlm_cuda_stream stream, rlm_error *err);
 
-/* Decode's layer boundary in the products' own launch (no add_norm
- * kernel before them): for one row (m = 1) of n = ws[0].cols columns,
- * x_out = x + (post ? post * rmsnorm(h) : h), then y_i = W_i . (norm_w *
- * rmsnorm(x_out)) for the k <= 3 products ws (same cols n, 4 bits, group
- * size and scale dtype, as rlm__cuda_qgemv_q8_multi), y_i [ws[i].rows].
- * The int8 activations of the norm are built inside the product's blocks
- * (never in memory). post NULL: x + h; norm_w NULL: no weight; eps as
- * rlm__cuda_add_norm. x, h, post, norm_w and x_out 16-byte aligned;
- * x_out must not overlap x or h, nor y_i any of the three (else
- * RLM_ERR_INVALID). The arithmetic of rlm__cuda_add_norm followed by
- * rlm__cuda_qgemv_q8_multi, except that the group sums of the
- * activations may differ in the last place (and, in the rarest ties, the
- * two norms' factors: their double sums of squares are added in another
- * order). */
-rlm_status rlm__cuda_add_norm_qgemv_q8(const float *x, const float *h, const float *post, const float *norm_w,
-                                       double eps, float *x_out, const rlm_cuda_qmat *ws, float *const *ys, int k,
-                                       rlm_cuda_stream stream, rlm_error *err);
-/* Whether rlm__cuda_add_norm_qgemv_q8 takes these k products of one row
- * of n columns: 1 <= k <= 3, 4 bits, the same cols (n, at most 4096),
- * group (32/64/128) and scale dtype. */
-bool rlm__cuda_add_norm_q8_takes(const rlm_cuda_qmat *ws, int k, int64_t n);
-
 /* The same product for any m (qgemm_i8.cu: int8 tensor cores, for 9..128
  * tokens): xq8 from rlm__cuda_q8act_quantize for m rows, part device
  * memory of rlm__cuda_qgemm_i8_part_bytes(m) (split-K partials), y [m]

@@ -20,10 +20,7 @@
  *
  * The scratch's layout is common.cuh's (q8_row_bytes, q8_group): the
  * norms and gated activations that produce x may write it themselves
- * (ops.cu), and the backend then skips the quantization here. At
- * decode's layer boundary the product's own blocks add the residual,
- * normalize and quantize x in registers (NORM, rlm__cuda_add_norm_qgemv_q8),
- * and no scratch is written at all.
+ * (ops.cu), and the backend then skips the quantization here.
  */
 #include "common.cuh"
 
@@ -430,205 +427,9 @@ __device__ __forceinline__ float xreg_dot(const XregUnit<BITS> &u, float s, floa
   return fmaf(b, x.xs[p], acc);
 }
 
-/* THE RESIDUAL AND THE INPUT NORM IN THE PRODUCT'S BLOCKS (NORM). Decode
- * ran, before each pair of products (q, k, v; gate, up), a one-block
- * kernel: x += h (Gemma: x += post * rmsnorm(h)), y = w * rmsnorm(x) and
- * y's int8 activations (ops.cu, add_norm_row_kernel), about 5 us a layer
- * boundary, 63 a Llama-8B token, every one on the critical path. Here
- * every block of the product does that work itself for the columns its
- * lanes own (one pass, PP = 1: the W warps' lanes cover each column once,
- * W * 1024 >= cols), and keeps y's codes in registers as xreg_x would
- * have loaded them; block 0 also writes the new x. Every block reads the
- * whole of x and h (L2-resident, 32 KB at cols 4096) and computes the
- * same bits, so which block writes x_out changes nothing.
- *
- * The arithmetic is add_norm_row_kernel's and q8_group's, element for
- * element: r = x + (post ? post * (h * rh) : h), y = w * (r * rn), per
- * block of 32 d = max|y| / 127 and codes rint(y * (127 / max|y|)); the
- * sums of squares in double, r = (float)(1 / sqrt(ss / n + eps)). Two
- * orders differ: the double sums (a lane's 32 squares, then the warp's
- * xor tree, then the W warps in turn; row_rsqrt adds 1024 threads' parts
- * another way), so rh and rn may differ from the two-kernel path in the
- * last place in the rarest ties; and a weight group's sum of y (a lane's
- * 32 in column order, then the g / 32 lanes of the group by shuffles;
- * q8_group adds across lanes first), so xsum may differ in the last
- * place while y's codes and block scales are the same bits. */
-struct NormIn {
-  const float *x;    /* [cols] the residual stream, read only (x_out is another buffer) */
-  const float *h;    /* [cols] the output of the block before, added to x */
-  const float *post; /* [cols] Gemma's post-norm weights of h, or NULL: x + h */
-  const float *w;    /* [cols] the input norm's weights, or NULL: none */
-  float *x_out;      /* [cols] x + (post-normed) h, written by block 0 */
-  double eps;        /* both norms' epsilon */
-};
-
-/* The block's sum of every thread's s, the same bits in every thread: the
- * warp's xor tree, then the W warps' sums in warp order through part
- * (each part array written once a launch: one barrier, no second one). */
-__device__ __forceinline__ double block_sum(double s, double *part, int lane, int warp, int W) {
-#pragma unroll
-  for (int o = kWarp / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-  if (lane == 0) part[warp] = s;
-  __syncthreads();
-  double t = 0;
-  for (int i = 0; i < W; i++) t += part[i];
-  return t;
-}
-
-/* rmsnorm's 1 / sqrt(mean + eps) as row_rsqrt (ops.cu) rounds it. */
-__device__ __forceinline__ float norm_rsqrt(double ss, int n, double eps) { return (float)(1.0 / sqrt(ss / n + eps)); }
-
-/* A lane's view of the norm's operands: its 32 columns from c0 of the
- * launch's x, h, post and w, whether it holds any, and h's factor rh. */
-struct NormLane {
-  const NormIn &a;
-  int c0;
-  bool in;
-  float rh;
-};
-
-/* Chunk c (4 floats) of a lane's 32 columns at p, or dflt where the lane
- * holds none. Read through the read-only path: no thread of this launch
- * writes x, h or the weights (x_out may not overlap x or h). Volatile, so
- * that a chunk read again is read again (L1), not kept in registers from
- * the first read (norm_lane_y). */
-__device__ __forceinline__ float4 norm_ld4(const float *p, int c, bool in, float dflt) {
-  float4 v = make_float4(dflt, dflt, dflt, dflt);
-  asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.b32 q, %5, 0;\n\t"
-               "@q ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n\t}"
-               : "+f"(v.x), "+f"(v.y), "+f"(v.z), "+f"(v.w)
-               : "l"(p + 4 * c), "r"((int)in));
-  return v;
-}
-
-/* The weights' lines of a lane's 32 columns at p (NULL: none) into L2,
- * before the wait: a layer's norm weights were last read a token ago,
- * and the ~4.5 GB of weights streamed since (Llama-8B) have long evicted
- * them. A prefetch holds no register; holding the 32 floats of w from
- * before the wait through the norm took the kernel to 96 registers. */
-__device__ __forceinline__ void norm_prefetch(const float *p, bool in) {
-  if (!p || !in) return;
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p + 31)); /* the lane's second line where p is not 128-aligned */
-}
-
-/* r = x + h' (h' = post * (h * rh) or h) of chunk c: add_norm_row_kernel's
- * residual, element for element. */
-__device__ __forceinline__ void norm_lane_r(const NormLane &l, int c, float (&r)[4]) {
-  const float4 xv = norm_ld4(l.a.x + l.c0, c, l.in, 0.0f), hv = norm_ld4(l.a.h + l.c0, c, l.in, 0.0f);
-  const float4 pv = l.a.post ? norm_ld4(l.a.post + l.c0, c, l.in, 1.0f) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-  const float xe[4] = {xv.x, xv.y, xv.z, xv.w}, he[4] = {hv.x, hv.y, hv.z, hv.w}, pe[4] = {pv.x, pv.y, pv.z, pv.w};
-#pragma unroll
-  for (int j = 0; j < 4; j++) r[j] = __fadd_rn(xe[j], l.a.post ? __fmul_rn(pe[j], __fmul_rn(he[j], l.rh)) : he[j]);
-}
-
-/* y = w * (r * rn) of chunk c (norm_row_out's), r computed again. */
-__device__ __forceinline__ void norm_lane_y(const NormLane &l, int c, float rn, float (&y)[4]) {
-  norm_lane_r(l, c, y);
-  const float4 wv = l.a.w ? norm_ld4(l.a.w + l.c0, c, l.in, 1.0f) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
-  const float we[4] = {wv.x, wv.y, wv.z, wv.w};
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const float t = __fmul_rn(y[j], rn);
-    y[j] = l.a.w ? __fmul_rn(we[j], t) : t;
-  }
-}
-
-/* xreg_x's registers for one pass of a 4-bit product, built from x, h
- * and the norm weights (NormIn) instead of read from a scratch: the
- * lane's block v = warp * 32 + lane of y = w * rmsnorm(x + h'), its 32
- * codes packed as xreg_x unpacks the scratch (word k < 4: codes of
- * columns 8k, 8k+2, 8k+4, 8k+6 from the low byte up; word 4 + k: 8k+1,
- * ..., 8k+7), d / 16, and its weight group's sum of y where its block
- * starts a group (g / 32 lanes, all in one warp: a warp's first block is
- * a multiple of 32, which g / 32 divides). Lanes past the last column
- * hold zeros and take part in every shuffle and barrier.
- *
- * Registers: holding r's 32 floats across the barrier of rn took the
- * kernel from 60 to 99 registers (4 blocks of 4 warps an SM, not 8), so
- * the lane reads its chunks of x, h (post) and w again, from L1, in each
- * of three passes: r and its squares, then y's max and sum, then y's
- * codes; every pass computes the same bits. The operands' addresses are
- * formed from the launch's NormIn at each use rather than kept as four
- * lane pointers: 64 registers, not 72. */
-template <int PP>
-__device__ __forceinline__ void xreg_x_norm(XregX<4, PP> &o, const NormIn &a, int cols, int g, int warp, int W,
-                                            int lane, double (&part)[2][8]) {
-  static_assert(PP == 1, "the norm in the product takes one pass a warp");
-  const int v = warp * kWarp + lane;
-  const bool in = v < cols / 32;
-  const int c0 = in ? v * 32 : 0;
-  NormLane l = {a, c0, in, 1.0f};
-  if (a.post) { /* Gemma: h's own norm first */
-    double ss = 0;
-#pragma unroll
-    for (int c = 0; c < 8; c++) {
-      const float4 t = norm_ld4(l.a.h + l.c0, c, in, 0.0f);
-      ss += (double)t.x * (double)t.x;
-      ss += (double)t.y * (double)t.y;
-      ss += (double)t.z * (double)t.z;
-      ss += (double)t.w * (double)t.w;
-    }
-    l.rh = norm_rsqrt(block_sum(ss, part[0], lane, warp, W), cols, a.eps);
-  }
-  double ss = 0;
-#pragma unroll
-  for (int c = 0; c < 8; c++) {
-    float r[4];
-    norm_lane_r(l, c, r);
-#pragma unroll
-    for (int j = 0; j < 4; j++) ss += (double)r[j] * (double)r[j];
-    if (blockIdx.x == 0 && in) reinterpret_cast<float4 *>(a.x_out + c0)[c] = make_float4(r[0], r[1], r[2], r[3]);
-  }
-  const float rn = norm_rsqrt(block_sum(ss, part[1], lane, warp, W), cols, a.eps);
-  float amax = 0.0f, sum = 0.0f;
-#pragma unroll
-  for (int c = 0; c < 8; c++) {
-    float y[4];
-    norm_lane_y(l, c, rn, y);
-#pragma unroll
-    for (int j = 0; j < 4; j++) amax = fmaxf(amax, fabsf(y[j])), sum += y[j];
-  }
-  const float inv = amax > 0 ? __fdiv_rn(127.0f, amax) : 0.0f;
-  /* chunk c (columns 4c..4c+3) gives two bytes of word c / 2 (its even
-   * columns' codes) and two of word 4 + c / 2 (its odd ones'), the high
-   * halves where c is odd; each run of two chunks is pushed through ev
-   * and od, so that a rolled loop indexes no register array */
-  uint32_t ev[4] = {0, 0, 0, 0}, od[4] = {0, 0, 0, 0}, e = 0, d = 0;
-#pragma unroll
-  for (int c = 0; c < 8; c++) {
-    float y[4];
-    norm_lane_y(l, c, rn, y);
-    const uint32_t q0 = (uint8_t)(int8_t)rintf(__fmul_rn(y[0], inv)), q1 = (uint8_t)(int8_t)rintf(__fmul_rn(y[1], inv));
-    const uint32_t q2 = (uint8_t)(int8_t)rintf(__fmul_rn(y[2], inv)), q3 = (uint8_t)(int8_t)rintf(__fmul_rn(y[3], inv));
-    e = e >> 16 | (q0 | q2 << 8) << 16;
-    d = d >> 16 | (q1 | q3 << 8) << 16;
-    if (c & 1) {
-      ev[0] = ev[1], ev[1] = ev[2], ev[2] = ev[3], ev[3] = e;
-      od[0] = od[1], od[1] = od[2], od[2] = od[3], od[3] = d;
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < 4; k++) o.xw[0][k] = (int)ev[k], o.xw[0][4 + k] = (int)od[k];
-  o.dx[0] = __fdiv_rn(amax, 127.0f) * 0.0625f; /* as xreg_x: d / 16 */
-  /* the group's sum: every lane shuffles (g is the launch's), the lane
-   * whose block starts the group keeps it */
-  if (g >= 64) sum += __shfl_down_sync(0xffffffffu, sum, 1);
-  if (g >= 128) sum += __shfl_down_sync(0xffffffffu, sum, 2);
-  o.xs[0] = in && c0 % g == 0 ? sum : 0.0f;
-}
-
-/* NORM: x's registers from x, h and the norm weights (xreg_x_norm)
- * rather than from the scratch; 4 bits, one pass a warp, at most 4 warps
- * (cols <= 4096). Its bounds (128 threads, 8 blocks an SM) hold it to
- * the 64 registers the scratch's <4, 1, 4> instances fit in (59-60):
- * ptxas gives 64 without them too, and spills nothing (nvcc 13, sm_90).
- * A minimum of 0 blocks is no minimum: the other instances compile as
- * under __launch_bounds__(256) (a minimum of 1 would not: 60 -> 95). */
-template <int BITS, int PP, int R, typename T, bool NORM = false>
-__global__ void __launch_bounds__(NORM ? kWarp * 4 : kWarp * 8, NORM ? 8 : 0)
-    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g, const NormIn nin) {
-  static_assert(!NORM || (BITS == 4 && PP == 1), "the norm in the product: 4 bits, one pass a warp");
+template <int BITS, int PP, int R, typename T>
+__global__ void __launch_bounds__(kWarp * 8)
+    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
@@ -643,19 +444,9 @@ __global__ void __launch_bounds__(NORM ? kWarp * 4 : kWarp * 8, NORM ? 8 : 0)
   int64_t blk = blockIdx.x;
   XregRows<BITS, PP, R, T> cur;
   xreg_load(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
-  if constexpr (NORM) {
-    const int v = warp * kWarp + lane, c0 = v * 32;
-    norm_prefetch(nin.w ? nin.w + c0 : NULL, c0 < cols);
-    norm_prefetch(nin.post ? nin.post + c0 : NULL, c0 < cols);
-  }
   pdl_enter();
   XregX<BITS, PP> xr;
-  if constexpr (NORM) {
-    __shared__ double part[2][8]; /* the two sums of squares' warp parts */
-    xreg_x_norm(xr, nin, (int)cols, g, warp, W, lane, part);
-  } else {
-    xreg_x(xr, scratch, cols, g, warp, W, lane);
-  }
+  xreg_x(xr, scratch, cols, g, warp, W, lane);
   for (; blk < total; blk += gridDim.x) {
     XregRows<BITS, PP, R, T> nxt;
     xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
@@ -740,9 +531,7 @@ bool xreg_loop_on() {
   return on;
 }
 
-/* The persistent kernel's grid: as many blocks as fit on the card at
- * once (the occupancy of this instance at this block size), at most one
- * a row group. */
+/* The card's multiprocessors, queried once (1 where the query fails). */
 int sm_count() {
   static int sms = 0;
   if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
@@ -750,23 +539,15 @@ int sm_count() {
   return sms;
 }
 
-/* Blocks a multiprocessor of the norm in the product: 2, or
- * RINGLM_CUDA_NORM_PER_SM (1..32) to compare. */
-int norm_per_sm() {
-  static const int n = [] {
-    const char *e = getenv("RINGLM_CUDA_NORM_PER_SM");
-    const int v = e ? atoi(e) : 2;
-    return v >= 1 && v <= 32 ? v : 2;
-  }();
-  return n;
-}
-
-template <int BITS, int PP, int R, typename T, bool NORM = false>
+/* The persistent kernel's grid: as many blocks as fit on the card at
+ * once (the occupancy of this instance at this block size), at most one
+ * a row group. */
+template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
   const int wi = threads / kWarp, sms = sm_count();
   if (!per_sm[wi] &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, NORM>, threads, 0) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
           cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
@@ -777,7 +558,7 @@ template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
   const int64_t groups = p.first_block[p.n];
   const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g, NormIn{});
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int R, typename T>
@@ -806,28 +587,6 @@ void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const
     else if (r == 2) launch_xreg_r<6, 2, T>(ws, ys, k, pp, x, st);
     else launch_xreg_r<6, 1, T>(ws, ys, k, pp, x, st);
   }
-}
-
-/* The norm in the product (NORM): R = 4 rows a block whatever
- * RINGLM_CUDA_XREG_ROWS says (only that instance is built), one pass a
- * warp over ceil(cols / 1024) warps, the persistent grid of launch_xreg. */
-template <typename T>
-void launch_xreg_norm(const rlm_cuda_qmat *ws, float *const *ys, int k, const NormIn &nin, cudaStream_t st) {
-  constexpr int R = 4;
-  const Segs p = make_segs(ws, ys, k, R);
-  const int64_t cols = ws[0].cols, groups = p.first_block[p.n];
-  const int threads = (int)(kWarp * ((cols + 1023) / 1024));
-  unsigned grid = loop_grid<4, 1, R, T, true>(threads, groups);
-  /* Every block computes the norm of the whole row (three reads of x, h
-   * and w): at the occupancy's grid (Gemma-1B's gate and up: 3,456
-   * blocks, one row group each) that was ~145 MB of L1/L2 reads an op,
-   * and the 1B model ran at 357 tok/s against 1,024 without the fusion
-   * (H200, 2026-12-05). Fewer blocks, each walking more row groups,
-   * amortize it: norm_per_sm() a multiprocessor. */
-  const unsigned cap = (unsigned)(sm_count() * norm_per_sm());
-  if (grid > cap) grid = cap;
-  launch_k(qgemv_xreg_kernel<4, 1, R, T, true>, grid, threads, 0, st, p, (const uint8_t *)NULL, cols,
-           ws[0].group_size, nin);
 }
 
 template <int BITS, int M, typename T>
@@ -879,42 +638,6 @@ rlm_status check_w(const rlm_cuda_qmat *w, int m, const char *fn, rlm_error *err
                 m, (long long)w->cols);
   return RLM_OK;
 }
-
-/* The widest x the norm in the product takes: one pass a warp (W * 1024
- * >= cols) over at most 4 warps, the NORM instance's bound of 128
- * threads a block. */
-constexpr int64_t kNormMaxCols = 4096;
-
-/* The norm in the product's checks of k products of one row of n
- * columns; *fn names the caller in the message. */
-rlm_status norm_check(const rlm_cuda_qmat *ws, int k, int64_t n, const char *fn, rlm_error *err) {
-  if (!ws || k < 1 || k > kMaxSegs)
-    return fail(err, RLM_ERR_INVALID, fn, "NULL weights or k (%d) outside [1, %d]", k, kMaxSegs);
-  for (int i = 0; i < k; i++) {
-    const rlm_status rc = check_w(&ws[i], 1, fn, err);
-    if (rc) return rc;
-    if (ws[i].cols != ws[0].cols || ws[i].bits != ws[0].bits || ws[i].group_size != ws[0].group_size ||
-        ws[i].sdtype != ws[0].sdtype)
-      return fail(err, RLM_ERR_INVALID, fn, "product %d differs from the first in cols, bits, group or scales", i);
-  }
-  if (ws[0].bits != 4)
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "4-bit weights only (%d-bit here)", ws[0].bits);
-  if (ws[0].cols != n)
-    return fail(err, RLM_ERR_INVALID, fn, "the weights' cols (%lld) differ from x's width (%lld)",
-                (long long)ws[0].cols, (long long)n);
-  if (n > kNormMaxCols || xreg_passes(&ws[0], 1) != 1)
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "at most %lld columns (one pass a warp), %lld here",
-                (long long)kNormMaxCols, (long long)n);
-  return RLM_OK;
-}
-
-/* Whether [a, a + na) and [b, b + nb) (bytes) share a byte. */
-bool overlaps(const void *a, size_t na, const void *b, size_t nb) {
-  const uintptr_t pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return a && b && pa < pb + nb && pb < pa + na;
-}
-
-bool aligned16(const void *p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 } // namespace
 
@@ -983,39 +706,4 @@ extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scr
                                         rlm_cuda_stream stream, rlm_error *err) {
   if (!w || !y) return fail(err, RLM_ERR_INVALID, "rlm__cuda_qgemv_q8", "NULL argument");
   return rlm__cuda_qgemv_q8_multi(w, &y, 1, scratch, m, stream, err);
-}
-
-extern "C" bool rlm__cuda_add_norm_q8_takes(const rlm_cuda_qmat *ws, int k, int64_t n) {
-  return norm_check(ws, k, n, "rlm__cuda_add_norm_q8_takes", NULL) == RLM_OK;
-}
-
-extern "C" rlm_status rlm__cuda_add_norm_qgemv_q8(const float *x, const float *h, const float *post,
-                                                 const float *norm_w, double eps, float *x_out,
-                                                 const rlm_cuda_qmat *ws, float *const *ys, int k,
-                                                 rlm_cuda_stream stream, rlm_error *err) {
-  const char *fn = "rlm__cuda_add_norm_qgemv_q8";
-  if (!x || !h || !x_out || !ws || !ys) return fail(err, RLM_ERR_INVALID, fn, "NULL x, h, x_out, weights or outputs");
-  if (k < 1 || k > kMaxSegs) return fail(err, RLM_ERR_INVALID, fn, "k (%d) outside [1, %d]", k, kMaxSegs);
-  const int64_t n = ws[0].cols;
-  rlm_status rc = norm_check(ws, k, n, fn, err);
-  if (rc) return rc;
-  /* every block reads all of x and h while block 0 writes x_out, and
-   * blocks that are done with them write y */
-  const size_t nb = (size_t)n * sizeof(float);
-  if (overlaps(x_out, nb, x, nb) || overlaps(x_out, nb, h, nb))
-    return fail(err, RLM_ERR_INVALID, fn, "x_out overlaps x or h (the other blocks still read them)");
-  for (int i = 0; i < k; i++) {
-    const size_t yb = (size_t)ws[i].rows * sizeof(float);
-    if (!ys[i]) return fail(err, RLM_ERR_INVALID, fn, "NULL output %d", i);
-    if (overlaps(ys[i], yb, x, nb) || overlaps(ys[i], yb, h, nb) || overlaps(ys[i], yb, x_out, nb))
-      return fail(err, RLM_ERR_INVALID, fn, "output %d overlaps x, h or x_out", i);
-  }
-  if (!aligned16(x) || !aligned16(h) || !aligned16(x_out) || !aligned16(post) || !aligned16(norm_w))
-    return fail(err, RLM_ERR_INVALID, fn, "x, h, x_out, post and norm_w must be 16-byte aligned (16-byte loads)");
-  const NormIn nin = {x, h, post, norm_w, x_out, eps};
-  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-#define RLM_T(T) launch_xreg_norm<T>(ws, ys, k, nin, st)
-  RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
-#undef RLM_T
-  return cuda_status(cudaGetLastError(), fn, err);
 }

@@ -48,14 +48,6 @@ struct rlm_backend {
    * x += post ? rmsnorm(h) * post : h; then y = rmsnorm(x) * w (y may be h). */
   void (*add_norm)(rlm_session *s, float *x, float *h, const float *post, const float *w, float *y, int rows, int n,
                    double eps);
-  /* Optional: add_norm(s->x, s->h, post, w, s->h, n, ...) and then
-   * linears(ls, ys, k, s->h, n) as one step, where the device can take
-   * the norm inside the products (never writing it to s->h); returns
-   * false, having done nothing, where it cannot. It may move the residual
-   * stream: afterwards s->x may name another buffer of the device's, for
-   * the rest of the pass (end_pass puts it back). */
-  bool (*add_norm_linears)(rlm_session *s, const float *post, const float *w, double eps,
-                           const rlm_linear *const *ls, float *const *ys, int k, int n);
   void (*scale)(rlm_session *s, float *x, float a, size_t n);                 /* x *= a     */
   void (*softcap)(rlm_session *s, float *x, float cap, size_t n);             /* tanh(x/c)c */
   void (*copy)(rlm_session *s, float *dst, const float *src, size_t n);

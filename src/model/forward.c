@@ -40,32 +40,6 @@ static void lins(rlm_session *s, const rlm_linear *const *ls, float *const *ys, 
   for (int i = 0; i < k; i++) lin(s, ls[i], x, n, ys[i]);
 }
 
-/* A block's residual add and the next block's input norm, not yet run:
- * x += [post](h), then h = w * rmsnorm(x). The next block's first
- * products take them (normed_lins): a device may fold both into those
- * products (add_norm_linears), else they run as add_norm here. */
-typedef struct pending_norm {
-  const float *post, *w;
-  bool on;
-} pending_norm;
-
-static void flush_norm(rlm_session *s, pending_norm *pn, int n) {
-  const rlm_model_config *c = &s->m->cfg;
-  if (pn->on) s->be->add_norm(s, s->x, s->h, pn->post, pn->w, s->h, n, c->hidden, c->rms_eps);
-  pn->on = false;
-}
-
-/* lins of s->h once the pending norm (if any) is in it. */
-static void normed_lins(rlm_session *s, pending_norm *pn, const rlm_linear *const *ls, float *const *ys, int k, int n) {
-  if (pn->on && s->be->add_norm_linears &&
-      s->be->add_norm_linears(s, pn->post, pn->w, s->m->cfg.rms_eps, ls, ys, k, n)) {
-    pn->on = false;
-    return;
-  }
-  flush_norm(s, pn, n);
-  lins(s, ls, ys, k, s->h, n);
-}
-
 /* x += h, or x += rmsnorm(h) with Gemma's post-norms. */
 static void add_residual(rlm_session *s, const float *post_norm, int n, int H, double eps) {
   if (post_norm) s->be->rmsnorm(s, s->h, s->h, post_norm, n, H, eps);
@@ -79,9 +53,9 @@ static float *rope_row(const rlm_session *s, bool sliding, int j) {
   return s->rope + ((sliding ? (size_t)s->p.prefill_chunk : 0) + (size_t)j) * row;
 }
 
-/* q, k, v of the chunk for layer li from its input norm (s->h, or pending
- * in pn): projections, norms, RoPE. A KV-shared layer computes only q. */
-static void project_qkv(rlm_session *s, pending_norm *pn, int li, int n) {
+/* q, k, v of the chunk for layer li: projections, norms, RoPE. A KV-shared
+ * layer computes only q. */
+static void project_qkv(rlm_session *s, int li, int n) {
   const rlm_backend *be = s->be;
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
@@ -94,7 +68,7 @@ static void project_qkv(rlm_session *s, pending_norm *pn, int li, int n) {
   int k = 1;
   if (own) ls[k] = &L->wk, ys[k++] = s->k;
   if (own && L->wv.out) ls[k] = &L->wv, ys[k++] = s->v;
-  normed_lins(s, pn, ls, ys, k, n);
+  lins(s, ls, ys, k, s->h, n);
   if (own && !L->wv.out) be->copy(s, s->v, s->k, (size_t)n * nkv * hd); /* k_eq_v: V = raw K */
   const float *cs = rope_row(s, c->sliding[li], 0);
   const int64_t stride = c->max_head_dim;
@@ -110,42 +84,43 @@ static void project_qkv(rlm_session *s, pending_norm *pn, int li, int n) {
   if (own) be->rope(s, s->k, n, nkv, hd, cs, stride);
 }
 
-/* pn: the attention norm of x pending (the previous block's residual
- * and this norm), else s->h is computed here. Ends with this block's
- * residual and the MLP's input norm pending in pn. */
-static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, pending_norm *pn, rlm_error *err) {
+/* normed: s->h already holds the attention norm of x (the previous
+ * block's residual computed it). Ends with the MLP's input norm in s->h,
+ * fused with this block's residual. */
+static rlm_status attention_block(rlm_session *s, const rlm_pass *ps, int li, bool normed, rlm_error *err) {
   const rlm_model *m = s->m;
   const rlm_model_config *c = &m->cfg;
   const rlm_layer *L = &m->layers[li];
   const int H = c->hidden, n = ps->n;
-  if (!pn->on) s->be->rmsnorm(s, s->h, s->x, L->attn_norm, n, H, c->rms_eps);
-  project_qkv(s, pn, li, n);
+  if (!normed) s->be->rmsnorm(s, s->h, s->x, L->attn_norm, n, H, c->rms_eps);
+  project_qkv(s, li, n);
   rlm_status rc = s->be->attend(s, ps, li, err);
   if (rc) return rc;
   lin(s, &L->wo, s->att, n, s->h);
-  *pn = (pending_norm){L->post_attn_norm, L->mlp_norm, true};
+  s->be->add_norm(s, s->x, s->h, L->post_attn_norm, L->mlp_norm, s->h, n, H, c->rms_eps);
   return RLM_OK;
 }
 
-/* The MLP's input norm is pending in pn (attention_block). Leaves the next
- * layer's attention norm pending there (its residual and that norm
- * fused), where nothing reads x in between (not Gemma 4, whose per-layer
- * input comes first; not the last layer), else adds the residual. */
-static void mlp_block(rlm_session *s, int li, int n, pending_norm *pn) {
+/* s->h holds the MLP's input norm (attention_block). Returns whether it
+ * left the next layer's attention norm in s->h: its residual and that
+ * norm fused, where nothing reads x in between (not Gemma 4, whose
+ * per-layer input comes first; not the last layer). */
+static bool mlp_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
   const int H = c->hidden, I = c->layer_inter[li];
   const rlm_linear *gu[2] = {&L->gate, &L->up};
   float *gu_out[2] = {s->g, s->u};
-  normed_lins(s, pn, gu, gu_out, 2, n);
+  lins(s, gu, gu_out, 2, s->h, n);
   s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) s->be->moe(s, li, n);
   if (c->arch != RLM_ARCH_GEMMA4 && li + 1 < c->n_layers) {
-    *pn = (pending_norm){L->post_mlp_norm, s->m->layers[li + 1].attn_norm, true};
-    return;
+    s->be->add_norm(s, s->x, s->h, L->post_mlp_norm, s->m->layers[li + 1].attn_norm, s->h, n, H, c->rms_eps);
+    return true;
   }
   add_residual(s, L->post_mlp_norm, n, H, c->rms_eps);
+  return false;
 }
 
 /* Gemma 4: x += norm(proj(gelu(gate(x)) * ple[j][li])); then x *= scalar. */
@@ -212,11 +187,11 @@ static rlm_status layers(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   /* the pass's RoPE angles, once for all layers of a kind */
   if (m->has_full) be->rope_angles(s, ps, rope_row(s, false, 0), stride, m->inv_freq, half);
   if (m->has_sliding) be->rope_angles(s, ps, rope_row(s, true, 0), stride, m->inv_freq_local, half);
-  pending_norm pn = {NULL, NULL, false};
+  bool normed = false;
   for (int li = 0; li < m->cfg.n_layers; li++) {
-    rlm_status rc = attention_block(s, ps, li, &pn, err);
+    rlm_status rc = attention_block(s, ps, li, normed, err);
     if (rc) return rc;
-    mlp_block(s, li, ps->n, &pn);
+    normed = mlp_block(s, li, ps->n);
     if (m->cfg.arch == RLM_ARCH_GEMMA4) ple_block(s, li, ps->n);
   }
   return RLM_OK;

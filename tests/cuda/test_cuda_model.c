@@ -469,12 +469,10 @@ TEST(graph_equals_direct) {
 
 /* The embedded model (Gemma 4, MLX 4-bit, hidden 384: the fixtures'
  * width 64 is too narrow for the int8 products, which need columns in
- * multiples of 128), under int8 activations: the x-in-registers products
- * and, with RINGLM_CUDA_NORM_FUSE=1 (scripts/test-cuda.sh runs this
- * program with it too), the norm inside them. The GPU's distance from the
- * exact CPU path is bounded as check_act8's, and a captured graph replays
- * to the bits of the same steps launched one by one (the fused products
- * move the residual stream between two buffers within a pass). */
+ * multiples of 128), under int8 activations: the x-in-registers
+ * products. The GPU's distance from the exact CPU path is bounded as
+ * check_act8's, and a captured graph replays to the bits of the same
+ * steps launched one by one. */
 static rlm_model *load_embedded(void) {
   char dir[512];
   snprintf(dir, sizeof dir, "%s/models/brown-15m-4bit", g_src);
