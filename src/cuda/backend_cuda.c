@@ -288,6 +288,7 @@ typedef struct cuda_sess {
   /* the format norms and gated activations write q8 in along with their
    * output (q8_out), the first layer's q projection's; 0: they do not */
   int q8_fmt_bits, q8_fmt_group;
+  int q8_rows;                /* rows of x the q8 scratch holds           */
   int q8_head_bits, q8_head_group; /* the final norm's: lm_head's format (Gemma's 8-bit tied head) */
   int kv_done;                /* the layer whose k, v qkv_norm_rope wrote, or -1 */
   /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
@@ -392,6 +393,10 @@ typedef struct cuda_switches {
   bool xreg6;       /* RINGLM_CUDA_XREG6=0: one-row products of 6-bit weights
                        on the f32 unit kernel, not the int8 path
                        (xreg6_takes) */
+  bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=1: producers write int8
+                       activations for as many rows as the scratch holds
+                       (q8_out_as), not MAX_M; off until it has run on a
+                       GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -409,6 +414,8 @@ static void read_switches(void) {
   g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
   g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
+  e = getenv("RINGLM_CUDA_Q8_WIDE");
+  g_switches.q8_wide = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -581,14 +588,20 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
  * (bit for bit what q8_of would), and q8's memo then makes q8_of skip
  * them. q8_out says whether an op of rows x n should, in which format
  * (the model's first product's: a product of another format quantizes
- * again); q8_made records it after the launch. Decode-sized passes only
- * (the memo covers MAX_M rows). RINGLM_CUDA_FUSE=0 turns this and
+ * again); q8_made records it after the launch. Passes of up to MAX_M
+ * rows (more: q8_out_as). RINGLM_CUDA_FUSE=0 turns this and
  * qkv_norm_rope's fusion off, to compare. */
 static bool fuse_on(void) { return switches()->fuse; }
 
 /* q8_out in a given format (bits 0: none): the final norm's is lm_head's. */
+/* Rows: MAX_M, or under RINGLM_CUDA_Q8_WIDE=1 all the scratch holds
+ * (I8_MAX under --act-bits 8): batched decode's norms, merge and gated
+ * activation then write what the int8 tensor-core products read, where
+ * at B = 64 on Llama-8B a quantize launch ran before q, o and down (430
+ * us of a 12 ms step, ncu on an H100: docs/cuda-notes.md). */
 static const rlm_cuda_q8out *q8_out_as(rlm_session *s, int rows, int n, int bits, int group, rlm_cuda_q8out *buf) {
-  if (!bits || rows > MAX_M || n % 128 || n % group) return NULL;
+  const int most = switches()->q8_wide ? cs_of(s)->q8_rows : MAX_M;
+  if (!bits || rows > most || n % 128 || n % group) return NULL;
   *buf = (rlm_cuda_q8out){cs_of(s)->q8, bits, group};
   return buf;
 }
@@ -721,8 +734,8 @@ static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, f
  * verification; never a captured step) over a cache the kernel takes.
  * RINGLM_CUDA_ATTN_TC=0 keeps the flash-decoding kernel, to compare. */
 enum { TC_MIN = 16 };
-static bool attn_tc(const rlm_pass *ps, const rlm_cuda_kv *kv, const rlm_cuda_q8out *q8) {
-  return switches()->attn_tc && !q8 && ps->n_runs == 1 && ps->n >= TC_MIN && rlm__cuda_attend_prefill_takes(kv);
+static bool attn_tc(const rlm_pass *ps, const rlm_cuda_kv *kv) {
+  return switches()->attn_tc && ps->n_runs == 1 && ps->n >= TC_MIN && rlm__cuda_attend_prefill_takes(kv);
 }
 
 static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
@@ -737,10 +750,13 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
     rc = rlm__cuda_kv_write(&cs->kv[li], s->k, s->v, cs->d_rows, cs->d_pos, ps->n, cs->st, &er);
   cs->kv_done = -1;
   const rlm_cuda_kv *kv = &cs->kv[donor >= 0 ? donor : li];
-  rlm_cuda_q8out buf; /* the o projection's x, where the group divides the head dim */
-  const rlm_cuda_q8out *q8 = q8_out(s, ps->n, c->n_heads * kv->dim, &buf);
+  /* the o projection's x, where the group divides the head dim and the
+   * flash-decoding kernel runs (the prefill kernel writes none) */
+  rlm_cuda_q8out buf;
+  const bool tc = attn_tc(ps, kv);
+  const rlm_cuda_q8out *q8 = tc ? NULL : q8_out(s, ps->n, c->n_heads * kv->dim, &buf);
   if (q8 && kv->dim % q8->group_size) q8 = NULL;
-  if (!rc && attn_tc(ps, kv, q8))
+  if (!rc && tc)
     rc = rlm__cuda_attend_prefill(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
                                   cs->st, &er);
   else if (!rc)
@@ -1122,7 +1138,8 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
                                  (int64_t)c->moe_inter);
   size_t q8 = 0;
   const int q8_rows = s->p.act_bits == 8 ? (int)RLM_MIN((int64_t)I8_MAX, (int64_t)N) : MAX_M;
-  for (int g = 32; g <= 128; g *= 2) q8 = RLM_MAX(q8, rlm__cuda_q8act_bytes(in_max, g, RLM_MAX(q8_rows, MAX_M)));
+  cs->q8_rows = RLM_MAX(q8_rows, MAX_M);
+  for (int g = 32; g <= 128; g *= 2) q8 = RLM_MAX(q8, rlm__cuda_q8act_bytes(in_max, g, cs->q8_rows));
   size_t att = 0; /* the split count depends on the pass's tokens: the most any pass needs */
   for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
   e = cudaMalloc(&cs->q8, q8);

@@ -498,7 +498,9 @@ TEST(embedded_model_act8) {
  * embedded model: a first token for each row, then 4 decode steps of all
  * 40 at once on the exact path's greedy tokens. The GPU's distance from
  * the exact CPU path is bounded as check_act8's, by the CPU's own int8
- * path on the same batches. */
+ * path on the same batches. scripts/test-cuda.sh runs it again with
+ * RINGLM_CUDA_Q8_WIDE=1: the norms, the attention merge and the gated
+ * activation then write those products' int8 activations themselves. */
 TEST(wide_batch_act8) {
   enum { B = 40, STEPS = 5 };
   rlm_model *m = load_embedded();

@@ -399,6 +399,7 @@ TEST(producers_write_q8) {
     check_q8_producer(kind, 3, 1152, 4, 32);
     check_q8_producer(kind, 2, 6912, 8, 64);
     check_q8_producer(kind, 8, 2048, 4, 128);
+    check_q8_producer(kind, 64, 4096, 4, 64); /* batched decode (RINGLM_CUDA_Q8_WIDE=1) */
   }
   rlm_error err = {0};
   float *p = dev_poisoned(4096 * 4);
