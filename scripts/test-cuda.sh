@@ -60,6 +60,9 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # and with the producers' int8 activations for batched passes, a path
   # behind a switch until it has run on a GPU (docs/cuda-notes.md)
   RINGLM_CUDA_Q8_WIDE=1 build-cuda/tests/test_cuda_model || failed="$failed model:q8-wide"
+  # the int8 tensor-core product's stream-K grid, also behind a switch
+  RINGLM_CUDA_I8_STREAMK=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:streamk"
+  RINGLM_CUDA_I8_STREAMK=1 build-cuda/tests/test_cuda_model || failed="$failed model:streamk"
   for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -236,6 +236,14 @@ inline rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, 
 
 inline uint8_t *q8_scratch(const rlm_cuda_q8out *q8) { return q8 ? static_cast<uint8_t *>(q8->scratch) : NULL; }
 
+/* The card's multiprocessors, queried once (1 where the query fails). */
+inline int sm_count() {
+  static int sms = 0;
+  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+    (void)cudaGetLastError(), sms = 1;
+  return sms;
+}
+
 } // namespace rlm_cuda
 
 /* Kernels take the rows of x (m, 1..8) as a template parameter so that

@@ -531,14 +531,6 @@ bool xreg_loop_on() {
   return on;
 }
 
-/* The card's multiprocessors, queried once (1 where the query fails). */
-int sm_count() {
-  static int sms = 0;
-  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
-    (void)cudaGetLastError(), sms = 1;
-  return sms;
-}
-
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group. */
