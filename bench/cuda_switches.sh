@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The CUDA backend's comparison switches (RINGLM_CUDA_*, docs/cuda-notes.md)
+# side by side on one GPU machine: each variant's aggregate decode tokens/s
+# (S_TG, llama-batched-bench's measure) and tg128, in alternating rounds,
+# one line a variant and round, so that a shared machine's drift shows as
+# spread rather than as a difference between variants.
+#
+#   bench/cuda_switches.sh [MODELS_DIR]     (default /tmp/ringlm-bench)
+#
+# Model: Llama 3.1 8B's shape, random weights (scripts/make_bench_models.py),
+# MLX 4-bit g64 with the tied head at HEAD bits (default 8; 6 as the
+# anchor's Q6_K), --act-bits 8. Environment:
+#   VARIANTS  ';'-separated variants, each a list of VAR=value words ("-"
+#             for none), default: none; Q8_WIDE; I8_STREAMK; I8_MAX=64;
+#             the three together
+#   OLD       another ringlm binary (e.g. main's before a change, with its
+#             libraries on OLD_LIB), run as variant "old"
+#   BATCH (32,64), ROUNDS (2), HEAD (8), RINGLM (build-cuda/ringlm)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=${1:-/tmp/ringlm-bench}
+bin=${RINGLM:-build-cuda/ringlm}
+batch=${BATCH:-32,64}
+rounds=${ROUNDS:-2}
+head=${HEAD:-8}
+variants=${VARIANTS:-"-;RINGLM_CUDA_Q8_WIDE=1;RINGLM_CUDA_I8_STREAMK=1;RINGLM_CUDA_I8_MAX=64;RINGLM_CUDA_Q8_WIDE=1 RINGLM_CUDA_I8_STREAMK=1 RINGLM_CUDA_I8_MAX=64"}
+[ -n "${OLD:-}" ] && variants="old;$variants"
+[ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+model=$dir/llama3.1-8b-4bit-h$head
+mkdir -p "$dir"
+[ -f "$dir/llama3.1-8b/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" llama3.1-8b --no-gguf
+[ -f "$model/model.safetensors" ] ||
+  "$bin" quantize "$dir/llama3.1-8b" "$model" --bits 4 --group-size 64 --quantize-embeddings \
+    --override embed_tokens="$head" >/dev/null
+
+# one variant's run: its environment, then the bench (the old binary with
+# its own libraries)
+run() {
+  local v=$1
+  shift
+  if [ "$v" = old ]; then
+    env ${OLD_LIB:+LD_LIBRARY_PATH=$OLD_LIB} "$OLD" bench -m "$model" --device cuda --act-bits 8 "$@"
+  elif [ "$v" = - ]; then
+    "$bin" bench -m "$model" --device cuda --act-bits 8 "$@"
+  else
+    env $v "$bin" bench -m "$model" --device cuda --act-bits 8 "$@"
+  fi
+}
+
+echo "model $model; batch $batch; $rounds rounds"
+IFS=';' read -ra vs <<<"$variants"
+for r in $(seq 1 "$rounds"); do
+  for v in "${vs[@]}"; do
+    # the table's rows: | pp | tg | B | ... | S_TG | ...; tg128's row: its mean
+    s=$(run "$v" --batch "$batch" -p 128 -n 128 -r 1 2>/dev/null | tr '\r' '\n' |
+      awk -F'|' '/^\|   128/ {gsub(/ /, "", $4); gsub(/ /, "", $9); printf "B=%s %s  ", $4, $9}')
+    t=$(run "$v" -p 0 -n 128 -r 2 2>/dev/null | tr '\r' '\n' | awk -F'|' '/tg128/ {gsub(/^ +| +$/, "", $6); print $6}')
+    printf 'round %d  %-70s %s tg128 %s\n' "$r" "$v" "$s" "$t"
+  done
+done
