@@ -501,11 +501,10 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   note(s, rc, &er);
 }
 
-/* Whether k products of one x (weights ws) can be one launch: decode-sized
- * passes of int8-activation products whose weights agree in what the
- * kernel shares. */
-static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
-  if (n > MAX_M || s->p.act_bits != 8) return false;
+/* Whether the k weights are 4- or 8-bit MLX matrices of one format that
+ * the int8-activation products share in a launch: cols (a multiple of
+ * 128), bits, group size and scale dtype. */
+static bool same_q8_format(const rlm_cuda_weight *ws, int k) {
   for (int i = 0; i < k; i++) {
     const rlm_cuda_qmat *q = &ws[i].q, *q0 = &ws[0].q;
     if (!fast_bits(&ws[i]) || q->cols % 128 || q->cols != q0->cols || q->bits != q0->bits ||
@@ -515,19 +514,22 @@ static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, i
   return true;
 }
 
+/* Whether k products of one x (weights ws) can be one launch: decode-sized
+ * passes of int8-activation products whose weights agree in what the
+ * kernel shares. */
+static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
+  return n <= MAX_M && s->p.act_bits == 8 && same_q8_format(ws, k);
+}
+
 /* Whether k products of one x past MAX_M rows can be one launch of the
  * int8 tensor-core product: where cuda_linear would send each of them
  * there (batched decode's q, k and v), with the same format. At B = 64
  * on Llama-8B k and v were launches of 32 blocks a split each, 9.6 us
  * apiece against q's 27 (ncu on an H100, docs/cuda-notes.md). */
 static bool one_launch_i8(rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
-  if (k < 2 || n <= MAX_M || s->p.act_bits != 8 || !cs_of(s)->i8_part) return false;
-  for (int i = 0; i < k; i++) {
-    const rlm_cuda_qmat *q = &ws[i].q, *q0 = &ws[0].q;
-    if (!fast_bits(&ws[i]) || q->cols % 128 || n > i8_max(q->rows) || q->cols != q0->cols || q->bits != q0->bits ||
-        q->group_size != q0->group_size || q->sdtype != q0->sdtype)
-      return false;
-  }
+  if (k < 2 || n <= MAX_M || s->p.act_bits != 8 || !cs_of(s)->i8_part || !same_q8_format(ws, k)) return false;
+  for (int i = 0; i < k; i++)
+    if (n > i8_max(ws[i].q.rows)) return false;
   return true;
 }
 
