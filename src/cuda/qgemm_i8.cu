@@ -330,9 +330,9 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   /* token tiles vary fastest: the blocks reading a row tile's codes run
    * together, so all but the first read them from the L2 */
   const int by = (int)blockIdx.y;
-  const int mi = !MULTI ? 0 : by >= p.tile0[2] && p.k > 2 ? 2 : by >= p.tile0[1] ? 1 : 0; /* constant indices */
+  const int mi = MULTI ? mat_at(p, by) : 0;
   const Mat w = MULTI ? mat_of(p, mi) : p.mat[0];
-  const int64_t row0 = (int64_t)(by - (mi == 0 ? 0 : mi == 1 ? p.tile0[1] : p.tile0[2])) * kBM, tok0 = (int64_t)blockIdx.x * C::kBN;
+  const int64_t row0 = MULTI ? row_at(p, by, mi) : (int64_t)by * kBM, tok0 = (int64_t)blockIdx.x * C::kBN;
   const int n_chunks = p.cols / kChunk, S = (int)gridDim.z, z = (int)blockIdx.z;
   const int c0 = z * n_chunks / S, c1 = (z + 1) * n_chunks / S;
 
