@@ -69,7 +69,7 @@
  * step runs the kernels the same step without a graph runs. */
 enum {
   LOGIT_ROWS = 64, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
-  I8_MAX = 128, I8_DEFAULT = 16, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
+  I8_MAX = 128, I8_DEFAULT = 32, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
 };
 
 /* ---- the model's weights on the device ------------------------------------ */
@@ -393,10 +393,9 @@ typedef struct cuda_switches {
   bool xreg6;       /* RINGLM_CUDA_XREG6=0: one-row products of 6-bit weights
                        on the f32 unit kernel, not the int8 path
                        (xreg6_takes) */
-  bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=1: producers write int8
-                       activations for as many rows as the scratch holds
-                       (q8_out_as), not MAX_M; off until it has run on a
-                       GPU */
+  bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
+                       activations for MAX_M rows at most, not as many as
+                       the scratch holds (q8_out_as) */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -414,8 +413,7 @@ static void read_switches(void) {
   g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
   g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
-  e = getenv("RINGLM_CUDA_Q8_WIDE");
-  g_switches.q8_wide = e && e[0] == '1';
+  g_switches.q8_wide = env_on("RINGLM_CUDA_Q8_WIDE");
 }
 
 static const cuda_switches *switches(void) {
@@ -444,8 +442,11 @@ static bool xreg6_takes(const rlm_session *s, const rlm_cuda_weight *w, int64_t 
  * `rows` rows: I8_NARROW_MAX where rows <= I8_NARROW_ROWS (qgemm.cu's
  * 256-row tiles are too few there to fill the card: at 64 tokens the 8B's
  * q, o and down took 34 / 85 us against 40 / 108 on the H200), else
- * I8_DEFAULT (gate and up at 32 tokens: 58 us against qgemm's 51, the
- * 8-bit head 503 against 348). RINGLM_CUDA_I8_MAX=n sets one limit for
+ * I8_DEFAULT: at 64 tokens gate and up take 91 us on the int8 product
+ * against qgemm's 67 (H100); at 32 about the same time alone (53 / 52
+ * us), but as one launch fed by the producers' int8 rows batched B = 32
+ * gains 8% (3,840 to 4,160 tok/s on the 8B, docs/cuda-notes.md).
+ * RINGLM_CUDA_I8_MAX=n sets one limit for
  * all (I8_MAX at most), to compare: docs/cuda-notes.md. */
 static int64_t i8_max(int64_t rows) {
   const int64_t forced = switches()->i8_max;
@@ -596,11 +597,11 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
 static bool fuse_on(void) { return switches()->fuse; }
 
 /* q8_out in a given format (bits 0: none): the final norm's is lm_head's. */
-/* Rows: MAX_M, or under RINGLM_CUDA_Q8_WIDE=1 all the scratch holds
- * (I8_MAX under --act-bits 8): batched decode's norms, merge and gated
- * activation then write what the int8 tensor-core products read, where
- * at B = 64 on Llama-8B a quantize launch ran before q, o and down (430
- * us of a 12 ms step, ncu on an H100: docs/cuda-notes.md). */
+/* Rows: all the scratch holds (I8_MAX under --act-bits 8; MAX_M under
+ * RINGLM_CUDA_Q8_WIDE=0): batched decode's norms, merge and gated
+ * activation write what the int8 tensor-core products read, where at B =
+ * 64 on Llama-8B a quantize launch ran before q, o and down (430 us of a
+ * 12 ms step, ncu on an H100); +1-3% at B = 32 / 64 (docs/cuda-notes.md). */
 static const rlm_cuda_q8out *q8_out_as(rlm_session *s, int rows, int n, int bits, int group, rlm_cuda_q8out *buf) {
   const int most = switches()->q8_wide ? cs_of(s)->q8_rows : MAX_M;
   if (!bits || rows > most || n % 128 || n % group) return NULL;
