@@ -47,11 +47,6 @@
  * with q rather than as launches of a few dozen blocks, and one
  * add_splits launch serves all three.
  *
- * STREAM-K (RINGLM_CUDA_I8_STREAMK=1, to compare): the same tiles and
- * chunks on a grid of the blocks that fit on the card at once, each a
- * contiguous run of (tile, chunk) units, the tiles split between blocks
- * added by a fix-up kernel (qgemm_i8_sk_kernel below).
- *
  * EPILOGUE: no int-to-float conversion (a quarter-rate instruction). The
  * mma adds its s32 sums to the bits of 1.5 * 2^23 (its C operand), and
  * one FADD takes the exact float back out (kMagic below).
@@ -354,81 +349,6 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
     }
 }
 
-/* STREAM-K (RINGLM_CUDA_I8_STREAMK=1, to compare; not yet run on a GPU).
- * The split grid runs whole waves of blocks: at 64 tokens the 8B's o and
- * down are 1,024 blocks over 396 places (three blocks an SM of an H100),
- * 2.6 waves taking the time of 3. Here the grid is the places (G), and
- * block b takes the units (tile, chunk) b U / G .. (b + 1) U / G - 1 of
- * all U, tiles in the split grid's order (token tile fastest), chunks in
- * order. A run that covers a whole tile writes y; the others (at most a
- * block's first and last) write the block's two slots of a tile each,
- * which sk_fixup_kernel adds in block order: the same sums, in another
- * order than the split grid's, the same bits on every replay. */
-struct SkArgs {
-  float *slots;   /* [G][2][kBN][kBM] */
-  int64_t units;  /* U: tiles * chunks a tile */
-  int tok_tiles;  /* token tiles a row tile */
-};
-
-/* The first unit of block b of G over U units (the balanced split), and
- * the block that holds unit u. */
-__device__ __forceinline__ int64_t sk_start(int64_t b, int64_t G, int64_t U) { return b * U / G; }
-__device__ __forceinline__ int64_t sk_block(int64_t u, int64_t G, int64_t U) { return ((u + 1) * G - 1) / U; }
-
-template <int BITS, int NT, typename T>
-__global__ void __launch_bounds__(kThreads) qgemm_i8_sk_kernel(const Args p, const SkArgs q) {
-  using C = Cfg<BITS, NT>;
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
-  const int64_t nc = p.cols / kChunk, G = gridDim.x, b = blockIdx.x;
-  const int64_t u0 = sk_start(b, G, q.units), u1 = sk_start(b + 1, G, q.units);
-  for (int64_t u = u0; u < u1;) {
-    const int64_t tile = u / nc;
-    const int c0 = (int)(u - tile * nc), c1 = (int)(nc < c0 + (u1 - u) ? nc : c0 + (u1 - u));
-    const int rt = (int)(tile / q.tok_tiles), mi = mat_at(p, rt);
-    const Mat w = mat_of(p, mi);
-    const int64_t row0 = row_at(p, rt, mi), tok0 = (tile % q.tok_tiles) * C::kBN;
-    if (u != u0) __syncthreads(); /* every warp is done with the last run's stages */
-    float acc[NT][4];
-    tile_chunks<BITS, NT, T>(p, w, row0, tok0, c0, c1, smem, acc);
-    const bool whole = c0 == 0 && c1 == nc;
-    float *slot = q.slots + ((size_t)b * 2 + (u == u0 ? 0 : 1)) * (size_t)(C::kBN * kBM);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int tl = nt * 8 + 2 * t + (e & 1), rl = warp * 16 + g8 + (e < 2 ? 0 : 8);
-        const int64_t tok = tok0 + tl, row = row0 + rl;
-        if (!whole) slot[tl * kBM + rl] = acc[nt][e];
-        else if (tok < p.m && row < w.rows) w.y[tok * w.rows + row] = acc[nt][e];
-      }
-    u += c1 - c0;
-  }
-}
-
-/* The tiles stream-K split between blocks: block (tile) adds the blocks'
- * slots in block order into y. */
-__global__ void sk_fixup_kernel(const Args p, const SkArgs q, int bn, int64_t G) {
-  pdl_enter();
-  const int64_t nc = p.cols / kChunk, tile = blockIdx.x;
-  const int64_t blo = sk_block(tile * nc, G, q.units), bhi = sk_block(tile * nc + nc - 1, G, q.units);
-  if (blo == bhi) return; /* one block's whole run: written */
-  const int rt = (int)(tile / q.tok_tiles), mi = mat_at(p, rt);
-  const Mat w = mat_of(p, mi);
-  const int64_t row0 = row_at(p, rt, mi), tok0 = (tile % q.tok_tiles) * bn;
-  for (int e = threadIdx.x; e < bn * kBM; e += blockDim.x) {
-    const int tl = e / kBM, rl = e % kBM;
-    float s = 0.f;
-    for (int64_t b = blo; b <= bhi; b++) {
-      const int k = sk_start(b, G, q.units) / nc == tile ? 0 : 1; /* the tile is b's first, or its last */
-      const float v = q.slots[((size_t)b * 2 + k) * (size_t)(bn * kBM) + e];
-      s = b == blo ? v : s + v;
-    }
-    const int64_t tok = tok0 + tl, row = row0 + rl;
-    if (tok < p.m && row < w.rows) w.y[tok * w.rows + row] = s;
-  }
-}
-
 /* Where add_splits_kernel puts each matrix's sums. */
 struct SplitOut {
   float *y[kMaxMats];
@@ -501,52 +421,6 @@ cudaError_t launch_bits(const Args &a, int bits, int nt, int S, cudaStream_t st)
   return bits == 4 ? launch_nt<4, T>(a, nt, S, st) : launch_nt<8, T>(a, nt, S, st);
 }
 
-/* RINGLM_CUDA_I8_STREAMK=1: the stream-K grid (qgemm_i8_sk_kernel), to
- * compare; off until it has run on a GPU. Read once. */
-bool streamk_on() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_I8_STREAMK");
-    return e && e[0] == '1';
-  }();
-  return on;
-}
-
-/* The stream-K launch and its fix-up, where its slots fit in part_floats
- * (else *done stays false and nothing is launched). The grid is the
- * blocks that fit on the card at once, at most one a unit. */
-template <int BITS, int NT, typename T>
-cudaError_t launch_sk(const Args &a, int tok_tiles, int64_t tiles, int64_t part_floats, cudaStream_t st, bool *done) {
-  using C = Cfg<BITS, NT>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(qgemm_i8_sk_kernel<BITS, NT, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  if (attr != cudaSuccess) return attr;
-  static const int per_sm = [] {
-    int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, qgemm_i8_sk_kernel<BITS, NT, T>, kThreads, C::kSmem) !=
-        cudaSuccess)
-      (void)cudaGetLastError(), n = 0;
-    return n;
-  }();
-  const int64_t units = tiles * (a.cols / kChunk), places = (int64_t)per_sm * sm_count();
-  const int64_t G = places < units ? places : units;
-  if (G < 1 || G * 2 * C::kBN * kBM > part_floats) return cudaSuccess;
-  *done = true;
-  const SkArgs q = {a.part, units, tok_tiles};
-  cudaError_t e = launch_k(qgemm_i8_sk_kernel<BITS, NT, T>, dim3((unsigned)G), dim3(kThreads), C::kSmem, st, a, q);
-  if (e == cudaSuccess) e = launch_k(sk_fixup_kernel, dim3((unsigned)tiles), dim3(256), 0, st, a, q, C::kBN, G);
-  return e;
-}
-
-template <typename T>
-cudaError_t launch_sk_bits(const Args &a, int bits, int nt, int tok_tiles, int64_t tiles, int64_t part_floats,
-                           cudaStream_t st, bool *done) {
-  if (bits == 4)
-    return nt == 2 ? launch_sk<4, 2, T>(a, tok_tiles, tiles, part_floats, st, done)
-                   : launch_sk<4, 4, T>(a, tok_tiles, tiles, part_floats, st, done);
-  return nt == 2 ? launch_sk<8, 2, T>(a, tok_tiles, tiles, part_floats, st, done)
-                 : launch_sk<8, 4, T>(a, tok_tiles, tiles, part_floats, st, done);
-}
-
 /* Tokens per block (8 NT) for m tokens: more token tiles rather than
  * wider ones past 32 (8 n-tiles a warp took 186 registers a thread and
  * ran at half the speed per token of 4). Past 32 tokens qgemm.cu is
@@ -608,15 +482,6 @@ extern "C" rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *c
   a.part = part, a.R = R, a.m = m, a.cols = (int)ws[0].cols, a.g = ws[0].group_size;
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;
-  if (streamk_on()) {
-    bool done = false;
-    const int64_t part_floats = (int64_t)(rlm__cuda_qgemm_i8_part_bytes(m) / sizeof(float));
-#define RLM_T(T) e = launch_sk_bits<T>(a, ws[0].bits, nt, (int)tok_tiles, tiles * tok_tiles, part_floats, st, &done)
-    RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
-#undef RLM_T
-    if (e != cudaSuccess || done)
-      return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-  }
   const int S = pick_splits(tiles * tok_tiles, (int)(ws[0].cols / kChunk));
   if ((size_t)S * (size_t)m * (size_t)R * sizeof(float) > rlm__cuda_qgemm_i8_part_bytes(m) && S > 1)
     return fail(err, RLM_ERR_INTERNAL, fn, "partials of %d splits past the scratch", S);
