@@ -195,17 +195,34 @@ inline bool pdl_on() {
   return on;
 }
 
-/* kernel<<<grid, block, smem, st>>>(args...), with the PDL attribute. The
- * launch error, if any, is also the one cudaGetLastError() reports next. */
+/* kernel<<<grid, block, smem, st>>>(args...), with the PDL attribute and,
+ * where `cluster` is given, as a grid of thread-block clusters of that
+ * shape. The launch error, if any, is also the one cudaGetLastError()
+ * reports next. */
 template <typename... P, typename... A>
-inline cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args) {
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = 1;
+inline cudaError_t launch_kc(void (*kernel)(P...), dim3 grid, const dim3 *cluster, dim3 block, size_t smem,
+                             cudaStream_t st, A &&...args) {
+  cudaLaunchAttribute at[2];
+  int n = 0;
+  if (cluster) {
+    at[n].id = cudaLaunchAttributeClusterDimension;
+    at[n].val.clusterDim.x = cluster->x, at[n].val.clusterDim.y = cluster->y, at[n].val.clusterDim.z = cluster->z;
+    n++;
+  }
+  if (pdl_on()) {
+    at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[n].val.programmaticStreamSerializationAllowed = 1;
+    n++;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
-  cfg.attrs = at, cfg.numAttrs = pdl_on() ? 1 : 0;
+  cfg.attrs = at, cfg.numAttrs = (unsigned)n;
   return cudaLaunchKernelEx(&cfg, kernel, static_cast<P>(args)...);
+}
+
+template <typename... P, typename... A>
+inline cudaError_t launch_k(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args) {
+  return launch_kc(kernel, grid, (const dim3 *)nullptr, block, smem, st, static_cast<A &&>(args)...);
 }
 
 /* err = {st, "<fn>: <printf text>"}; returns st. */

@@ -574,19 +574,9 @@ cudaError_t launch(const Args &a, cudaStream_t st) {
   const int64_t tiles = (a.rows + kBM - 1) / kBM, tok_tiles = (a.m + C::kBN - 1) / C::kBN;
   const int s = tok_tiles == 1 ? pick_cluster_wave<BITS, NT, S>(tiles, a.cols / kSlice)
                                : pick_cluster(tiles * tok_tiles, a.cols / kSlice);
-  cudaLaunchAttribute at[2];
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = (unsigned)s, at[0].val.clusterDim.y = 1, at[0].val.clusterDim.z = 1;
-  at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[1].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)(tiles * s), (unsigned)tok_tiles, 1);
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = C::kSmem;
-  cfg.stream = st;
-  cfg.attrs = at;
-  cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, qgemm_kernel<BITS, NT, S>, a);
+  const dim3 cluster((unsigned)s, 1, 1);
+  return launch_kc(qgemm_kernel<BITS, NT, S>, dim3((unsigned)(tiles * s), (unsigned)tok_tiles, 1), &cluster,
+                   dim3(kThreads, 1, 1), C::kSmem, st, a);
 }
 
 template <int BITS, typename S>
