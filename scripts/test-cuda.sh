@@ -60,10 +60,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # and with the producers' int8 activations for MAX_M rows at most (a
   # quantize launch before each batched product, as before 2026-12-05)
   RINGLM_CUDA_Q8_WIDE=0 build-cuda/tests/test_cuda_model || failed="$failed model:q8-narrow"
-  # the int8 tensor-core product's split tiles summed in a cluster, a path
-  # behind a switch until it has run on a GPU (docs/cuda-notes.md)
-  RINGLM_CUDA_I8_CLUSTER=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-cluster"
-  RINGLM_CUDA_I8_CLUSTER=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-cluster"
   for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

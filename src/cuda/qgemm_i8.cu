@@ -40,11 +40,6 @@
  * run of chunks, and write f32 partials that a second kernel adds in a
  * fixed order (a replay gives the same bits). The split count aims at
  * kTarget blocks, or RINGLM_CUDA_I8_TARGET (66..1056) to compare.
- * Under RINGLM_CUDA_I8_CLUSTER=1 (to compare; not yet run on a GPU) the S
- * blocks of a tile are a thread-block cluster instead, and add their
- * partials through distributed shared memory, in the same split order,
- * as qgemm.cu does: no partials in global memory, no second launch (at
- * 32 and 64 tokens add_splits was 4 launches a layer, ~5% of the step).
  *
  * SEVERAL PRODUCTS OF ONE x (q, k and v) share a launch: the grid's row
  * tiles run through the matrices in turn, each tile in one matrix, so k
@@ -62,11 +57,8 @@
  */
 #include "common.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
-
-namespace cg = cooperative_groups;
 
 namespace {
 
@@ -322,45 +314,10 @@ __device__ __forceinline__ int64_t row_at(const Args &p, int rt, int mi) {
   return (int64_t)(rt - (mi == 0 ? 0 : mi == 1 ? p.tile0[1] : p.tile0[2])) * kBM;
 }
 
-/* CL: the cluster of a tile's S split blocks (cluster dims 1 x 1 x S, so
- * a block's rank is its split z) adds its partials: each block leaves its
- * tile [kBN][kBM] in its own (finished) stages, and block r sums the
- * elements [r E / S, (r + 1) E / S) of all S tiles in rank order, as
- * add_splits_kernel sums the splits, and writes y. kPitch = kBM + 4: a
- * lane's element (2t + e, g8) lands in bank 8t + g8, conflict-free. */
-constexpr int kPitch = kBM + 4;
-template <int BITS, int NT>
-__device__ __forceinline__ void cluster_sum(const Args &p, const Mat &w, int64_t row0, int64_t tok0, uint8_t *smem,
-                                            const float (&acc)[NT][4]) {
-  constexpr int kBN = 8 * NT, E = kBN * kBM;
-  static_assert(kBN * kPitch * sizeof(float) <= Cfg<BITS, NT>::kSmem, "the tile fits in the stages");
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
-  cg::cluster_group cluster = cg::this_cluster();
-  const int S = (int)cluster.num_blocks(), r = (int)cluster.block_rank();
-  float *tile = reinterpret_cast<float *>(smem);
-  cp_wait<0>();
-  __syncthreads(); /* every warp is done with the stages */
-#pragma unroll
-  for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-    for (int e = 0; e < 4; e++)
-      tile[(nt * 8 + 2 * t + (e & 1)) * kPitch + warp * 16 + g8 + (e < 2 ? 0 : 8)] = acc[nt][e];
-  cluster.sync(); /* every block's tile written and visible */
-  for (int i = r * E / S + (int)threadIdx.x; i < (r + 1) * E / S; i += kThreads) {
-    const int tl = i / kBM, rl = i % kBM, at = tl * kPitch + rl;
-    float v = cluster.map_shared_rank(tile, 0)[at];
-    for (int k = 1; k < S; k++) v += cluster.map_shared_rank(tile, k)[at];
-    const int64_t tok = tok0 + tl, row = row0 + rl;
-    if (tok < p.m && row < w.rows) w.y[tok * w.rows + row] = v;
-  }
-  /* no block leaves while another may still read its tile */
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
 /* Block (token tile, row tile of all the matrices, split z). MULTI: k > 1
  * (else matrix 0's fields stay kernel parameters, as before there were
  * several). */
-template <int BITS, int NT, typename T, bool MULTI, bool CL>
+template <int BITS, int NT, typename T, bool MULTI>
 __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -376,10 +333,6 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
 
   float acc[NT][4];
   tile_chunks<BITS, NT, T>(p, w, row0, tok0, c0, c1, smem, acc);
-  if (CL) {
-    cluster_sum<BITS, NT>(p, w, row0, tok0, smem, acc);
-    return;
-  }
 
   /* S = 1: y itself; else split z's partials, this matrix's rows at roff */
   const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
@@ -443,45 +396,29 @@ int pick_splits(int64_t blocks, int n_chunks) {
   return s;
 }
 
-/* RINGLM_CUDA_I8_CLUSTER=1: split tiles summed in a cluster (cluster_sum),
- * to compare; off until it has run on a GPU. Read once. */
-bool cluster_on() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_I8_CLUSTER");
-    return e && e[0] == '1';
-  }();
-  return on;
-}
-
-/* CL: the S splits of a tile as one cluster (S <= kMaxSplit, the portable
- * cluster size). */
-template <int BITS, int NT, typename T, bool MULTI, bool CL>
+template <int BITS, int NT, typename T, bool MULTI>
 cudaError_t launch_one(const Args &a, int S, cudaStream_t st) {
   using C = Cfg<BITS, NT>;
-  static_assert(kMaxSplit <= 8, "clusters of 8 blocks at most are portable");
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T, MULTI, CL>,
+  static const cudaError_t attr = cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T, MULTI>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (attr != cudaSuccess) return attr;
   const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)a.tile0[a.k], (unsigned)S);
-  const dim3 cluster(1, 1, (unsigned)S);
-  return launch_kc(qgemm_i8_kernel<BITS, NT, T, MULTI, CL>, grid, CL ? &cluster : nullptr, dim3(kThreads), C::kSmem, st,
-                   a);
+  return launch_k(qgemm_i8_kernel<BITS, NT, T, MULTI>, grid, dim3(kThreads), C::kSmem, st, a);
 }
 
-template <int BITS, int NT, typename T, bool CL>
+template <int BITS, int NT, typename T>
 cudaError_t launch(const Args &a, int S, cudaStream_t st) {
-  return a.k > 1 ? launch_one<BITS, NT, T, true, CL>(a, S, st) : launch_one<BITS, NT, T, false, CL>(a, S, st);
+  return a.k > 1 ? launch_one<BITS, NT, T, true>(a, S, st) : launch_one<BITS, NT, T, false>(a, S, st);
 }
 
-template <int BITS, typename T, bool CL>
+template <int BITS, typename T>
 cudaError_t launch_nt(const Args &a, int nt, int S, cudaStream_t st) {
-  return nt == 2 ? launch<BITS, 2, T, CL>(a, S, st) : launch<BITS, 4, T, CL>(a, S, st);
+  return nt == 2 ? launch<BITS, 2, T>(a, S, st) : launch<BITS, 4, T>(a, S, st);
 }
 
 template <typename T>
-cudaError_t launch_bits(const Args &a, int bits, int nt, int S, bool cl, cudaStream_t st) {
-  if (cl) return bits == 4 ? launch_nt<4, T, true>(a, nt, S, st) : launch_nt<8, T, true>(a, nt, S, st);
-  return bits == 4 ? launch_nt<4, T, false>(a, nt, S, st) : launch_nt<8, T, false>(a, nt, S, st);
+cudaError_t launch_bits(const Args &a, int bits, int nt, int S, cudaStream_t st) {
+  return bits == 4 ? launch_nt<4, T>(a, nt, S, st) : launch_nt<8, T>(a, nt, S, st);
 }
 
 /* Tokens per block (8 NT) for m tokens: more token tiles rather than
@@ -548,11 +485,10 @@ extern "C" rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *c
   const int S = pick_splits(tiles * tok_tiles, (int)(ws[0].cols / kChunk));
   if ((size_t)S * (size_t)m * (size_t)R * sizeof(float) > rlm__cuda_qgemm_i8_part_bytes(m) && S > 1)
     return fail(err, RLM_ERR_INTERNAL, fn, "partials of %d splits past the scratch", S);
-  const bool cl = S > 1 && cluster_on();
-#define RLM_T(T) e = launch_bits<T>(a, ws[0].bits, nt, S, cl, st)
+#define RLM_T(T) e = launch_bits<T>(a, ws[0].bits, nt, S, st)
   RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
-  if (e == cudaSuccess && S > 1 && !cl) {
+  if (e == cudaSuccess && S > 1) {
     SplitOut o = {};
     for (int i = 0; i < k; i++) o.y[i] = ys[i], o.roff[i] = a.roff[i];
     o.roff[k] = R, o.k = k;
