@@ -280,6 +280,15 @@ typedef struct cuda_sess {
   void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
   size_t gemm_bytes;          /* its size                                 */
   float *i8_part;             /* qgemm_i8's split-K partials (I8_MAX rows) */
+  /* a split product's outputs left unwritten (RINGLM_CUDA_SUM_LATE=1,
+   * i8_products): k of them, m rows; the op that reads them sums them
+   * itself (add_norm, act_mul) or settle() writes them first */
+  struct {
+    int k;
+    int64_t m;
+    float *y[3];
+    rlm_cuda_sum sum[3];
+  } late;
   /* the activations q8 holds (reused by the next product on the same x:
    * q, k and v; gate and up); any other op forgets them */
   const float *q8_x;
@@ -319,11 +328,25 @@ static void note(rlm_session *s, rlm_status rc, const rlm_error *e) {
  * has failed. The products ask this alone, keeping q8's memo. */
 static bool enqueues_nothing(rlm_session *s) { return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first; }
 
+/* Writes the outputs a split product left to their reader (cs->late),
+ * where the op that comes next does not read them as sums. */
+static void settle(rlm_session *s) {
+  cuda_sess *cs = cs_of(s);
+  if (!cs->late.k) return;
+  const int k = cs->late.k;
+  cs->late.k = 0;
+  if (enqueues_nothing(s)) return;
+  rlm_error er;
+  note(s, rlm__cuda_sums_write(cs->late.sum, cs->late.y, k, cs->late.m, cs->st, &er), &er);
+}
+
 /* enqueues_nothing, for every op but the products: it also forgets which
- * activations q8 holds (the op may write them). */
+ * activations q8 holds (the op may write them), and settles. */
 static bool skip(rlm_session *s) {
   cs_of(s)->q8_x = NULL;
-  return enqueues_nothing(s);
+  if (enqueues_nothing(s)) return true;
+  settle(s);
+  return false;
 }
 
 static void *cuda_alloc(rlm_session *s, size_t bytes) {
@@ -393,6 +416,10 @@ typedef struct cuda_switches {
   bool xreg6;       /* RINGLM_CUDA_XREG6=0: one-row products of 6-bit weights
                        on the f32 unit kernel, not the int8 path
                        (xreg6_takes) */
+  bool sum_late;    /* RINGLM_CUDA_SUM_LATE=1: a split int8 product's sums
+                       added by the add_norm or act_mul that reads them,
+                       not by add_splits (i8_products); off until it has
+                       run on a GPU */
   bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
                        activations for MAX_M rows at most, not as many as
                        the scratch holds (q8_out_as) */
@@ -414,6 +441,8 @@ static void read_switches(void) {
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
   g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
   g_switches.q8_wide = env_on("RINGLM_CUDA_Q8_WIDE");
+  e = getenv("RINGLM_CUDA_SUM_LATE");
+  g_switches.sum_late = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -454,11 +483,30 @@ static int64_t i8_max(int64_t rows) {
   return rows <= I8_NARROW_ROWS ? I8_NARROW_MAX : I8_DEFAULT;
 }
 
+/* The int8 tensor-core product of k weights of one x (cs->q8), into ys.
+ * Under RINGLM_CUDA_SUM_LATE=1 a product that splits K leaves its outputs
+ * unwritten (cs->late) for the add_norm or act_mul that reads them, which
+ * sums the partials as it loads them: at B = 32 on Llama-8B, add_splits
+ * was 128 launches of 4.7 us, 7.7% of the step (ncu on an H100,
+ * docs/cuda-notes.md). */
+static rlm_status i8_products(rlm_session *s, const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t n,
+                              rlm_error *er) {
+  cuda_sess *cs = cs_of(s);
+  if (!switches()->sum_late) return rlm__cuda_qgemm_i8_multi(ws, ys, k, cs->q8, n, cs->i8_part, cs->st, er);
+  rlm_status rc = rlm__cuda_qgemm_i8_multi_late(ws, ys, k, cs->q8, n, cs->i8_part, cs->late.sum, cs->st, er);
+  if (!rc && cs->late.sum[0].S) {
+    cs->late.k = k, cs->late.m = n;
+    for (int i = 0; i < k; i++) cs->late.y[i] = ys[i];
+  }
+  return rc;
+}
+
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
  * int8-activation product where the CPU would use it, else f32; more than
  * GEMM_MIN rows (prefill, large batches): qgemm or cuBLAS (see the top). */
 static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int64_t n, float *y) {
   if (enqueues_nothing(s)) return;
+  settle(s); /* x may be a late output; the partials are about to be reused */
   cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
@@ -467,7 +515,7 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   const bool q8 = (fast && s->p.act_bits == 8 && l->in % 128 == 0) || xreg6_takes(s, &w, n);
   if (q8 && n > MAX_M && n <= i8_max(l->out) && cs->i8_part) {
     rc = q8_of(s, &w.q, x, (int)n, &er);
-    if (!rc) rc = rlm__cuda_qgemm_i8(&w.q, cs->q8, n, y, cs->i8_part, cs->st, &er);
+    if (!rc) rc = i8_products(s, &w.q, &y, 1, n, &er);
     if (y == cs->q8_x) cs->q8_x = NULL;
     note(s, rc, &er);
     return;
@@ -551,6 +599,7 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
    * of products quantize x again, a launch of its own, twice a layer (ncu
    * of a Llama-8B step, 2026-12-04) */
   if (enqueues_nothing(s)) return;
+  settle(s);
   rlm_cuda_weight dw[3];
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
   const bool dense = k <= 3 && one_launch_dense(dw, k, n);
@@ -565,7 +614,7 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
     rlm_cuda_qmat ws[3];
     for (int i = 0; i < k; i++) ws[i] = dw[i].q;
     rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
-    if (!rc) rc = rlm__cuda_qgemm_i8_multi(ws, ys, k, cs->q8, n, cs->i8_part, cs->st, &er);
+    if (!rc) rc = i8_products(s, ws, ys, k, n, &er);
     for (int i = 0; i < k; i++)
       if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
     note(s, rc, &er);
@@ -648,11 +697,20 @@ static void cuda_add(rlm_session *s, float *x, const float *h, size_t n) {
 
 static void cuda_add_norm(rlm_session *s, float *x, float *h, const float *post, const float *w, float *y, int rows,
                           int n, double eps) {
-  if (skip(s)) return;
+  cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_q8out buf;
   const rlm_cuda_q8out *q8 = q8_out(s, rows, n, &buf);
-  note(s, rlm__cuda_add_norm(x, h, dvec(s, post), dvec(s, w), y, rows, n, eps, q8, cs_of(s)->st, &er), &er);
+  /* h the one output a split product left (i8_products): summed here */
+  const bool late = cs->late.k == 1 && cs->late.y[0] == h && cs->late.m == rows && rlm__cuda_add_norm_sum_takes(n, q8);
+  const rlm_cuda_sum hs = cs->late.sum[0];
+  if (late) cs->late.k = 0;
+  if (skip(s)) return;
+  const float *pw = dvec(s, post), *ww = dvec(s, w);
+  note(s,
+       late ? rlm__cuda_add_norm_sum(x, &hs, pw, ww, y, rows, n, eps, q8, cs->st, &er)
+            : rlm__cuda_add_norm(x, h, pw, ww, y, rows, n, eps, q8, cs->st, &er),
+       &er);
   q8_made(s, q8, y, rows, n);
 }
 
@@ -677,11 +735,21 @@ static void cuda_copy(rlm_session *s, float *dst, const float *src, size_t n) {
 
 static void cuda_act_mul(rlm_session *s, bool gelu, float *y, const float *g, const float *u, int rows, int n,
                          int64_t u_stride) {
-  if (skip(s)) return;
+  cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_q8out buf;
   const rlm_cuda_q8out *q8 = q8_out(s, rows, n, &buf);
-  note(s, rlm__cuda_act_mul(gelu, y, g, u, rows, n, u_stride, q8, cs_of(s)->st, &er), &er);
+  /* g and u the two outputs of one split product (gate and up,
+   * i8_products): summed here; the int8 kernel only */
+  const bool late = cs->late.k == 2 && cs->late.y[0] == g && cs->late.y[1] == u && cs->late.m == rows &&
+                    u_stride == n && q8;
+  const rlm_cuda_sum gs = cs->late.sum[0], us = cs->late.sum[1];
+  if (late) cs->late.k = 0;
+  if (skip(s)) return;
+  note(s,
+       late ? rlm__cuda_act_mul_sum(gelu, y, &gs, &us, rows, n, q8, cs->st, &er)
+            : rlm__cuda_act_mul(gelu, y, g, u, rows, n, u_stride, q8, cs->st, &er),
+       &er);
   q8_made(s, q8, y, rows, n);
 }
 
@@ -859,7 +927,7 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
-  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL;
+  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL, cs->late.k = 0;
   for (int r = 0; r < ps->n_runs; r++) {
     const rlm_run *u = &ps->runs[r];
     const int64_t p0 = ps->tok_pos[u->j0];
@@ -910,6 +978,7 @@ static rlm_status run_graph(rlm_session *s, rlm_error *err) {
 }
 
 static rlm_status cuda_copy_logits(rlm_session *s, float *host, const float *dev, size_t n, rlm_error *err) {
+  settle(s);
   rlm_status rc = run_graph(s, err);
   if (rc || cs_of(s)->first) return rc;
   cudaError_t e = cudaMemcpyAsync(host, dev, n * sizeof *host, cudaMemcpyDeviceToHost, cs_of(s)->st);
@@ -918,6 +987,7 @@ static rlm_status cuda_copy_logits(rlm_session *s, float *host, const float *dev
 
 static rlm_status cuda_end(rlm_session *s, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
+  settle(s);
   rlm_status rc = run_graph(s, err);
   cudaError_t e = cudaStreamSynchronize(cs->st);
   if (cs->first) {

@@ -79,6 +79,26 @@ rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m
  * (the split of K depends on all k shapes). */
 rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8, int64_t m,
                                     float *part, rlm_cuda_stream stream, rlm_error *err);
+/* A product's output left as its split-K partials, to be summed by the
+ * kernel that reads it (ops.cu's add_norm and act_mul) rather than by a
+ * launch of its own: element (t, c) is the sum over z < S of part[z mR +
+ * t R + roff + c], in z order, which is what the product would have
+ * written. */
+typedef struct rlm_cuda_sum {
+  const float *part;
+  int S;
+  int64_t mR, R, roff;
+} rlm_cuda_sum;
+/* rlm__cuda_qgemm_i8_multi, except that where it splits K (S > 1) it
+ * leaves each y_i unwritten and describes it in sums[i] (sums[0].S = 0
+ * where it did not: the y_i are written). The partials stay valid until
+ * the next product that uses `part`. */
+rlm_status rlm__cuda_qgemm_i8_multi_late(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8, int64_t m,
+                                         float *part, rlm_cuda_sum *sums, rlm_cuda_stream stream, rlm_error *err);
+/* y_i = the sums of sums[i] for i < k (all from one such launch, m rows):
+ * what the product would have written. */
+rlm_status rlm__cuda_sums_write(const rlm_cuda_sum *sums, float *const *ys, int k, int64_t m, rlm_cuda_stream stream,
+                                rlm_error *err);
 
 /* The many-token product (qgemm.cu), for batched decode and prefill:
  * y [m][rows] = x [m][cols] . W^T (f32, device memory) on the tensor

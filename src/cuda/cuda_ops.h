@@ -40,6 +40,13 @@ rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows,
  * next block's input norm: rlm__rmsnorm_ref's formula each time). */
 rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows, int n,
                               double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
+/* rlm__cuda_add_norm with h the sums hs describe (a split product's output
+ * not yet written, rlm_cuda_sum), where rlm__cuda_add_norm_sum_takes says
+ * the kernel takes them (else RLM_ERR_UNSUPPORTED, nothing launched). */
+bool rlm__cuda_add_norm_sum_takes(int n, const rlm_cuda_q8out *q8);
+rlm_status rlm__cuda_add_norm_sum(float *x, const rlm_cuda_sum *hs, const float *post, const float *w, float *y,
+                                  int rows, int n, double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                                  rlm_error *err);
 /* x[i] += h[i]. */
 rlm_status rlm__cuda_add(float *x, const float *h, int64_t n, rlm_cuda_stream st, rlm_error *err);
 /* x[i] *= a. */
@@ -54,6 +61,10 @@ rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda_stream st,
  * y may be g. */
 rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u, int rows, int n,
                              int64_t u_stride, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
+/* rlm__cuda_act_mul with g and u the sums gs and us describe (rows of n,
+ * u_stride n), int8 activations (q8) required. */
+rlm_status rlm__cuda_act_mul_sum(bool gelu, float *y, const rlm_cuda_sum *gs, const rlm_cuda_sum *us, int rows, int n,
+                                 const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 /* dst[j] = src[idx[j]] for j < n, rows of `width` floats. */
 rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int64_t width,
                                  rlm_cuda_stream st, rlm_error *err);

@@ -563,6 +563,24 @@ __global__ void __launch_bounds__(kNormThreads)
   norm_out<G32>(xr, r, w, yr, n, q8 ? q8 + blockIdx.x * q8_row_bytes(n, g) : NULL, bits);
 }
 
+/* ---- a split product's sums, read where they are used (rlm_cuda_sum) -------------
+ * Element (t, c): the S partials added in split order, as qgemm_i8.cu's
+ * add_splits_kernel adds them, so the value is the one that kernel would
+ * have written; all S loads are issued before the first add. */
+constexpr int kMaxSums = 8; /* qgemm_i8.cu's splits at most */
+
+__device__ __forceinline__ float sum_at(const rlm_cuda_sum &h, int64_t t, int64_t c) {
+  const float *p = h.part + t * h.R + h.roff + c;
+  float v[kMaxSums];
+#pragma unroll
+  for (int z = 0; z < kMaxSums; z++) v[z] = z < h.S ? p[z * h.mR] : 0.f;
+  float s = v[0];
+#pragma unroll
+  for (int z = 1; z < kMaxSums; z++)
+    if (z < h.S) s += v[z];
+  return s;
+}
+
 /* ---- decode-sized norms: the row in registers ----------------------------------
  * add_norm_kernel and rmsnorm_kernel above walk the row in strided loops
  * whose loads cannot pass the stores before them (y may be x or h), then
@@ -594,6 +612,21 @@ __device__ __forceinline__ void norm_row_load(NormRow<G32, KEEP> &o, const float
     const int u = warp + k * (kNormThreads / kWarp);
 #pragma unroll
     for (int j = 0; j < G; j++) o.v[k][j] = p && u < units ? p[(u * G + j) * 32 + lane] : dflt;
+  }
+}
+
+/* norm_row_load of row t of the sums h (past the row: 0). The same walk
+ * as norm_row_load's: folding the two into one walk with a reader changed
+ * the machine code of norm_row_load's kernels, measured as they are. */
+template <int G32, int KEEP>
+__device__ __forceinline__ void norm_row_sum(NormRow<G32, KEEP> &o, const rlm_cuda_sum &h, int64_t t, int n) {
+  constexpr int G = NormRow<G32, KEEP>::G, K = NormRow<G32, KEEP>::K;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, units = n / (G * 32);
+#pragma unroll
+  for (int k = 0; k < K; k++) {
+    const int u = warp + k * (kNormThreads / kWarp);
+#pragma unroll
+    for (int j = 0; j < G; j++) o.v[k][j] = u < units ? sum_at(h, t, (u * G + j) * 32 + lane) : 0.0f;
   }
 }
 
@@ -640,17 +673,19 @@ __global__ void __launch_bounds__(kNormThreads)
   norm_row_out(v, wv, w != NULL, r, y + off, n, q8 ? q8 + blockIdx.x * q8_row_bytes(n, g) : NULL, bits);
 }
 
-template <int G32, int KEEP>
+/* SUM: h is the sums hs leave (rlm_cuda_sum), not memory. */
+template <int G32, int KEEP, bool SUM>
 __global__ void __launch_bounds__(kNormThreads)
-    add_norm_row_kernel(float *x, const float *h, const float *post, const float *w, float *y, int n, double eps,
-                        uint8_t *q8, int bits, int g) {
+    add_norm_row_kernel(float *x, const float *h, const rlm_cuda_sum hs, const float *post, const float *w, float *y,
+                        int n, double eps, uint8_t *q8, int bits, int g) {
   constexpr int G = NormRow<G32, KEEP>::G, K = NormRow<G32, KEEP>::K;
   NormRow<G32, KEEP> wv, pv, hv, xv;
   norm_row_load(wv, w, n, 1.0f);
   norm_row_load(pv, post, n, 1.0f);
   pdl_enter();
   const int64_t off = (int64_t)blockIdx.x * n;
-  norm_row_load(hv, h + off, n, 0.0f);
+  if (SUM) norm_row_sum(hv, hs, blockIdx.x, n);
+  else norm_row_load(hv, h + off, n, 0.0f);
   norm_row_load(xv, x + off, n, 0.0f);
   const float rh = post ? row_rsqrt(norm_row_squares(hv), n, eps) : 1.0f;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, units = n / (G * 32);
@@ -678,13 +713,22 @@ int norm_keep(int n, int g32) {
   return 0;
 }
 
-/* The row kernels where norm_keep gives a KEEP, else the strided ones. */
+/* The row kernels where norm_keep gives a KEEP, else the strided ones; hs
+ * (the sums in place of h) only with a KEEP. */
 template <int G32>
-void launch_add_norm(int keep, unsigned rows, cudaStream_t st, float *x, const float *h, const float *post,
-                     const float *w, float *y, int n, double eps, uint8_t *q8, int bits, int g) {
-  if (keep == 4) launch_k(add_norm_row_kernel<G32, 4>, rows, kNormThreads, 0, st, x, h, post, w, y, n, eps, q8, bits, g);
+void launch_add_norm(int keep, unsigned rows, cudaStream_t st, float *x, const float *h, const rlm_cuda_sum *hs,
+                     const float *post, const float *w, float *y, int n, double eps, uint8_t *q8, int bits, int g) {
+  const rlm_cuda_sum none = {};
+  if (keep == 4 && hs)
+    launch_k(add_norm_row_kernel<G32, 4, true>, rows, kNormThreads, 0, st, x, h, *hs, post, w, y, n, eps, q8, bits, g);
+  else if (keep == 8 && hs)
+    launch_k(add_norm_row_kernel<G32, 8, true>, rows, kNormThreads, 0, st, x, h, *hs, post, w, y, n, eps, q8, bits, g);
+  else if (keep == 4)
+    launch_k(add_norm_row_kernel<G32, 4, false>, rows, kNormThreads, 0, st, x, h, none, post, w, y, n, eps, q8, bits,
+             g);
   else if (keep == 8)
-    launch_k(add_norm_row_kernel<G32, 8>, rows, kNormThreads, 0, st, x, h, post, w, y, n, eps, q8, bits, g);
+    launch_k(add_norm_row_kernel<G32, 8, false>, rows, kNormThreads, 0, st, x, h, none, post, w, y, n, eps, q8, bits,
+             g);
   else launch_k(add_norm_kernel<G32>, rows, kNormThreads, 0, st, x, h, post, w, y, n, eps, q8, bits, g);
 }
 
@@ -698,9 +742,9 @@ void launch_rmsnorm(int keep, unsigned rows, cudaStream_t st, float *y, const fl
 
 /* The gated activation of one row's weight groups, a warp a group, with
  * their int8 activations (act_mul_kernel's y, then q8_group). */
-template <bool GELU, int G32>
-__global__ void act_mul_q8_kernel(float *y, const float *g, const float *u, int rows, int n, int64_t u_stride,
-                                  uint8_t *q8, int bits) {
+template <bool GELU, int G32, bool SUM>
+__global__ void act_mul_q8_kernel(float *y, const float *g, const float *u, const rlm_cuda_sum gs, const rlm_cuda_sum us,
+                                  int rows, int n, int64_t u_stride, uint8_t *q8, int bits) {
   pdl_enter();
   const int lane = threadIdx.x % kWarp;
   const int64_t per_row = n / (G32 * 32), gid = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
@@ -710,7 +754,8 @@ __global__ void act_mul_q8_kernel(float *y, const float *g, const float *u, int 
 #pragma unroll
   for (int j = 0; j < G32; j++) { /* every load before any store: y may be g */
     const int64_t i = (grp * G32 + j) * 32 + lane;
-    v[j] = g[r * n + i], uv[j] = u[r * u_stride + i];
+    if (SUM) v[j] = sum_at(gs, r, i), uv[j] = sum_at(us, r, i);
+    else v[j] = g[r * n + i], uv[j] = u[r * u_stride + i];
   }
 #pragma unroll
   for (int j = 0; j < G32; j++) {
@@ -724,20 +769,52 @@ __global__ void act_mul_q8_kernel(float *y, const float *g, const float *u, int 
 
 /* ---- element-wise entry points ---------------------------------------------------- */
 
-extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows,
-                                         int n, double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
-                                         rlm_error *err) {
-  const char *fn = "rlm__cuda_add_norm";
-  if (!x || !h || !y || rows < 0 || n < 1) return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
+/* The checks of a sums argument: S splits of at most kMaxSums, each of
+ * `rows` rows of n (from roff) inside a split's rows of R. */
+static rlm_status sum_check(const rlm_cuda_sum *h, int rows, int n, const char *fn, const char *what,
+                            rlm_error *err) {
+  if (!h || !h->part || h->S < 1 || h->S > kMaxSums || h->roff < 0 || h->roff + n > h->R ||
+      (int64_t)rows * h->R > h->mR)
+    return fail(err, RLM_ERR_INVALID, fn, "%s: no partials, %d splits (1 to %d), or rows past the partials' %lld",
+                what, h ? h->S : 0, kMaxSums, h ? (long long)h->R : 0LL);
+  return RLM_OK;
+}
+
+/* rlm__cuda_add_norm with h, or (h NULL) the sums hs. */
+static rlm_status add_norm_of(float *x, const float *h, const rlm_cuda_sum *hs, const float *post, const float *w,
+                              float *y, int rows, int n, double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                              const char *fn, rlm_error *err) {
+  if (!x || !(h || hs) || !y || rows < 0 || n < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, rows < 0 or n < 1");
   rlm_status rc = q8_check(q8, n, fn, err);
+  if (!rc && hs) rc = sum_check(hs, rows, n, fn, "h", err);
   if (rc || rows == 0) return rc;
   const int bits = q8 ? q8->bits : 0, g = q8 ? q8->group_size : 0, keep = norm_keep(n, g / 32);
+  if (hs && !keep) return fail(err, RLM_ERR_UNSUPPORTED, fn, "a row of %d does not fit the row kernel", n);
 #define RLM_K(G32) \
-  launch_add_norm<G32>(keep, (unsigned)rows, stream_of(st), x, h, post, w, y, n, eps, q8_scratch(q8), bits, g)
+  launch_add_norm<G32>(keep, (unsigned)rows, stream_of(st), x, h, hs, post, w, y, n, eps, q8_scratch(q8), bits, g)
   if (!q8) RLM_K(0);
   else RLM_CUDA_FOR_G32(g, RLM_K)
 #undef RLM_K
   return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_add_norm(float *x, const float *h, const float *post, const float *w, float *y, int rows,
+                                         int n, double eps, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                                         rlm_error *err) {
+  return add_norm_of(x, h, NULL, post, w, y, rows, n, eps, q8, st, "rlm__cuda_add_norm", err);
+}
+
+extern "C" bool rlm__cuda_add_norm_sum_takes(int n, const rlm_cuda_q8out *q8) {
+  return norm_keep(n, q8 ? q8->group_size / 32 : 0) != 0;
+}
+
+extern "C" rlm_status rlm__cuda_add_norm_sum(float *x, const rlm_cuda_sum *hs, const float *post, const float *w,
+                                             float *y, int rows, int n, double eps, const rlm_cuda_q8out *q8,
+                                             rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_add_norm_sum";
+  if (!hs) return fail(err, RLM_ERR_INVALID, fn, "NULL sums");
+  return add_norm_of(x, NULL, hs, post, w, y, rows, n, eps, q8, st, fn, err);
 }
 
 extern "C" rlm_status rlm__cuda_rmsnorm(float *y, const float *x, const float *w, int rows, int n, double eps,
@@ -788,6 +865,27 @@ extern "C" rlm_status rlm__cuda_softcap(float *x, float cap, int64_t n, rlm_cuda
   return launched(fn, err);
 }
 
+/* act_mul_q8_kernel over g and u, or (gs set) the sums gs and us: 8 warps
+ * a block, a warp a weight group. */
+static rlm_status act_mul_q8(bool gelu, float *y, const float *g, const float *u, const rlm_cuda_sum *gs,
+                             const rlm_cuda_sum *us, int rows, int n, int64_t u_stride, const rlm_cuda_q8out *q8,
+                             rlm_cuda_stream st, const char *fn, rlm_error *err) {
+  const int64_t groups = (int64_t)rows * (n / q8->group_size);
+  const unsigned grid = (unsigned)((groups + 7) / 8);
+  const rlm_cuda_sum none = {};
+  const rlm_cuda_sum &a = gs ? *gs : none, &b = us ? *us : none;
+#define RLM_L(GELU, G32, SUM)                                                                                        \
+  launch_k(act_mul_q8_kernel<GELU, G32, SUM>, grid, 8 * kWarp, 0, stream_of(st), y, g, u, a, b, rows, n, u_stride, \
+           q8_scratch(q8), q8->bits)
+#define RLM_K(G32)                                                                                                   \
+  (gs ? (gelu ? RLM_L(true, G32, true) : RLM_L(false, G32, true))                                                    \
+      : (gelu ? RLM_L(true, G32, false) : RLM_L(false, G32, false)))
+  RLM_CUDA_FOR_G32(q8->group_size, RLM_K)
+#undef RLM_K
+#undef RLM_L
+  return launched(fn, err);
+}
+
 extern "C" rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u, int rows, int n,
                                         int64_t u_stride, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
                                         rlm_error *err) {
@@ -796,22 +894,23 @@ extern "C" rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, con
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
   rlm_status rc = q8_check(q8, n, fn, err);
   if (rc || rows == 0 || n == 0) return rc;
-  if (q8) { /* 8 warps a block, a warp a weight group */
-    const int64_t groups = (int64_t)rows * (n / q8->group_size);
-    const unsigned grid = (unsigned)((groups + 7) / 8);
-#define RLM_K(G32)                                                                                                   \
-  (gelu ? launch_k(act_mul_q8_kernel<true, G32>, grid, 8 * kWarp, 0, stream_of(st), y, g, u, rows, n, u_stride,     \
-                   q8_scratch(q8), q8->bits)                                                                         \
-        : launch_k(act_mul_q8_kernel<false, G32>, grid, 8 * kWarp, 0, stream_of(st), y, g, u, rows, n, u_stride,    \
-                   q8_scratch(q8), q8->bits))
-    RLM_CUDA_FOR_G32(q8->group_size, RLM_K)
-#undef RLM_K
-    return launched(fn, err);
-  }
+  if (q8) return act_mul_q8(gelu, y, g, u, NULL, NULL, rows, n, u_stride, q8, st, fn, err);
   const dim3 grid = rows_grid(rows, n);
   if (gelu) launch_k(act_mul_kernel<true>, grid, kThreads, 0, stream_of(st), y, g, u, rows, n, u_stride);
   else launch_k(act_mul_kernel<false>, grid, kThreads, 0, stream_of(st), y, g, u, rows, n, u_stride);
   return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_act_mul_sum(bool gelu, float *y, const rlm_cuda_sum *gs, const rlm_cuda_sum *us,
+                                            int rows, int n, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                                            rlm_error *err) {
+  const char *fn = "rlm__cuda_act_mul_sum";
+  if (!y || rows < 0 || n < 0 || !q8) return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
+  rlm_status rc = q8_check(q8, n, fn, err);
+  if (!rc) rc = sum_check(gs, rows, n, fn, "g", err);
+  if (!rc) rc = sum_check(us, rows, n, fn, "u", err);
+  if (rc || rows == 0 || n == 0) return rc;
+  return act_mul_q8(gelu, y, NULL, NULL, gs, us, rows, n, n, q8, st, fn, err);
 }
 
 extern "C" rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int64_t width,

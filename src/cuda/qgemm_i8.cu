@@ -455,8 +455,9 @@ static rlm_status check_mat(const rlm_cuda_qmat *w, const rlm_cuda_qmat *w0, int
   return RLM_OK;
 }
 
-extern "C" rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8,
-                                              int64_t m, float *part, rlm_cuda_stream stream, rlm_error *err) {
+extern "C" rlm_status rlm__cuda_qgemm_i8_multi_late(const rlm_cuda_qmat *ws, float *const *ys, int k,
+                                                   const void *xq8, int64_t m, float *part, rlm_cuda_sum *sums,
+                                                   rlm_cuda_stream stream, rlm_error *err) {
   const char *fn = "rlm__cuda_qgemm_i8";
   if (!ws || !ys || k < 1 || k > kMaxMats || !xq8 || !part || m < 1)
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m < 1, or %d products (1 to %d)", k, kMaxMats);
@@ -488,13 +489,41 @@ extern "C" rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *c
 #define RLM_T(T) e = launch_bits<T>(a, ws[0].bits, nt, S, st)
   RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
-  if (e == cudaSuccess && S > 1) {
-    SplitOut o = {};
-    for (int i = 0; i < k; i++) o.y[i] = ys[i], o.roff[i] = a.roff[i];
-    o.roff[k] = R, o.k = k;
-    const unsigned bx = (unsigned)((R + 255) / 256 < 1024 ? (R + 255) / 256 : 1024);
-    e = launch_k(add_splits_kernel, dim3(bx, (unsigned)m), dim3(256), 0, st, (const float *)part, S, m, R, o);
+  if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+  if (sums) sums[0].S = 0;
+  if (S == 1) return RLM_OK;
+  rlm_cuda_sum d[kMaxMats];
+  for (int i = 0; i < k; i++) d[i] = {part, S, m * R, R, a.roff[i]};
+  if (!sums) return rlm__cuda_sums_write(d, ys, k, m, stream, err);
+  for (int i = 0; i < k; i++) sums[i] = d[i];
+  return RLM_OK;
+}
+
+extern "C" rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8,
+                                              int64_t m, float *part, rlm_cuda_stream stream, rlm_error *err) {
+  return rlm__cuda_qgemm_i8_multi_late(ws, ys, k, xq8, m, part, NULL, stream, err);
+}
+
+/* All the products of one launch (sum 0 at offset 0): their rows follow
+ * one another in the partials, product i's from roff[i] to the next
+ * one's offset (or R), which is how add_splits_kernel tells them apart. */
+extern "C" rlm_status rlm__cuda_sums_write(const rlm_cuda_sum *sums, float *const *ys, int k, int64_t m,
+                                           rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_sums_write";
+  if (!sums || !ys || k < 1 || k > kMaxMats || m < 1 || sums[0].S < 2 || !sums[0].part)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m < 1, %d sums (1 to %d), or nothing split", k, kMaxMats);
+  SplitOut o = {};
+  const int64_t R = sums[0].R;
+  for (int i = 0; i < k; i++) {
+    if (!ys[i] || sums[i].part != sums[0].part || sums[i].S != sums[0].S || sums[i].R != R || sums[i].mR != m * R ||
+        (i == 0 ? sums[i].roff != 0 : sums[i].roff <= sums[i - 1].roff) || sums[i].roff >= R)
+      return fail(err, RLM_ERR_INVALID, fn, "sum %d is not of the launch sum 0 describes, or not all of its products (or its output is NULL)", i);
+    o.y[i] = ys[i], o.roff[i] = sums[i].roff;
   }
+  o.roff[k] = R, o.k = k;
+  const unsigned bx = (unsigned)((R + 255) / 256 < 1024 ? (R + 255) / 256 : 1024);
+  const cudaError_t e = launch_k(add_splits_kernel, dim3(bx, (unsigned)m), dim3(256), 0,
+                                 reinterpret_cast<cudaStream_t>(stream), sums[0].part, sums[0].S, m, R, o);
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
 }
 

@@ -409,6 +409,87 @@ TEST(producers_write_q8) {
   cudaFree(p);
 }
 
+/* ---- a split product's sums read by their consumer (rlm_cuda_sum) ------------ */
+
+/* add_norm (kind 1, 2 with a post-norm) or the gated activation (3 gelu,
+ * 4 silu) reading the S partials of a split product, against the same op
+ * on their sums added in split order on the host (as add_splits adds
+ * them): output, residual and int8 activations bit for bit. The operand
+ * sits at roff inside rows of R (the product's other outputs around it);
+ * for the activation g at 0 and u at n. */
+static void check_sum_consumer(int kind, int S, int rows, int n, int bits, int g) {
+  const bool act = kind >= 3;
+  const int64_t roff = act ? 0 : 96, R = act ? 2 * (int64_t)n : roff + n + 32, mR = (int64_t)rows * R;
+  float *part = frand(S * mR, 1.0f), *x = frand((int64_t)rows * n, 3.0f), *w = frand(n, 1.5f);
+  float *a = xmalloc((size_t)rows * n * 4), *b = xmalloc((size_t)rows * n * 4);
+  for (int t = 0; t < rows; t++)
+    for (int c = 0; c < n; c++) {
+      float sa = part[t * R + roff + c], sb = act ? part[t * R + n + c] : 0.0f;
+      for (int z = 1; z < S; z++) {
+        sa += part[z * mR + t * R + roff + c];
+        if (act) sb += part[z * mR + t * R + n + c];
+      }
+      a[(int64_t)t * n + c] = sa, b[(int64_t)t * n + c] = sb;
+    }
+  const size_t fb = (size_t)rows * n * 4, qb = rlm__cuda_q8act_bytes(n, g, rows);
+  float *dpart = dev_copy(part, (size_t)(S * mR) * 4), *dw = dev_copy(w, (size_t)n * 4), *da = dev_copy(a, fb),
+        *db = dev_copy(b, fb), *dx[2], *dy[2];
+  void *q8s[2];
+  for (int f = 0; f < 2; f++) {
+    dx[f] = dev_copy(x, fb), dy[f] = dev_poisoned(fb);
+    CU(cudaMalloc(&q8s[f], qb));
+    CU(cudaMemset(q8s[f], 0, qb));
+  }
+  const rlm_cuda_sum sa = {dpart, S, mR, R, roff}, sb = {dpart, S, mR, R, n};
+  rlm_error err = {0};
+  for (int f = 0; f < 2; f++) {
+    const rlm_cuda_q8out q8 = {q8s[f], bits, g};
+    rlm_status rc;
+    if (!act && f == 0) rc = rlm__cuda_add_norm(dx[0], da, kind == 2 ? dw : NULL, dw, dy[0], rows, n, 1e-6, &q8, NULL, &err);
+    else if (!act) rc = rlm__cuda_add_norm_sum(dx[1], &sa, kind == 2 ? dw : NULL, dw, dy[1], rows, n, 1e-6, &q8, NULL, &err);
+    else if (f == 0) rc = rlm__cuda_act_mul(kind == 3, dy[0], da, db, rows, n, n, &q8, NULL, &err);
+    else rc = rlm__cuda_act_mul_sum(kind == 3, dy[1], &sa, &sb, rows, n, &q8, NULL, &err);
+    CHECK_EQ(rc, RLM_OK);
+  }
+  float *y0 = xmalloc(fb), *y1 = xmalloc(fb);
+  uint8_t *q0 = xmalloc(qb), *q1 = xmalloc(qb);
+  download(y0, dy[0], fb), download(y1, dy[1], fb), download(q0, q8s[0], qb), download(q1, q8s[1], qb);
+  static const char *names[] = {"", "add_norm", "add_norm post", "gelu_mul", "silu_mul"};
+  test_note("%s of %d splits, %d x %d, %d-bit g%d: output %s, int8 %s", names[kind], S, rows, n, bits, g,
+            memcmp(y0, y1, fb) ? "DIFFERS" : "same bits", memcmp(q0, q1, qb) ? "DIFFER" : "same bits");
+  CHECK(memcmp(y0, y1, fb) == 0);
+  CHECK(memcmp(q0, q1, qb) == 0);
+  if (!act) {
+    download(y0, dx[0], fb), download(y1, dx[1], fb);
+    CHECK(memcmp(y0, y1, fb) == 0);
+  }
+  for (int f = 0; f < 2; f++) cudaFree(dx[f]), cudaFree(dy[f]), cudaFree(q8s[f]);
+  cudaFree(dpart), cudaFree(dw), cudaFree(da), cudaFree(db);
+  free(part), free(x), free(w), free(a), free(b), free(y0), free(y1), free(q0), free(q1);
+}
+
+TEST(consumers_read_sums) {
+  for (int kind = 1; kind <= 4; kind++) {
+    check_sum_consumer(kind, 8, 32, 4096, 4, 64); /* Llama-8B's o or down, B = 32 */
+    check_sum_consumer(kind, 3, 17, 1152, 4, 32);
+    check_sum_consumer(kind, 1, 9, 2048, 8, 128);
+  }
+  check_sum_consumer(3, 2, 40, 14336, 4, 64); /* Llama-8B's gate and up */
+  rlm_error err = {0};
+  float *p = dev_poisoned(4096 * 4);
+  rlm_cuda_q8out q8 = {p, 4, 64};
+  rlm_cuda_sum hs = {p, 9, 4096, 1024, 0};
+  CHECK_EQ(rlm__cuda_add_norm_sum(p, &hs, NULL, p, p, 1, 1024, 1e-6, &q8, NULL, &err), RLM_ERR_INVALID); /* S 9 */
+  CHECK_STR_CONTAINS(err.msg, "9 splits");
+  hs.S = 2, hs.roff = 512;
+  CHECK_EQ(rlm__cuda_act_mul_sum(false, p, &hs, &hs, 1, 1024, &q8, NULL, &err), RLM_ERR_INVALID); /* past R */
+  CHECK_EQ(rlm__cuda_act_mul_sum(false, p, &hs, &hs, 1, 1024, NULL, NULL, &err), RLM_ERR_INVALID); /* no q8 */
+  hs.roff = 0, hs.R = 100, hs.mR = 100;
+  CHECK_EQ(rlm__cuda_add_norm_sum(p, &hs, NULL, p, p, 1, 100, 1e-6, NULL, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK(!rlm__cuda_add_norm_sum_takes(100, NULL));
+  cudaFree(p);
+}
+
 /* ---- embedding ------------------------------------------------------------- */
 
 static void check_embed_dense(rlm_dtype dt, int64_t rows, int64_t cols, float scale) {
@@ -1307,6 +1388,7 @@ int main(int argc, char **argv) {
   RUN(rope_matches_reference);
   RUN(qkv_norm_rope_matches_ops);
   RUN(producers_write_q8);
+  RUN(consumers_read_sums);
   RUN(qkv_prep_writes_cache);
   RUN(embed_matches_reference);
   RUN(dense_gemv_matches_reference);

@@ -326,14 +326,27 @@ static void check_i8_multi_case(const int64_t *rows, int k, int64_t cols, int m)
     ws[i] = q[i].d;
     dys[i] = dev_poisoned((size_t)m * (size_t)rows[i] * 4 + 64);
   }
+  /* first the late sums (rlm_cuda_sum) written by rlm__cuda_sums_write,
+   * into their own outputs: the same bits as the product's own */
+  float *dlate[3];
+  rlm_cuda_sum sums[3];
+  for (int i = 0; i < k; i++) dlate[i] = dev_poisoned((size_t)m * (size_t)rows[i] * 4);
+  CHECK_EQ(rlm__cuda_qgemm_i8_multi_late(ws, dlate, k, dsc, m, dp, sums, NULL, &err), RLM_OK);
+  if (sums[0].S) CHECK_EQ(rlm__cuda_sums_write(sums, dlate, k, m, NULL, &err), RLM_OK);
+  if (sums[0].S && k > 1) /* not all of the launch's products: refused */
+    CHECK_EQ(rlm__cuda_sums_write(sums + 1, dlate + 1, k - 1, m, NULL, &err), RLM_ERR_INVALID);
   const rlm_status rc = rlm__cuda_qgemm_i8_multi(ws, dys, k, dsc, m, dp, NULL, &err);
-  test_note("i8 multi, %d products of %lld columns, m %d: %s", k, (long long)cols, m, err.msg);
+  test_note("i8 multi, %d products of %lld columns, m %d (%d splits): %s", k, (long long)cols, m, sums[0].S, err.msg);
   CHECK_EQ(rc, RLM_OK);
   CU(cudaDeviceSynchronize());
   for (int i = 0; i < k; i++) {
     const size_t n = (size_t)m * (size_t)rows[i];
-    float *ref = malloc(n * 4), *got = malloc(n * 4 + 64);
+    float *ref = malloc(n * 4), *got = malloc(n * 4 + 64), *late = malloc(n * 4);
     CU(cudaMemcpy(got, dys[i], n * 4 + 64, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(late, dlate[i], n * 4, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(late, got, n * 4) == 0);
+    free(late);
+    cudaFree(dlate[i]);
     for (int r = 0; r < m; r++) q8_ref_row(&q[i], x + r * cols, cols, bits, g, cpu, xs, ref + r * rows[i]);
     double worst, mx;
     const int64_t bad = count_off(got, ref, (int64_t)n, &worst, &mx);
