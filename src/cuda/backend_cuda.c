@@ -280,8 +280,7 @@ typedef struct cuda_sess {
   void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
   size_t gemm_bytes;          /* its size                                 */
   float *i8_part;             /* qgemm_i8's split-K partials (I8_MAX rows) */
-  /* a split product's outputs left unwritten (RINGLM_CUDA_SUM_LATE=1,
-   * i8_products): k of them, m rows; the op that reads them sums them
+  /* a split product's outputs left unwritten (i8_products): k of them, m rows; the op that reads them sums them
    * itself (add_norm, act_mul) or settle() writes them first */
   struct {
     int k;
@@ -416,10 +415,9 @@ typedef struct cuda_switches {
   bool xreg6;       /* RINGLM_CUDA_XREG6=0: one-row products of 6-bit weights
                        on the f32 unit kernel, not the int8 path
                        (xreg6_takes) */
-  bool sum_late;    /* RINGLM_CUDA_SUM_LATE=1: a split int8 product's sums
-                       added by the add_norm or act_mul that reads them,
-                       not by add_splits (i8_products); off until it has
-                       run on a GPU */
+  bool sum_late;    /* RINGLM_CUDA_SUM_LATE=0: a split int8 product's sums
+                       added by add_splits, not by the add_norm or act_mul
+                       that reads them (i8_products) */
   bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
                        activations for MAX_M rows at most, not as many as
                        the scratch holds (q8_out_as) */
@@ -441,8 +439,7 @@ static void read_switches(void) {
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
   g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
   g_switches.q8_wide = env_on("RINGLM_CUDA_Q8_WIDE");
-  e = getenv("RINGLM_CUDA_SUM_LATE");
-  g_switches.sum_late = e && e[0] == '1';
+  g_switches.sum_late = env_on("RINGLM_CUDA_SUM_LATE");
 }
 
 static const cuda_switches *switches(void) {
@@ -484,11 +481,11 @@ static int64_t i8_max(int64_t rows) {
 }
 
 /* The int8 tensor-core product of k weights of one x (cs->q8), into ys.
- * Under RINGLM_CUDA_SUM_LATE=1 a product that splits K leaves its outputs
- * unwritten (cs->late) for the add_norm or act_mul that reads them, which
- * sums the partials as it loads them: at B = 32 on Llama-8B, add_splits
- * was 128 launches of 4.7 us, 7.7% of the step (ncu on an H100,
- * docs/cuda-notes.md). */
+ * A product that splits K leaves its outputs unwritten (cs->late) for the
+ * add_norm or act_mul that reads them, which sums the partials as it
+ * loads them (RINGLM_CUDA_SUM_LATE=0: add_splits writes them): at B = 32
+ * on Llama-8B, add_splits was 128 launches of 4.7 us, 7.7% of the step;
+ * batched S_TG B = 32 +0-4%, B = 64 level (H100, docs/cuda-notes.md). */
 static rlm_status i8_products(rlm_session *s, const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t n,
                               rlm_error *er) {
   cuda_sess *cs = cs_of(s);
