@@ -280,8 +280,9 @@ typedef struct cuda_sess {
   void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
   size_t gemm_bytes;          /* its size                                 */
   float *i8_part;             /* qgemm_i8's split-K partials (I8_MAX rows) */
-  /* a split product's outputs left unwritten (i8_products): k of them, m rows; the op that reads them sums them
-   * itself (add_norm, act_mul) or settle() writes them first */
+  /* a split product's outputs left unwritten (i8_products): k of them,
+   * m rows; the op that reads them sums them itself (add_norm, act_mul)
+   * or settle() writes them first */
   struct {
     int k;
     int64_t m;
