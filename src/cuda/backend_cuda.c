@@ -473,8 +473,8 @@ static bool xreg6_takes(const rlm_session *s, const rlm_cuda_weight *w, int64_t 
  * against qgemm's 67 (H100); at 32 about the same time alone (53 / 52
  * us), but as one launch fed by the producers' int8 rows batched B = 32
  * gains 8% (3,840 to 4,160 tok/s on the 8B, docs/cuda-notes.md).
- * RINGLM_CUDA_I8_MAX=n sets one limit for
- * all (I8_MAX at most), to compare: docs/cuda-notes.md. */
+ * RINGLM_CUDA_I8_MAX=n sets one limit for all (I8_MAX at most), to
+ * compare. */
 static int64_t i8_max(int64_t rows) {
   const int64_t forced = switches()->i8_max;
   if (forced >= 0) return forced;
