@@ -151,12 +151,21 @@ __global__ void kv_write_kernel(rlm_cuda_kv c, const float *__restrict__ k, cons
  * adds differs (a warp's tree instead of the block's). T (not void): k
  * and v rows are also written into the dense cache c, as kv_write_kernel
  * writes them. */
-template <int KN, typename T>
-__global__ void qkv_prep_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
-                                const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
-                                rlm_cuda_kv c, const int32_t *__restrict__ tok_row,
-                                const int64_t *__restrict__ tok_pos) {
-  pdl_enter();
+/* QKV_LATE: q, k and v are the sums one split product left (rlm_cuda_sum,
+ * their rows at the offsets qs.roff, rk and rv of the partials), added
+ * here in split order as they are loaded; the rows are written as
+ * before, so v is processed (and written) even where nothing else is done
+ * to it. */
+struct QkvSums {
+  rlm_cuda_sum qs;
+  int64_t rk, rv;
+};
+
+template <int KN, typename T, bool LATE>
+__device__ __forceinline__ void qkv_prep_row(float *q, float *k, float *v, int n, int hq, int nk, int nv,
+                                             const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                                             int64_t stride, const rlm_cuda_kv &c, const int32_t *__restrict__ tok_row,
+                                             const int64_t *__restrict__ tok_pos, const QkvSums &ls) {
   constexpr int hd = KN * kWarp, half = KN / 2;
   const int lane = threadIdx.x % kWarp, per_tok = hq + nk + nv;
   const int64_t t = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
@@ -167,8 +176,15 @@ __global__ void qkv_prep_kernel(float *q, float *k, float *v, int n, int hq, int
   const float *w = kind == 0 ? qw : kind == 1 ? kw : NULL;
   const bool norm = w || (kind == 2 && vnorm), rope = kind < 2;
   float e[KN];
+  if (LATE) {
+    rlm_cuda_sum src = ls.qs;
+    src.roff = (kind == 0 ? ls.qs.roff : kind == 1 ? ls.rk : ls.rv) + (int64_t)h * hd;
 #pragma unroll
-  for (int u = 0; u < KN; u++) e[u] = p[lane + kWarp * u];
+    for (int u = 0; u < KN; u++) e[u] = sum_at(src, j, lane + kWarp * u);
+  } else {
+#pragma unroll
+    for (int u = 0; u < KN; u++) e[u] = p[lane + kWarp * u];
+  }
   if (norm) {
     double ss = 0;
 #pragma unroll
@@ -202,6 +218,24 @@ __global__ void qkv_prep_kernel(float *q, float *k, float *v, int n, int hq, int
 #pragma unroll
     for (int u = 0; u < KN; u++) put(dst + lane + kWarp * u, e[u]);
   }
+}
+
+template <int KN, typename T>
+__global__ void qkv_prep_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
+                                const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
+                                rlm_cuda_kv c, const int32_t *__restrict__ tok_row,
+                                const int64_t *__restrict__ tok_pos) {
+  pdl_enter();
+  qkv_prep_row<KN, T, false>(q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, QkvSums{});
+}
+
+template <int KN, typename T>
+__global__ void qkv_prep_late_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
+                                     const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
+                                     rlm_cuda_kv c, const int32_t *__restrict__ tok_row,
+                                     const int64_t *__restrict__ tok_pos, const QkvSums ls) {
+  pdl_enter();
+  qkv_prep_row<KN, T, true>(q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, ls);
 }
 
 /* The quantized write: MLX's affine quantization of one head's row, as
@@ -1027,12 +1061,13 @@ extern "C" rlm_status rlm__cuda_kv_write(const rlm_cuda_kv *c, const float *k, c
   return launched(fn, err);
 }
 
-extern "C" rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, int hq, int hkv, int hd,
-                                         const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
-                                         int64_t stride, const rlm_cuda_kv *c, const int32_t *tok_row,
-                                         const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err) {
-  const char *fn = "rlm__cuda_qkv_prep";
-  if (!q || !cs || ((vnorm || c) && (!k || !v)) || n < 0 || hq < 0 || hkv < 0 || (n > 1 && stride < hd))
+/* rlm__cuda_qkv_prep, or with sums (q's, then k's and v's where k is
+ * given) qkv_prep_late_kernel. */
+static rlm_status qkv_prep_of(float *q, float *k, float *v, int n, int hq, int hkv, int hd, const float *qw,
+                              const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
+                              const rlm_cuda_kv *c, const int32_t *tok_row, const int64_t *tok_pos,
+                              const rlm_cuda_sum *sums, rlm_cuda_stream st, const char *fn, rlm_error *err) {
+  if (!q || !cs || ((vnorm || c || (sums && k)) && (!k || !v)) || n < 0 || hq < 0 || hkv < 0 || (n > 1 && stride < hd))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, a negative shape or stride < head dim");
   if (hd < 64 || hd > 512 || hd % 64)
     return fail(err, RLM_ERR_INVALID, fn, "head dim %d: a multiple of 64 up to 512 is needed", hd);
@@ -1040,15 +1075,31 @@ extern "C" rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, in
             !tok_row || !tok_pos))
     return fail(err, RLM_ERR_INVALID, fn, "the cache written must be dense, of %d heads x %d, with the pass's rows "
                 "and positions", hkv, hd);
-  const int nk = k ? hkv : 0, nv = c || vnorm ? hkv : 0;
+  /* late sums: v is written here too, whatever else is done to it */
+  const int nk = k ? hkv : 0, nv = c || vnorm || (sums && k) ? hkv : 0;
+  QkvSums ls = {};
+  if (sums) {
+    rlm_status rc = sum_check(&sums[0], n, hq * hd, fn, "q", err);
+    for (int i = 1; !rc && k && i < 3; i++) {
+      rc = sum_check(&sums[i], n, hkv * hd, fn, i == 1 ? "k" : "v", err);
+      if (!rc && (sums[i].part != sums[0].part || sums[i].S != sums[0].S || sums[i].R != sums[0].R ||
+                  sums[i].mR != sums[0].mR))
+        rc = fail(err, RLM_ERR_INVALID, fn, "the sums of q, k and v must be of one launch");
+    }
+    if (rc) return rc;
+    ls = {sums[0], k ? sums[1].roff : 0, k ? sums[2].roff : 0};
+  }
   const int64_t rows = (int64_t)n * (hq + nk + nv);
   if (rows == 0) return RLM_OK;
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
   const unsigned grid = (unsigned)((rows + 3) / 4);
   const rlm_cuda_kv none = {};
   const rlm_cuda_kv &cc = c ? *c : none;
-#define RLM_L(KN, T) launch_k(qkv_prep_kernel<KN, T>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, \
-                              eps, cs, stride, cc, tok_row, tok_pos)
+#define RLM_L(KN, T)                                                                                                \
+  (sums ? launch_k(qkv_prep_late_kernel<KN, T>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, \
+                   cs, stride, cc, tok_row, tok_pos, ls)                                                            \
+        : launch_k(qkv_prep_kernel<KN, T>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs,  \
+                   stride, cc, tok_row, tok_pos))
 #define RLM_K(KN)                                                                                                   \
   case KN:                                                                                                          \
     if (!c) RLM_L(KN, void);                                                                                        \
@@ -1060,6 +1111,24 @@ extern "C" rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, in
 #undef RLM_K
 #undef RLM_L
   return launched(fn, err);
+}
+
+extern "C" rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, int hq, int hkv, int hd,
+                                         const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                                         int64_t stride, const rlm_cuda_kv *c, const int32_t *tok_row,
+                                         const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err) {
+  return qkv_prep_of(q, k, v, n, hq, hkv, hd, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, NULL, st,
+                     "rlm__cuda_qkv_prep", err);
+}
+
+extern "C" rlm_status rlm__cuda_qkv_prep_sum(float *q, float *k, float *v, const rlm_cuda_sum *sums, int n, int hq,
+                                             int hkv, int hd, const float *qw, const float *kw, bool vnorm,
+                                             double eps, const float *cs, int64_t stride, const rlm_cuda_kv *c,
+                                             const int32_t *tok_row, const int64_t *tok_pos, rlm_cuda_stream st,
+                                             rlm_error *err) {
+  const char *fn = "rlm__cuda_qkv_prep_sum";
+  if (!sums) return fail(err, RLM_ERR_INVALID, fn, "NULL sums");
+  return qkv_prep_of(q, k, v, n, hq, hkv, hd, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, sums, st, fn, err);
 }
 
 extern "C" size_t rlm__cuda_kv_row_bytes(const rlm_cuda_kv *c, int bits) {

@@ -55,6 +55,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* LOGIT_ROWS: wanted logits per lm_head product (64: batched decode's
  * head in one product that reads W once; at 16, B = 64 on Llama-8B was
@@ -419,6 +420,9 @@ typedef struct cuda_switches {
   bool sum_late;    /* RINGLM_CUDA_SUM_LATE=0: a split int8 product's sums
                        added by add_splits, not by the add_norm or act_mul
                        that reads them (i8_products) */
+  bool sum_qkv;     /* RINGLM_CUDA_SUM_QKV=1: q, k and v's sums added by
+                       qkv_prep too (cuda_qkv_norm_rope); off until it has
+                       run on a GPU */
   bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
                        activations for MAX_M rows at most, not as many as
                        the scratch holds (q8_out_as) */
@@ -441,6 +445,8 @@ static void read_switches(void) {
   g_switches.xreg6 = env_on("RINGLM_CUDA_XREG6");
   g_switches.q8_wide = env_on("RINGLM_CUDA_Q8_WIDE");
   g_switches.sum_late = env_on("RINGLM_CUDA_SUM_LATE");
+  e = getenv("RINGLM_CUDA_SUM_QKV");
+  g_switches.sum_qkv = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -781,11 +787,21 @@ static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float
     if (k) cuda_rope(s, k, n, hkv, hd, cs, stride);
     return;
   }
+  /* q, k and v the outputs of one split product (i8_products), under
+   * RINGLM_CUDA_SUM_QKV=1: summed here */
+  const bool late = switches()->sum_qkv && sess->late.k == (k ? 3 : 1) && sess->late.y[0] == q && sess->late.m == n &&
+                    (!k || (sess->late.y[1] == k && sess->late.y[2] == v));
+  rlm_cuda_sum sums[3];
+  memcpy(sums, sess->late.sum, sizeof sums);
+  if (late) sess->late.k = 0;
   if (skip(s)) return;
   const rlm_cuda_kv *kv = k && !sess->kv[li].k_bits ? &sess->kv[li] : NULL;
   rlm_error er;
-  rlm_status rc = rlm__cuda_qkv_prep(q, k, v, n, hq, hkv, hd, dvec(s, qw), dvec(s, kw), vnorm, eps, cs, stride, kv,
-                                     sess->d_rows, sess->d_pos, sess->st, &er);
+  const float *dqw = dvec(s, qw), *dkw = dvec(s, kw);
+  rlm_status rc = late ? rlm__cuda_qkv_prep_sum(q, k, v, sums, n, hq, hkv, hd, dqw, dkw, vnorm, eps, cs, stride, kv,
+                                                sess->d_rows, sess->d_pos, sess->st, &er)
+                       : rlm__cuda_qkv_prep(q, k, v, n, hq, hkv, hd, dqw, dkw, vnorm, eps, cs, stride, kv,
+                                            sess->d_rows, sess->d_pos, sess->st, &er);
   note(s, rc, &er);
   sess->kv_done = kv && !rc ? li : -1;
 }

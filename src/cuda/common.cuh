@@ -261,6 +261,35 @@ inline int sm_count() {
   return sms;
 }
 
+/* ---- a split product's sums, read where they are used (rlm_cuda_sum) -------------
+ * Element (t, c): the S partials added in split order, as qgemm_i8.cu's
+ * add_splits_kernel adds them, so the value is the one that kernel would
+ * have written; all S loads are issued before the first add. */
+constexpr int kMaxSums = 8; /* qgemm_i8.cu's splits at most */
+
+__device__ __forceinline__ float sum_at(const rlm_cuda_sum &h, int64_t t, int64_t c) {
+  const float *p = h.part + t * h.R + h.roff + c;
+  float v[kMaxSums];
+#pragma unroll
+  for (int z = 0; z < kMaxSums; z++) v[z] = z < h.S ? p[z * h.mR] : 0.f;
+  float s = v[0];
+#pragma unroll
+  for (int z = 1; z < kMaxSums; z++)
+    if (z < h.S) s += v[z];
+  return s;
+}
+
+/* The checks of a sums argument: S splits of at most kMaxSums, each of
+ * `rows` rows of n (from roff) inside a split's rows of R. */
+inline rlm_status sum_check(const rlm_cuda_sum *h, int rows, int n, const char *fn, const char *what,
+                            rlm_error *err) {
+  if (!h || !h->part || h->S < 1 || h->S > kMaxSums || h->roff < 0 || h->roff + n > h->R ||
+      (int64_t)rows * h->R > h->mR)
+    return fail(err, RLM_ERR_INVALID, fn, "%s: no partials, %d splits (1 to %d), or rows past the partials' %lld",
+                what, h ? h->S : 0, kMaxSums, h ? (long long)h->R : 0LL);
+  return RLM_OK;
+}
+
 } // namespace rlm_cuda
 
 /* Kernels take the rows of x (m, 1..8) as a template parameter so that

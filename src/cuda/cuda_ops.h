@@ -175,6 +175,15 @@ rlm_status rlm__cuda_qkv_prep(float *q, float *k, float *v, int n, int hq, int h
                               const rlm_cuda_kv *c, const int32_t *tok_row, const int64_t *tok_pos,
                               rlm_cuda_stream st, rlm_error *err);
 
+/* rlm__cuda_qkv_prep with q, and k and v where k is given, the sums of
+ * one split product (rlm_cuda_sum: sums[0] q's, sums[1] k's, sums[2]
+ * v's), which it adds as it loads them and writes to q, k and v (v too,
+ * whatever else is done to it). */
+rlm_status rlm__cuda_qkv_prep_sum(float *q, float *k, float *v, const rlm_cuda_sum *sums, int n, int hq, int hkv,
+                                  int hd, const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
+                                  int64_t stride, const rlm_cuda_kv *c, const int32_t *tok_row,
+                                  const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);
+
 /* Scratch for rlm__cuda_attend with n tokens of n_heads heads. */
 size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);
 /* out[j][h] = softmax(scale * q[j][h] . K^T) V over the positions token j

@@ -346,6 +346,73 @@ TEST(qkv_norm_rope_matches_ops) {
   cudaFree(p);
 }
 
+/* The same launch reading q, k and v as the sums of a split product (S
+ * partials, q then k then v in rows of R), against it on their sums added
+ * in split order on the host: q, k and v bit for bit (v written even
+ * where nothing else is done to it). */
+static void check_qkv_prep_sum(int S, int n, int hq, int hkv, int hd, bool qn, bool kv, bool kn, bool vn) {
+  const double eps = 1e-6;
+  const int half = hd / 2;
+  const int64_t stride = hd, nq = (int64_t)hq * hd, nkv = kv ? (int64_t)hkv * hd : 0, R = nq + 2 * nkv + 64;
+  const int64_t mR = (int64_t)n * R;
+  float *inv = xmalloc((size_t)half * 4), *cs = xmalloc((size_t)n * stride * 4);
+  for (int i = 0; i < half; i++) inv[i] = (float)(1.0 / pow(10000.0, (double)(2 * i) / hd));
+  for (int j = 0; j < n; j++) rlm__rope_angles(cs + j * stride, inv, half, 5 + 97 * j);
+  float *part = frand(S * mR, 2.0f), *w = frand(hd, 1.5f);
+  float *sum[3];
+  const int64_t off[3] = {0, nq, nq + nkv}, width[3] = {nq, nkv, nkv};
+  for (int a = 0; a < 3; a++) {
+    sum[a] = xmalloc((size_t)(n * width[a] + 1) * 4);
+    for (int j = 0; j < n; j++)
+      for (int64_t c = 0; c < width[a]; c++) {
+        float v = part[j * R + off[a] + c];
+        for (int z = 1; z < S; z++) v += part[z * mR + j * R + off[a] + c];
+        sum[a][j * width[a] + c] = v;
+      }
+  }
+  float *dcs = dev_copy(cs, (size_t)n * stride * 4), *dw = dev_copy(w, (size_t)hd * 4),
+        *dpart = dev_copy(part, (size_t)(S * mR) * 4), *d[2][3];
+  for (int a = 0; a < 3; a++) {
+    const size_t b = (size_t)(n * width[a] + 1) * 4;
+    d[0][a] = dev_copy(sum[a], b), d[1][a] = dev_poisoned(b);
+  }
+  const rlm_cuda_sum sums[3] = {{dpart, S, mR, R, 0}, {dpart, S, mR, R, nq}, {dpart, S, mR, R, nq + nkv}};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qkv_prep(d[0][0], kv ? d[0][1] : NULL, d[0][2], n, hq, hkv, hd, qn ? dw : NULL, kn ? dw : NULL,
+                              vn, eps, dcs, stride, NULL, NULL, NULL, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_qkv_prep_sum(d[1][0], kv ? d[1][1] : NULL, d[1][2], sums, n, hq, hkv, hd, qn ? dw : NULL,
+                                  kn ? dw : NULL, vn, eps, dcs, stride, NULL, NULL, NULL, NULL, &err), RLM_OK);
+  for (int a = 0; a < (kv ? 3 : 1); a++) {
+    const size_t b = (size_t)(n * width[a]) * 4;
+    float *ref = xmalloc(b + 4), *got = xmalloc(b + 4);
+    download(ref, d[0][a], b), download(got, d[1][a], b);
+    test_note("qkv_prep of %d splits, %d tokens, %d/%d heads x %d: %c %s", S, n, hq, hkv, hd, "qkv"[a],
+              memcmp(ref, got, b) ? "DIFFERS" : "same bits");
+    CHECK(memcmp(ref, got, b) == 0);
+    free(ref), free(got);
+  }
+  for (int a = 0; a < 3; a++) cudaFree(d[0][a]), cudaFree(d[1][a]), free(sum[a]);
+  cudaFree(dcs), cudaFree(dw), cudaFree(dpart);
+  free(inv), free(cs), free(part), free(w);
+}
+
+TEST(qkv_prep_reads_sums) {
+  check_qkv_prep_sum(4, 32, 32, 8, 128, false, true, false, false); /* Llama, B = 32 */
+  check_qkv_prep_sum(8, 17, 4, 1, 256, true, true, true, false);    /* Gemma 3 */
+  check_qkv_prep_sum(2, 9, 8, 2, 512, true, true, true, true);      /* Gemma 4's full layers */
+  check_qkv_prep_sum(3, 12, 6, 2, 64, true, false, false, false);   /* a KV-shared layer: q only */
+  rlm_error err = {0};
+  float *p = dev_poisoned(4096 * 4);
+  rlm_cuda_sum sums[3] = {{p, 2, 4096, 2048, 0}, {p, 2, 4096, 2048, 1024}, {p, 3, 4096, 2048, 1536}};
+  CHECK_EQ(rlm__cuda_qkv_prep_sum(p, p, p, sums, 2, 8, 4, 128, NULL, NULL, false, 1e-6, p, 128, NULL, NULL, NULL,
+                                  NULL, &err), RLM_ERR_INVALID); /* v's sums of another launch */
+  CHECK_STR_CONTAINS(err.msg, "one launch");
+  sums[2].S = 2, sums[2].roff = 1800;
+  CHECK_EQ(rlm__cuda_qkv_prep_sum(p, p, p, sums, 2, 8, 4, 128, NULL, NULL, false, 1e-6, p, 128, NULL, NULL, NULL,
+                                  NULL, &err), RLM_ERR_INVALID); /* v past R */
+  cudaFree(p);
+}
+
 /* ---- int8 activations written by their producers ---------------------------- */
 
 /* A producer's output y and int8 activations against the same producer
@@ -1387,6 +1454,7 @@ int main(int argc, char **argv) {
   RUN(rope_angles_match_reference);
   RUN(rope_matches_reference);
   RUN(qkv_norm_rope_matches_ops);
+  RUN(qkv_prep_reads_sums);
   RUN(producers_write_q8);
   RUN(consumers_read_sums);
   RUN(qkv_prep_writes_cache);
