@@ -505,6 +505,18 @@ static rlm_status i8_products(rlm_session *s, const rlm_cuda_qmat *ws, float *co
   return rc;
 }
 
+/* Where the outputs a split product left (cs->late) are exactly ys[0 ..
+ * k - 1] of m rows and the reader can add them (can): their sums into
+ * sums, taken (nothing then settles them). */
+static bool take_late(cuda_sess *cs, const float *const *ys, int k, int64_t m, bool can, rlm_cuda_sum *sums) {
+  if (!can || cs->late.k != k || cs->late.m != m) return false;
+  for (int i = 0; i < k; i++)
+    if (cs->late.y[i] != ys[i]) return false;
+  memcpy(sums, cs->late.sum, (size_t)k * sizeof *sums);
+  cs->late.k = 0;
+  return true;
+}
+
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
  * int8-activation product where the CPU would use it, else f32; more than
  * GEMM_MIN rows (prefill, large batches): qgemm or cuBLAS (see the top). */
@@ -614,25 +626,18 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
   }
   cuda_sess *cs = cs_of(s);
   rlm_error er;
-  if (i8) {
-    rlm_cuda_qmat ws[3];
-    for (int i = 0; i < k; i++) ws[i] = dw[i].q;
-    rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
-    if (!rc) rc = i8_products(s, ws, ys, k, n, &er);
-    for (int i = 0; i < k; i++)
-      if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
-    note(s, rc, &er);
-    return;
-  }
   if (dense) {
     cs->q8_x = NULL; /* as cuda_linear's dense products */
     note(s, rlm__cuda_dense_gemv_multi(dw, ys, k, x, (int)n, cs->st, &er), &er);
     return;
   }
+  /* int8 activations: the tensor-core product past MAX_M rows, else the
+   * matrix-vector one */
   rlm_cuda_qmat ws[3];
   for (int i = 0; i < k; i++) ws[i] = dw[i].q;
   rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
-  if (!rc) rc = rlm__cuda_qgemv_q8_multi(ws, ys, k, cs->q8, (int)n, cs->st, &er);
+  if (!rc)
+    rc = i8 ? i8_products(s, ws, ys, k, n, &er) : rlm__cuda_qgemv_q8_multi(ws, ys, k, cs->q8, (int)n, cs->st, &er);
   for (int i = 0; i < k; i++)
     if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
   note(s, rc, &er);
@@ -706,9 +711,8 @@ static void cuda_add_norm(rlm_session *s, float *x, float *h, const float *post,
   rlm_cuda_q8out buf;
   const rlm_cuda_q8out *q8 = q8_out(s, rows, n, &buf);
   /* h the one output a split product left (i8_products): summed here */
-  const bool late = cs->late.k == 1 && cs->late.y[0] == h && cs->late.m == rows && rlm__cuda_add_norm_sum_takes(n, q8);
-  const rlm_cuda_sum hs = cs->late.sum[0];
-  if (late) cs->late.k = 0;
+  rlm_cuda_sum hs;
+  const bool late = take_late(cs, (const float *[]){h}, 1, rows, rlm__cuda_add_norm_sum_takes(n, q8), &hs);
   if (skip(s)) return;
   const float *pw = dvec(s, post), *ww = dvec(s, w);
   note(s,
@@ -745,13 +749,11 @@ static void cuda_act_mul(rlm_session *s, bool gelu, float *y, const float *g, co
   const rlm_cuda_q8out *q8 = q8_out(s, rows, n, &buf);
   /* g and u the two outputs of one split product (gate and up,
    * i8_products): summed here; the int8 kernel only */
-  const bool late = cs->late.k == 2 && cs->late.y[0] == g && cs->late.y[1] == u && cs->late.m == rows &&
-                    u_stride == n && q8;
-  const rlm_cuda_sum gs = cs->late.sum[0], us = cs->late.sum[1];
-  if (late) cs->late.k = 0;
+  rlm_cuda_sum gu[2];
+  const bool late = take_late(cs, (const float *[]){g, u}, 2, rows, u_stride == n && q8, gu);
   if (skip(s)) return;
   note(s,
-       late ? rlm__cuda_act_mul_sum(gelu, y, &gs, &us, rows, n, q8, cs->st, &er)
+       late ? rlm__cuda_act_mul_sum(gelu, y, &gu[0], &gu[1], rows, n, q8, cs->st, &er)
             : rlm__cuda_act_mul(gelu, y, g, u, rows, n, u_stride, q8, cs->st, &er),
        &er);
   q8_made(s, q8, y, rows, n);
@@ -789,11 +791,8 @@ static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float
   }
   /* q, k and v the outputs of one split product (i8_products), under
    * RINGLM_CUDA_SUM_QKV=1: summed here */
-  const bool late = switches()->sum_qkv && sess->late.k == (k ? 3 : 1) && sess->late.y[0] == q && sess->late.m == n &&
-                    (!k || (sess->late.y[1] == k && sess->late.y[2] == v));
   rlm_cuda_sum sums[3];
-  memcpy(sums, sess->late.sum, sizeof sums);
-  if (late) sess->late.k = 0;
+  const bool late = take_late(sess, (const float *[]){q, k, v}, k ? 3 : 1, n, switches()->sum_qkv, sums);
   if (skip(s)) return;
   const rlm_cuda_kv *kv = k && !sess->kv[li].k_bits ? &sess->kv[li] : NULL;
   rlm_error er;
