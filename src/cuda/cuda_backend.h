@@ -80,7 +80,7 @@ rlm_status rlm__cuda_qgemm_i8(const rlm_cuda_qmat *w, const void *xq8, int64_t m
 rlm_status rlm__cuda_qgemm_i8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *xq8, int64_t m,
                                     float *part, rlm_cuda_stream stream, rlm_error *err);
 /* A product's output left as its split-K partials, to be summed by the
- * kernel that reads it (ops.cu's add_norm and act_mul) rather than by a
+ * kernel that reads it (add_norm, act_mul, qkv_prep) rather than by a
  * launch of its own: element (t, c) is the sum over z < S of part[z mR +
  * t R + roff + c], in z order, which is what the product would have
  * written. */
