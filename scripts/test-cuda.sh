@@ -65,6 +65,9 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # and q, k and v's sums added by qkv_prep too, behind a switch until it
   # has run on a GPU (docs/cuda-notes.md)
   RINGLM_CUDA_SUM_QKV=1 build-cuda/tests/test_cuda_model || failed="$failed model:sum-qkv"
+  # and gate and up (q, k and v) past 16 tokens as one launch of the f16
+  # tensor-core product, behind a switch until it has run on a GPU
+  RINGLM_CUDA_QGEMM_MULTI=1 build-cuda/tests/test_cuda_model || failed="$failed model:qgemm-multi"
   for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -423,6 +423,9 @@ typedef struct cuda_switches {
   bool sum_qkv;     /* RINGLM_CUDA_SUM_QKV=1: q, k and v's sums added by
                        qkv_prep too (cuda_qkv_norm_rope); off until it has
                        run on a GPU */
+  bool qgemm_multi; /* RINGLM_CUDA_QGEMM_MULTI=1: several f16 tensor-core
+                       products of one x in one launch (one_launch_qgemm);
+                       off until it has run on a GPU */
   bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
                        activations for MAX_M rows at most, not as many as
                        the scratch holds (q8_out_as) */
@@ -447,6 +450,8 @@ static void read_switches(void) {
   g_switches.sum_late = env_on("RINGLM_CUDA_SUM_LATE");
   e = getenv("RINGLM_CUDA_SUM_QKV");
   g_switches.sum_qkv = e && e[0] == '1';
+  e = getenv("RINGLM_CUDA_QGEMM_MULTI");
+  g_switches.qgemm_multi = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -517,6 +522,17 @@ static bool take_late(cuda_sess *cs, const float *const *ys, int k, int64_t m, b
   return true;
 }
 
+/* Whether cuda_linear sends n rows of x times w to the int8 tensor-core
+ * product (qgemm_i8.cu), or else to the f16 one (qgemm.cu). */
+static bool i8_takes(rlm_session *s, const rlm_cuda_weight *w, int64_t n) {
+  return fast_bits(w) && s->p.act_bits == 8 && w->cols % 128 == 0 && n > MAX_M && n <= i8_max(w->rows) &&
+         cs_of(s)->i8_part;
+}
+static bool qgemm_takes(rlm_session *s, const rlm_cuda_weight *w, int64_t n) {
+  return !i8_takes(s, w, n) && n > GEMM_MIN && n <= QGEMM_MAX && cs_of(s)->gemm_scratch && fast_bits(w) &&
+         w->cols % 64 == 0;
+}
+
 /* Rows of x in groups of MAX_M (the kernels read W once per group): the
  * int8-activation product where the CPU would use it, else f32; more than
  * GEMM_MIN rows (prefill, large batches): qgemm or cuBLAS (see the top). */
@@ -529,14 +545,14 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   rlm_status rc = RLM_OK;
   const bool fast = fast_bits(&w);
   const bool q8 = (fast && s->p.act_bits == 8 && l->in % 128 == 0) || xreg6_takes(s, &w, n);
-  if (q8 && n > MAX_M && n <= i8_max(l->out) && cs->i8_part) {
+  if (i8_takes(s, &w, n)) {
     rc = q8_of(s, &w.q, x, (int)n, &er);
     if (!rc) rc = i8_products(s, &w.q, &y, 1, n, &er);
     if (y == cs->q8_x) cs->q8_x = NULL;
     note(s, rc, &er);
     return;
   }
-  if (n > GEMM_MIN && n <= QGEMM_MAX && cs->gemm_scratch && fast && l->in % 64 == 0) {
+  if (qgemm_takes(s, &w, n)) {
     cs->q8_x = NULL;
     note(s, rlm__cuda_qgemm(&w.q, x, n, y, cs->gemm_scratch, cs->st, &er), &er);
     return;
@@ -567,12 +583,12 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
 }
 
 /* Whether the k weights are 4- or 8-bit MLX matrices of one format that
- * the int8-activation products share in a launch: cols (a multiple of
- * 128), bits, group size and scale dtype. */
-static bool same_q8_format(const rlm_cuda_weight *ws, int k) {
+ * a launch of several products shares: cols (a multiple of mult: 128 for
+ * the int8-activation products), bits, group size and scale dtype. */
+static bool same_format(const rlm_cuda_weight *ws, int k, int64_t mult) {
   for (int i = 0; i < k; i++) {
     const rlm_cuda_qmat *q = &ws[i].q, *q0 = &ws[0].q;
-    if (!fast_bits(&ws[i]) || q->cols % 128 || q->cols != q0->cols || q->bits != q0->bits ||
+    if (!fast_bits(&ws[i]) || q->cols % mult || q->cols != q0->cols || q->bits != q0->bits ||
         q->group_size != q0->group_size || q->sdtype != q0->sdtype)
       return false;
   }
@@ -583,7 +599,7 @@ static bool same_q8_format(const rlm_cuda_weight *ws, int k) {
  * passes of int8-activation products whose weights agree in what the
  * kernel shares. */
 static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
-  return n <= MAX_M && s->p.act_bits == 8 && same_q8_format(ws, k);
+  return n <= MAX_M && s->p.act_bits == 8 && same_format(ws, k, 128);
 }
 
 /* Whether k products of one x past MAX_M rows can be one launch of the
@@ -592,9 +608,21 @@ static bool one_launch(const rlm_session *s, const rlm_cuda_weight *ws, int k, i
  * on Llama-8B k and v were launches of 32 blocks a split each, 9.6 us
  * apiece against q's 27 (ncu on an H100, docs/cuda-notes.md). */
 static bool one_launch_i8(rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
-  if (k < 2 || n <= MAX_M || s->p.act_bits != 8 || !cs_of(s)->i8_part || !same_q8_format(ws, k)) return false;
+  if (k < 2 || n <= MAX_M || s->p.act_bits != 8 || !cs_of(s)->i8_part || !same_format(ws, k, 128)) return false;
   for (int i = 0; i < k; i++)
     if (n > i8_max(ws[i].q.rows)) return false;
+  return true;
+}
+
+/* Whether k products of one x past GEMM_MIN rows can be one launch of the
+ * f16 tensor-core product: where cuda_linear would send each of them
+ * there (batched decode's gate and up at 64 tokens, prefill), with the
+ * same format: x scaled once, one launch where there were two of each.
+ * RINGLM_CUDA_QGEMM_MULTI=1 until it has run on a GPU. */
+static bool one_launch_qgemm(rlm_session *s, const rlm_cuda_weight *ws, int k, int64_t n) {
+  if (!switches()->qgemm_multi || k < 2 || !same_format(ws, k, 64)) return false;
+  for (int i = 0; i < k; i++)
+    if (!qgemm_takes(s, &ws[i], n)) return false;
   return true;
 }
 
@@ -620,12 +648,20 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
   const bool dense = k <= 3 && one_launch_dense(dw, k, n);
   const bool i8 = k <= 3 && !dense && one_launch_i8(s, dw, k, n);
-  if (k > 3 || (!dense && !i8 && !one_launch(s, dw, k, n))) {
+  const bool qg = k <= 3 && !dense && !i8 && one_launch_qgemm(s, dw, k, n);
+  if (k > 3 || (!dense && !i8 && !qg && !one_launch(s, dw, k, n))) {
     for (int i = 0; i < k; i++) cuda_linear(s, ls[i], x, n, ys[i]);
     return;
   }
   cuda_sess *cs = cs_of(s);
   rlm_error er;
+  rlm_cuda_qmat ws[3];
+  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
+  if (qg) {
+    cs->q8_x = NULL; /* as cuda_linear's qgemm products */
+    note(s, rlm__cuda_qgemm_multi(ws, ys, k, x, n, cs->gemm_scratch, cs->st, &er), &er);
+    return;
+  }
   if (dense) {
     cs->q8_x = NULL; /* as cuda_linear's dense products */
     note(s, rlm__cuda_dense_gemv_multi(dw, ys, k, x, (int)n, cs->st, &er), &er);
@@ -633,8 +669,6 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
   }
   /* int8 activations: the tensor-core product past MAX_M rows, else the
    * matrix-vector one */
-  rlm_cuda_qmat ws[3];
-  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
   rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
   if (!rc)
     rc = i8 ? i8_products(s, ws, ys, k, n, &er) : rlm__cuda_qgemv_q8_multi(ws, ys, k, cs->q8, (int)n, cs->st, &er);

@@ -114,6 +114,13 @@ rlm_status rlm__cuda_sums_write(const rlm_cuda_sum *sums, float *const *ys, int 
 size_t rlm__cuda_qgemm_scratch_bytes(int64_t m, int64_t cols);
 rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, int64_t m, float *y,
                            void *scratch, rlm_cuda_stream stream, rlm_error *err);
+/* k <= 3 such products of one x (gate and up) in one launch, y_i = x .
+ * W_i^T: the row tiles of all of them share the grid, and x is scaled
+ * once. The W_i agree in cols, bits, group size and scale dtype (else
+ * RLM_ERR_INVALID); the same numerics as k calls of rlm__cuda_qgemm up
+ * to the order of the f32 sums (the split of K may differ). */
+rlm_status rlm__cuda_qgemm_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const float *x, int64_t m,
+                                 void *scratch, rlm_cuda_stream stream, rlm_error *err);
 
 #ifdef __cplusplus
 }

@@ -62,6 +62,11 @@
  * order (a replay gives the same bits), through distributed shared
  * memory, scales by 2^e and writes y. No global scratch, no atomics.
  *
+ * SEVERAL PRODUCTS OF ONE x (gate and up; rlm__cuda_qgemm_multi) share
+ * one x pass and one launch: the row tiles run through the matrices in
+ * turn, so at 64 tokens Llama-8B's gate and up are one grid of 112 tiles
+ * split over half as many blocks each as either alone.
+ *
  * The x pass and the product are two launches; the product is launched
  * programmatically dependent on it (PDL), so its blocks start loading
  * codes while x is scaled and wait (griddepcontrol.wait) only before
@@ -122,6 +127,22 @@ struct Args {
   int cols, g;
   int g_shift;          /* log2(g) */
   int sc_odd, bi_odd;   /* bit 1 of the scales' and biases' addresses (2-byte types: which half) */
+};
+
+/* Several products of one x in a launch (rlm__cuda_qgemm_multi): each
+ * matrix's own fields of Args; cols, bits, group and scale type agree. */
+constexpr int kMaxMats = 3;
+struct Mat {
+  const uint8_t *wq;
+  const void *sc, *bi;
+  float *y;
+  int64_t rows;
+  int sc_odd, bi_odd;
+};
+struct Mats {
+  Mat mat[kMaxMats];
+  int tile0[kMaxMats + 1]; /* matrix i's row tiles are tile0[i] .. tile0[i + 1] - 1 */
+  int k;
 };
 
 /* ---- PTX helpers ---------------------------------------------------------- */
@@ -422,16 +443,16 @@ __global__ void __launch_bounds__(kScaleThreads)
                                       back + blockIdx.x);
 }
 
-/* Block (tile * S + r, token tile): rows [256 tile, +256) x tokens [8 NT ty,
- * +8 NT), slices [r nsl / S, (r+1) nsl / S) of the cluster's S blocks. */
+/* One block of a cluster of S over rows [row0, +256) of p's matrix x
+ * tokens [8 NT ty, +8 NT): slices [r nsl / S, (r+1) nsl / S) for rank r. */
 template <int BITS, int NT, typename S>
-__global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_kernel(const Args p) {
+__device__ __forceinline__ void qgemm_tile(const Args &p, int64_t row0) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
   cg::cluster_group cluster = cg::this_cluster();
   const int n_rank = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
-  const int64_t row0 = (int64_t)(blockIdx.x / n_rank) * kBM, tok0 = (int64_t)blockIdx.y * C::kBN;
+  const int64_t tok0 = (int64_t)blockIdx.y * C::kBN;
   const int n_slices = p.cols / kSlice;
   const int s0 = rank * n_slices / n_rank, n = (rank + 1) * n_slices / n_rank - s0;
 
@@ -514,6 +535,26 @@ __global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_ker
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
+/* Block (tile * S + r, token tile): row tile `tile` of p's matrix. */
+template <int BITS, int NT, typename S>
+__global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_kernel(const Args p) {
+  qgemm_tile<BITS, NT, S>(p, (int64_t)(blockIdx.x / cg::this_cluster().num_blocks()) * kBM);
+}
+
+/* Block (tile * S + r, token tile) of several products of one x (gate and
+ * up): the row tiles run through the matrices in turn, each tile in one
+ * matrix, whose fields replace p's (by selects: constant indices only, as
+ * qgemm_i8.cu found an indexed parameter read in the loop). */
+template <int BITS, int NT, typename S>
+__global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_multi_kernel(const Args p, const Mats ms) {
+  const int tile = (int)(blockIdx.x / cg::this_cluster().num_blocks());
+  const int mi = tile >= ms.tile0[2] && ms.k > 2 ? 2 : tile >= ms.tile0[1] && ms.k > 1 ? 1 : 0;
+  const Mat &w = mi == 0 ? ms.mat[0] : mi == 1 ? ms.mat[1] : ms.mat[2];
+  Args q = p;
+  q.wq = w.wq, q.sc = w.sc, q.bi = w.bi, q.y = w.y, q.rows = w.rows, q.sc_odd = w.sc_odd, q.bi_odd = w.bi_odd;
+  qgemm_tile<BITS, NT, S>(q, (int64_t)(tile - (mi == 0 ? 0 : mi == 1 ? ms.tile0[1] : ms.tile0[2])) * kBM);
+}
+
 /* ---- launch --------------------------------------------------------------------- */
 
 /* Tokens per block / 8 for m rows of x. */
@@ -565,33 +606,38 @@ int pick_cluster_wave(int64_t clusters, int n_slices) {
   return s;
 }
 
+/* One product (ms NULL: qgemm_kernel) or several of one x (ms: the
+ * matrices, qgemm_multi_kernel, split as the single kernel's occupancy
+ * allows: the same launch bounds and shared memory). */
 template <int BITS, int NT, typename S>
-cudaError_t launch(const Args &a, cudaStream_t st) {
+cudaError_t launch(const Args &a, const Mats *ms, cudaStream_t st) {
   using C = Cfg<BITS, NT>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(qgemm_kernel<BITS, NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  if (attr != cudaSuccess) return attr;
-  const int64_t tiles = (a.rows + kBM - 1) / kBM, tok_tiles = (a.m + C::kBN - 1) / C::kBN;
+  static const cudaError_t attr_multi =
+      cudaFuncSetAttribute(qgemm_multi_kernel<BITS, NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (attr != cudaSuccess || (ms && attr_multi != cudaSuccess)) return attr != cudaSuccess ? attr : attr_multi;
+  const int64_t tiles = ms ? ms->tile0[ms->k] : (a.rows + kBM - 1) / kBM, tok_tiles = (a.m + C::kBN - 1) / C::kBN;
   const int s = tok_tiles == 1 ? pick_cluster_wave<BITS, NT, S>(tiles, a.cols / kSlice)
                                : pick_cluster(tiles * tok_tiles, a.cols / kSlice);
-  const dim3 cluster((unsigned)s, 1, 1);
-  return launch_kc(qgemm_kernel<BITS, NT, S>, dim3((unsigned)(tiles * s), (unsigned)tok_tiles, 1), &cluster,
-                   dim3(kThreads, 1, 1), C::kSmem, st, a);
+  const dim3 grid((unsigned)(tiles * s), (unsigned)tok_tiles, 1), cluster((unsigned)s, 1, 1);
+  if (ms) return launch_kc(qgemm_multi_kernel<BITS, NT, S>, grid, &cluster, dim3(kThreads, 1, 1), C::kSmem, st, a, *ms);
+  return launch_kc(qgemm_kernel<BITS, NT, S>, grid, &cluster, dim3(kThreads, 1, 1), C::kSmem, st, a);
 }
 
 template <int BITS, typename S>
-cudaError_t launch_nt(const Args &a, cudaStream_t st) {
+cudaError_t launch_nt(const Args &a, const Mats *ms, cudaStream_t st) {
   switch (pick_nt(a.m)) {
-  case 1: return launch<BITS, 1, S>(a, st);
-  case 2: return launch<BITS, 2, S>(a, st);
-  case 4: return launch<BITS, 4, S>(a, st);
-  default: return launch<BITS, 8, S>(a, st);
+  case 1: return launch<BITS, 1, S>(a, ms, st);
+  case 2: return launch<BITS, 2, S>(a, ms, st);
+  case 4: return launch<BITS, 4, S>(a, ms, st);
+  default: return launch<BITS, 8, S>(a, ms, st);
   }
 }
 
 template <typename S>
-cudaError_t launch_bits(const Args &a, int bits, cudaStream_t st) {
-  return bits == 4 ? launch_nt<4, S>(a, st) : launch_nt<8, S>(a, st);
+cudaError_t launch_bits(const Args &a, const Mats *ms, int bits, cudaStream_t st) {
+  return bits == 4 ? launch_nt<4, S>(a, ms, st) : launch_nt<8, S>(a, ms, st);
 }
 
 size_t x_bytes(int64_t m, int64_t cols) { return (size_t)m * (size_t)cols * 2; }
@@ -602,11 +648,11 @@ extern "C" size_t rlm__cuda_qgemm_scratch_bytes(int64_t m, int64_t cols) {
   return (x_bytes(m, cols) + (size_t)m * 4 + 255) / 256 * 256;
 }
 
-extern "C" rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, int64_t m, float *y, void *scratch,
-                                      rlm_cuda_stream stream, rlm_error *err) {
-  const char *fn = "rlm__cuda_qgemm";
-  if (!w || !w->wq || !w->scales || !w->biases || !x || !y || !scratch || m < 1 || w->rows < 1 || w->cols < 1)
-    return fail(err, RLM_ERR_INVALID, fn, "NULL argument or an empty product");
+/* The checks of one matrix, and that matrix i agrees with matrix 0 in
+ * what a launch shares. */
+static rlm_status check_mat(const rlm_cuda_qmat *w, const rlm_cuda_qmat *w0, int i, const char *fn, rlm_error *err) {
+  if (!w->wq || !w->scales || !w->biases || w->rows < 1 || w->cols < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "weights %d: NULL codes, scales or biases, or an empty matrix", i);
   if (w->bits != 4 && w->bits != 8)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit weights are not supported (4 and 8 are)", w->bits);
   if (w->cols % kSlice || w->cols > INT32_MAX)
@@ -617,12 +663,40 @@ extern "C" rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, in
   if ((w->group_size != 32 && w->group_size != 64 && w->group_size != 128) || w->cols % w->group_size)
     return fail(err, RLM_ERR_INVALID, fn, "group %d for %lld columns (32, 64, 128 dividing cols are valid)",
                 w->group_size, (long long)w->cols);
-  if ((reinterpret_cast<uintptr_t>(w->wq) | reinterpret_cast<uintptr_t>(scratch)) & 15 ||
-      reinterpret_cast<uintptr_t>(w->scales) & 1 || reinterpret_cast<uintptr_t>(w->biases) & 1)
-    return fail(err, RLM_ERR_INVALID, fn, "codes and scratch must be 16-byte aligned, scales and biases 2-byte");
-  if ((m + 7) / 8 > 65535 || (w->rows + kBM - 1) / kBM * kMaxCluster > INT32_MAX)
+  if (reinterpret_cast<uintptr_t>(w->wq) & 15 || reinterpret_cast<uintptr_t>(w->scales) & 1 ||
+      reinterpret_cast<uintptr_t>(w->biases) & 1)
+    return fail(err, RLM_ERR_INVALID, fn, "weights %d: codes must be 16-byte aligned, scales and biases 2-byte", i);
+  if (w != w0 && (w->cols != w0->cols || w->bits != w0->bits || w->group_size != w0->group_size ||
+                  w->sdtype != w0->sdtype))
+    return fail(err, RLM_ERR_INVALID, fn, "weights %d differ from weights 0 in cols, bits, group or scale dtype", i);
+  return RLM_OK;
+}
+
+/* Bit 1 of a 2-byte array's address: which half of its aligned words. */
+static int odd_half(const void *a) { return (int)(reinterpret_cast<uintptr_t>(a) >> 1 & 1); }
+
+extern "C" rlm_status rlm__cuda_qgemm_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const float *x,
+                                            int64_t m, void *scratch, rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_qgemm";
+  if (!ws || !ys || k < 1 || k > kMaxMats || !x || !scratch || m < 1)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m < 1, or %d products (1 to %d)", k, kMaxMats);
+  if (reinterpret_cast<uintptr_t>(scratch) & 15) return fail(err, RLM_ERR_INVALID, fn, "scratch must be 16-byte aligned");
+  Mats ms = {};
+  int64_t tiles = 0;
+  for (int i = 0; i < k; i++) {
+    const rlm_status rc = check_mat(&ws[i], &ws[0], i, fn, err);
+    if (rc) return rc;
+    if (!ys[i]) return fail(err, RLM_ERR_INVALID, fn, "output %d is NULL", i);
+    ms.mat[i] = {reinterpret_cast<const uint8_t *>(ws[i].wq), ws[i].scales, ws[i].biases, ys[i], ws[i].rows,
+                 odd_half(ws[i].scales), odd_half(ws[i].biases)};
+    ms.tile0[i] = (int)(tiles < INT32_MAX ? tiles : INT32_MAX); /* checked below */
+    tiles += (ws[i].rows + kBM - 1) / kBM;
+  }
+  ms.tile0[k] = (int)(tiles < INT32_MAX ? tiles : INT32_MAX), ms.k = k;
+  if ((m + 7) / 8 > 65535 || tiles * kMaxCluster > INT32_MAX)
     return fail(err, RLM_ERR_UNSUPPORTED, fn, "a product of %lld x %lld rows is past the grid's limits", (long long)m,
-                (long long)w->rows);
+                (long long)(tiles * kBM));
+  const rlm_cuda_qmat *w = &ws[0];
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   __half *xs = static_cast<__half *>(scratch);
   float *back = reinterpret_cast<float *>(static_cast<char *>(scratch) + x_bytes(m, w->cols));
@@ -632,12 +706,17 @@ extern "C" rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, in
     launch_k(scale_rows_kernel<false>, (unsigned)m, kScaleThreads, 0, st, x, w->cols, xs, back);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
-  const Args a = {reinterpret_cast<const uint8_t *>(w->wq), w->scales, w->biases, xs, back, y, m, w->rows,
+  const Args a = {reinterpret_cast<const uint8_t *>(w->wq), w->scales, w->biases, xs, back, ys[0], m, w->rows,
                   (int)w->cols, w->group_size, w->group_size == 32 ? 5 : w->group_size == 64 ? 6 : 7,
-                  (int)(reinterpret_cast<uintptr_t>(w->scales) >> 1 & 1),
-                  (int)(reinterpret_cast<uintptr_t>(w->biases) >> 1 & 1)};
-#define RLM_T(T) e = launch_bits<T>(a, w->bits, st)
+                  odd_half(w->scales), odd_half(w->biases)};
+#define RLM_T(T) e = launch_bits<T>(a, k > 1 ? &ms : nullptr, w->bits, st)
   RLM_CUDA_FOR_SDTYPE(w->sdtype, RLM_T)
 #undef RLM_T
   return e == cudaSuccess ? RLM_OK : fail(err, RLM_ERR_INTERNAL, fn, "%s", cudaGetErrorString(e));
+}
+
+extern "C" rlm_status rlm__cuda_qgemm(const rlm_cuda_qmat *w, const float *x, int64_t m, float *y, void *scratch,
+                                      rlm_cuda_stream stream, rlm_error *err) {
+  if (!w) return fail(err, RLM_ERR_INVALID, "rlm__cuda_qgemm", "NULL weights");
+  return rlm__cuda_qgemm_multi(w, &y, 1, x, m, scratch, stream, err);
 }

@@ -305,6 +305,16 @@ static void check_i8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
   qm_free(&q);
 }
 
+/* The 64 bytes past got's n outputs (copied back from a poisoned device
+ * buffer) still poisoned: nothing past the product's rows was written. */
+static void check_guard(const float *got, size_t n) {
+  uint32_t guard[16];
+  memcpy(guard, (const char *)got + n * 4, 64);
+  int poisoned = 0;
+  for (int j = 0; j < 16; j++) poisoned += guard[j] == 0xFFFFFFFFu;
+  CHECK_EQ(poisoned, 16);
+}
+
 /* q, k and v in one launch of the int8 tensor-core product: each output
  * against rlm__qmv_q8_ref as the single product's, and nothing past its
  * rows written (a poisoned guard). */
@@ -353,11 +363,7 @@ static void check_i8_multi_case(const int64_t *rows, int k, int64_t cols, int m)
     test_note("i8 multi: product %d (%lld rows): %lld of %zu off (worst %.3g of %.3g)", i, (long long)rows[i],
               (long long)bad, n, worst, mx);
     CHECK_EQ(bad, 0);
-    uint32_t guard[16];
-    memcpy(guard, (char *)got + n * 4, 64);
-    int poisoned = 0;
-    for (int j = 0; j < 16; j++) poisoned += guard[j] == 0xFFFFFFFFu;
-    CHECK_EQ(poisoned, 16);
+    check_guard(got, n);
     free(ref), free(got);
     cudaFree(dys[i]);
     qm_free(&q[i]);
@@ -567,23 +573,25 @@ static float *qgemm_run(const rlm_cuda_qmat *w, const float *x, int64_t m) {
   return y;
 }
 
-/* One case: random codes, scales, biases; rows of x of very different
- * sizes (3e5: past f16's range unscaled; 1e-3; all zero). */
-static void check_qgemm_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int64_t m) {
-  qm q;
-  qm_make(&q, rows, cols, bits, g, sd);
-  float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)m * (size_t)cols * 4);
-  float *back = malloc((size_t)m * 4);
+/* x [m][cols] with rows of very different sizes (3e5: past f16's range
+ * unscaled; 1e-3; all zero), malloc'd. */
+static float *qgemm_make_x(int64_t m, int64_t cols) {
+  float *x = malloc((size_t)m * (size_t)cols * 4);
   for (int64_t r = 0; r < m; r++) {
     const float mag = r % 4 == 1 ? 3e5f : r % 4 == 2 ? 1e-3f : r % 4 == 3 && m > 4 ? 0.0f : 1.0f;
     for (int64_t j = 0; j < cols; j++) x[r * cols + j] = mag * rndf();
   }
-  qgemm_scale_x(x, m, cols, xs, back);
-  float *wd = qgemm_dequant(&q.h);
-  float *got = qgemm_run(&q.d, x, m);
+  return x;
+}
+
+/* The outputs of got [m][rows] off the host's product of the scaled x
+ * (xs, back) and the dequantized W (wd) by more than 1e-4 of the row's
+ * largest; *worst: the largest difference relative to it. */
+static int64_t qgemm_off(const float *got, const float *xs, const float *back, const float *wd, int64_t rows,
+                         int64_t cols, int64_t m, double *worst) {
   int64_t bad = 0;
-  double worst = 0; /* relative to the row's max |ref| */
   double *ref = malloc((size_t)rows * sizeof *ref);
+  *worst = 0;
   for (int64_t r = 0; r < m; r++) {
     double mx = 0;
     for (int64_t o = 0; o < rows; o++) {
@@ -594,15 +602,94 @@ static void check_qgemm_case(int64_t rows, int64_t cols, int bits, int g, rlm_dt
       const double d = fabs((double)got[r * rows + o] - ref[o]);
       if (!(d <= 1e-4 * mx + 1e-5)) bad++;
       const double rel = mx > 0 ? d / mx : d;
-      if (!(rel <= worst)) worst = isnan(rel) ? INFINITY : rel;
+      if (!(rel <= *worst)) *worst = isnan(rel) ? INFINITY : rel;
     }
   }
+  free(ref);
+  return bad;
+}
+
+/* One case: random codes, scales, biases, and qgemm_make_x's x. */
+static void check_qgemm_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int64_t m) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  float *x = qgemm_make_x(m, cols), *xs = malloc((size_t)m * (size_t)cols * 4);
+  float *back = malloc((size_t)m * 4);
+  qgemm_scale_x(x, m, cols, xs, back);
+  float *wd = qgemm_dequant(&q.h);
+  float *got = qgemm_run(&q.d, x, m);
+  double worst;
+  const int64_t bad = qgemm_off(got, xs, back, wd, rows, cols, m, &worst);
   test_note("qgemm %lld x %lld, %d-bit g%d, %s scales, m %lld: %lld of %lld off, worst %.3g of the row's max",
             (long long)rows, (long long)cols, bits, g, rlm_dtype_name(sd), (long long)m, (long long)bad,
             (long long)(m * rows), worst);
   CHECK_EQ(bad, 0);
-  free(x), free(xs), free(back), free(wd), free(got), free(ref);
+  free(x), free(xs), free(back), free(wd), free(got);
   qm_free(&q);
+}
+
+/* k products of one x in one launch (rlm__cuda_qgemm_multi): each output
+ * against the host's product as the single product's, and nothing past
+ * its rows written (a poisoned guard). */
+static void check_qgemm_multi_case(const int64_t *rows, int k, int64_t cols, int bits, int g, rlm_dtype sd,
+                                   int64_t m) {
+  qm q[3];
+  rlm_cuda_qmat ws[3];
+  float *dys[3];
+  float *x = qgemm_make_x(m, cols), *xs = malloc((size_t)m * (size_t)cols * 4), *back = malloc((size_t)m * 4);
+  qgemm_scale_x(x, m, cols, xs, back);
+  float *dx = dev_copy(x, (size_t)m * (size_t)cols * 4, cudaMemcpyHostToDevice);
+  void *scratch = dev_poisoned(rlm__cuda_qgemm_scratch_bytes(m, cols));
+  for (int i = 0; i < k; i++) {
+    qm_make(&q[i], rows[i], cols, bits, g, sd);
+    ws[i] = q[i].d;
+    dys[i] = dev_poisoned((size_t)m * (size_t)rows[i] * 4 + 64);
+  }
+  rlm_error err = {0};
+  const rlm_status rc = rlm__cuda_qgemm_multi(ws, dys, k, dx, m, scratch, NULL, &err);
+  if (rc) test_note("%s", err.msg);
+  CHECK_EQ(rc, RLM_OK);
+  CU(cudaDeviceSynchronize());
+  for (int i = 0; i < k; i++) {
+    const size_t n = (size_t)m * (size_t)rows[i];
+    float *got = malloc(n * 4 + 64), *wd = qgemm_dequant(&q[i].h);
+    CU(cudaMemcpy(got, dys[i], n * 4 + 64, cudaMemcpyDeviceToHost));
+    double worst;
+    const int64_t bad = qgemm_off(got, xs, back, wd, rows[i], cols, m, &worst);
+    test_note("qgemm multi, %d-bit g%d %s, m %lld: product %d of %d (%lld rows): %lld of %zu off, worst %.3g", bits,
+              g, rlm_dtype_name(sd), (long long)m, i, k, (long long)rows[i], (long long)bad, n, worst);
+    CHECK_EQ(bad, 0);
+    check_guard(got, n);
+    free(got), free(wd);
+    cudaFree(dys[i]);
+    qm_free(&q[i]);
+  }
+  cudaFree(dx), cudaFree(scratch);
+  free(x), free(xs), free(back);
+}
+
+TEST(qgemm_multi_matches_reference) {
+  const int64_t gate_up[2] = {1000, 1000}, qkv[3] = {512, 128, 128}, ragged[3] = {333, 64, 257};
+  check_qgemm_multi_case(gate_up, 2, 4096, 4, 64, RLM_DTYPE_BF16, 64); /* batched decode's gate and up */
+  check_qgemm_multi_case(gate_up, 2, 1152, 4, 64, RLM_DTYPE_BF16, 33);
+  check_qgemm_multi_case(qkv, 3, 1152, 8, 32, RLM_DTYPE_F16, 100);      /* two token tiles */
+  check_qgemm_multi_case(ragged, 3, 1152, 4, 128, RLM_DTYPE_F32, 17);   /* partial row tiles in each */
+  check_qgemm_multi_case(ragged, 1, 1152, 4, 64, RLM_DTYPE_BF16, 64);   /* one: the single kernel */
+  /* refusals: weights that disagree in format, too many, a NULL output */
+  qm a, b;
+  qm_make(&a, 64, 128, 4, 64, RLM_DTYPE_BF16);
+  qm_make(&b, 64, 128, 4, 32, RLM_DTYPE_BF16);
+  rlm_cuda_qmat ws[4] = {a.d, b.d, a.d, a.d};
+  float *ys[4] = {(float *)16, (float *)16, (float *)16, (float *)16};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_qgemm_multi(ws, ys, 2, (const float *)16, 17, (void *)16, NULL, &err), RLM_ERR_INVALID);
+  CHECK(strstr(err.msg, "weights 1 differ") != NULL);
+  CHECK_EQ(rlm__cuda_qgemm_multi(ws + 2, ys, 2, (const float *)16, 17, NULL, NULL, &err), RLM_ERR_INVALID);
+  CHECK_EQ(rlm__cuda_qgemm_multi(ws, ys, 4, (const float *)16, 17, (void *)16, NULL, &err), RLM_ERR_INVALID);
+  ys[1] = NULL;
+  CHECK_EQ(rlm__cuda_qgemm_multi(ws + 2, ys, 2, (const float *)16, 17, (void *)16, NULL, &err), RLM_ERR_INVALID);
+  CHECK(strstr(err.msg, "output 1 is NULL") != NULL);
+  qm_free(&a), qm_free(&b);
 }
 
 TEST(qgemm_matches_reference) {
@@ -1027,6 +1114,7 @@ int main(int argc, char **argv) {
   RUN(qgemm_i8_multi_matches_reference);
   RUN(refuses_what_it_lacks);
   RUN(qgemm_matches_reference);
+  RUN(qgemm_multi_matches_reference);
   RUN(qgemm_dequantizes_exactly);
   RUN(qgemm_refuses_what_it_lacks);
   return test_summary();
