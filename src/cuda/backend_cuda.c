@@ -411,6 +411,8 @@ typedef struct cuda_switches {
   int64_t i8_max;   /* RINGLM_CUDA_I8_MAX=n: tokens up to which the int8
                        tensor-core product runs, for every product (-1:
                        by rows, i8_max) */
+  int64_t i8_wide;  /* RINGLM_CUDA_I8_WIDE=n: the same for products past
+                       I8_NARROW_ROWS rows only (gate, up, the head) */
   bool dense_multi; /* RINGLM_CUDA_DENSE_MULTI=0: dense products one by one */
   bool fuse;        /* RINGLM_CUDA_FUSE=0: no producers' int8, no qkv_prep */
   bool attn_tc;     /* RINGLM_CUDA_ATTN_TC=0: flash-decoding kernel for prefill */
@@ -442,6 +444,8 @@ static bool env_on(const char *name) {
 static void read_switches(void) {
   const char *e = getenv("RINGLM_CUDA_I8_MAX");
   g_switches.i8_max = e ? RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e)) : -1;
+  e = getenv("RINGLM_CUDA_I8_WIDE");
+  g_switches.i8_wide = e ? RLM_MIN((int64_t)I8_MAX, (int64_t)atoll(e)) : I8_DEFAULT;
   g_switches.dense_multi = env_on("RINGLM_CUDA_DENSE_MULTI");
   g_switches.fuse = env_on("RINGLM_CUDA_FUSE");
   g_switches.attn_tc = env_on("RINGLM_CUDA_ATTN_TC");
@@ -485,11 +489,11 @@ static bool xreg6_takes(const rlm_session *s, const rlm_cuda_weight *w, int64_t 
  * us), but as one launch fed by the producers' int8 rows batched B = 32
  * gains 8% (3,840 to 4,160 tok/s on the 8B, docs/cuda-notes.md).
  * RINGLM_CUDA_I8_MAX=n sets one limit for all (I8_MAX at most), to
- * compare. */
+ * compare; RINGLM_CUDA_I8_WIDE=n the second only. */
 static int64_t i8_max(int64_t rows) {
   const int64_t forced = switches()->i8_max;
   if (forced >= 0) return forced;
-  return rows <= I8_NARROW_ROWS ? I8_NARROW_MAX : I8_DEFAULT;
+  return rows <= I8_NARROW_ROWS ? I8_NARROW_MAX : switches()->i8_wide;
 }
 
 /* The int8 tensor-core product of k weights of one x (cs->q8), into ys.
