@@ -68,6 +68,10 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # and gate and up (q, k and v) past 16 tokens as one launch of the f16
   # tensor-core product, behind a switch until it has run on a GPU
   RINGLM_CUDA_QGEMM_MULTI=1 build-cuda/tests/test_cuda_model || failed="$failed model:qgemm-multi"
+  # and the int8 tensor-core product split by whole waves (more partials
+  # for the readers of its sums), behind a switch too
+  RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-waves"
+  RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-waves"
   for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

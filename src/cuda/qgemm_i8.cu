@@ -387,13 +387,73 @@ int target_blocks() {
   return target;
 }
 
-/* Splits of K: doubled while the grid is under target_blocks() blocks and
- * each split keeps 2 chunks at least. */
-int pick_splits(int64_t blocks, int n_chunks) {
-  const int target = target_blocks();
+/* RINGLM_CUDA_I8_WAVES=1: pick_splits by whole waves (below), to compare;
+ * off until it has run on a GPU. */
+bool by_waves() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_I8_WAVES");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
+/* The partials hold S R <= part_rows() rows (rlm__cuda_qgemm_i8_part_bytes):
+ * what the target rule can ask (S tiles < 2 target), and with the wave
+ * rule, which may split a grid past the target, twice that. */
+int64_t part_rows() { return (int64_t)(by_waves() ? 4 : 2) * target_blocks() * kBM; }
+
+/* Splits of K for `blocks` blocks of n_chunks chunks (R rows in all).
+ * The target rule: doubled while the grid is under target_blocks() blocks
+ * and each split keeps 2 chunks at least. The wave rule (slots: blocks
+ * the card holds at once, > 0): the S whose grid takes the least time in
+ * whole waves, ceil(blocks S / slots) waves of n_chunks / S chunks, the
+ * smaller S on a tie (fewer partials to add). The 8B's gate and up at 32
+ * tokens are 448 tiles of 32 chunks on 396 places (an H100 at 3 blocks an
+ * SM): S = 2 (the target rule) is 3 waves of 16 chunks, S = 4 5 of 8. */
+int pick_splits(int64_t blocks, int n_chunks, int64_t R, int slots) {
   int s = 1;
-  while (s < kMaxSplit && blocks * s < target && n_chunks / (2 * s) >= 2) s *= 2;
+  if (!by_waves() || slots < 1) {
+    const int target = target_blocks();
+    while (s < kMaxSplit && blocks * s < target && n_chunks / (2 * s) >= 2) s *= 2;
+    return s;
+  }
+  int64_t best = -1;
+  for (int t = 1; t <= kMaxSplit && n_chunks / t >= 2 && t * R <= part_rows(); t *= 2) {
+    const int64_t cost = (blocks * t + slots - 1) / slots * ((n_chunks + t - 1) / t);
+    if (best < 0 || cost < best) best = cost, s = t;
+  }
   return s;
+}
+
+/* Blocks of this instance the card holds at once (0: the query failed),
+ * asked once. */
+template <int BITS, int NT, typename T, bool MULTI>
+int resident_blocks() {
+  static const int n = [] {
+    int per_sm = 0, dev = 0, sms = 0;
+    if (cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T, MULTI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Cfg<BITS, NT>::kSmem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemm_i8_kernel<BITS, NT, T, MULTI>, kThreads,
+                                                      Cfg<BITS, NT>::kSmem) != cudaSuccess ||
+        cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return per_sm * sms;
+  }();
+  return n;
+}
+
+template <int BITS, int NT, typename T>
+int slots_of(int k) {
+  return k > 1 ? resident_blocks<BITS, NT, T, true>() : resident_blocks<BITS, NT, T, false>();
+}
+
+template <typename T>
+int slots_bits(int bits, int nt, int k) {
+  return bits == 4 ? (nt == 2 ? slots_of<4, 2, T>(k) : slots_of<4, 4, T>(k))
+                   : (nt == 2 ? slots_of<8, 2, T>(k) : slots_of<8, 4, T>(k));
 }
 
 template <int BITS, int NT, typename T, bool MULTI>
@@ -430,9 +490,7 @@ int pick_nt(int64_t m) { return m <= 16 ? 2 : 4; }
 } // namespace
 
 extern "C" size_t rlm__cuda_qgemm_i8_part_bytes(int64_t m) {
-  /* S row tiles stay under 2 target_blocks() (pick_splits, the same value
-   * read once), so S * rows <= 2 target kBM */
-  return (size_t)2 * target_blocks() * kBM * (size_t)m * sizeof(float);
+  return (size_t)part_rows() * (size_t)m * sizeof(float); /* pick_splits keeps S R under part_rows() */
 }
 
 /* The checks of one matrix (the first) or of one that must agree with it. */
@@ -483,7 +541,13 @@ extern "C" rlm_status rlm__cuda_qgemm_i8_multi_late(const rlm_cuda_qmat *ws, flo
   a.part = part, a.R = R, a.m = m, a.cols = (int)ws[0].cols, a.g = ws[0].group_size;
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   cudaError_t e = cudaSuccess;
-  const int S = pick_splits(tiles * tok_tiles, (int)(ws[0].cols / kChunk));
+  int slots = 0;
+  if (by_waves()) {
+#define RLM_T(T) slots = slots_bits<T>(ws[0].bits, nt, k)
+    RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
+#undef RLM_T
+  }
+  const int S = pick_splits(tiles * tok_tiles, (int)(ws[0].cols / kChunk), R, slots);
   if ((size_t)S * (size_t)m * (size_t)R * sizeof(float) > rlm__cuda_qgemm_i8_part_bytes(m) && S > 1)
     return fail(err, RLM_ERR_INTERNAL, fn, "partials of %d splits past the scratch", S);
 #define RLM_T(T) e = launch_bits<T>(a, ws[0].bits, nt, S, st)
