@@ -72,6 +72,9 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # for the readers of its sums), behind a switch too
   RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-waves"
   RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-waves"
+  # and its 32-token instances built for four blocks an SM
+  RINGLM_CUDA_I8_OCC4=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-occ4"
+  RINGLM_CUDA_I8_OCC4=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-occ4"
   for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -318,7 +318,7 @@ __device__ __forceinline__ int64_t row_at(const Args &p, int rt, int mi) {
  * (else matrix 0's fields stay kernel parameters, as before there were
  * several). */
 template <int BITS, int NT, typename T, bool MULTI>
-__global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
+__device__ __forceinline__ void qgemm_i8_block(const Args p) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
@@ -347,6 +347,19 @@ __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
       const int64_t tok = tok0 + nt * 8 + 2 * t + (e & 1), row = e < 2 ? ra : rb;
       if (tok < p.m && row < w.rows) out[tok * ld + row] = acc[nt][e];
     }
+}
+
+template <int BITS, int NT, typename T, bool MULTI>
+__global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
+  qgemm_i8_block<BITS, NT, T, MULTI>(p);
+}
+
+/* The same for four blocks an SM (128 registers, a few spilled, where the
+ * 4-bit instances at 32 tokens take 144: three blocks), to compare:
+ * ncu had the product latency-bound with 12 warps an SM. */
+template <int BITS, int NT, typename T, bool MULTI>
+__global__ void __launch_bounds__(kThreads, 4) qgemm_i8_occ4_kernel(const Args p) {
+  qgemm_i8_block<BITS, NT, T, MULTI>(p);
 }
 
 /* Where add_splits_kernel puts each matrix's sums. */
@@ -425,15 +438,34 @@ int pick_splits(int64_t blocks, int n_chunks, int64_t R, int slots) {
   return s;
 }
 
+/* RINGLM_CUDA_I8_OCC4=1: the 32-token instances (NT = 4) built for four
+ * blocks an SM (qgemm_i8_occ4_kernel), to compare; off until it has run
+ * on a GPU. */
+bool occ4() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_I8_OCC4");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
+/* The kernel an instance launches. */
+template <int BITS, int NT, typename T, bool MULTI>
+auto kernel_of() -> void (*)(const Args) {
+  if constexpr (NT == 4)
+    if (occ4()) return qgemm_i8_occ4_kernel<BITS, NT, T, MULTI>;
+  return qgemm_i8_kernel<BITS, NT, T, MULTI>;
+}
+
 /* Blocks of this instance the card holds at once (0: the query failed),
  * asked once. */
 template <int BITS, int NT, typename T, bool MULTI>
 int resident_blocks() {
   static const int n = [] {
     int per_sm = 0, dev = 0, sms = 0;
-    if (cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T, MULTI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg<BITS, NT>::kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemm_i8_kernel<BITS, NT, T, MULTI>, kThreads,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<BITS, NT, T, MULTI>(), kThreads,
                                                       Cfg<BITS, NT>::kSmem) != cudaSuccess ||
         cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
@@ -459,11 +491,11 @@ int slots_bits(int bits, int nt, int k) {
 template <int BITS, int NT, typename T, bool MULTI>
 cudaError_t launch_one(const Args &a, int S, cudaStream_t st) {
   using C = Cfg<BITS, NT>;
-  static const cudaError_t attr = cudaFuncSetAttribute(qgemm_i8_kernel<BITS, NT, T, MULTI>,
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI>(),
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (attr != cudaSuccess) return attr;
   const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)a.tile0[a.k], (unsigned)S);
-  return launch_k(qgemm_i8_kernel<BITS, NT, T, MULTI>, grid, dim3(kThreads), C::kSmem, st, a);
+  return launch_k(kernel_of<BITS, NT, T, MULTI>(), grid, dim3(kThreads), C::kSmem, st, a);
 }
 
 template <int BITS, int NT, typename T>
