@@ -443,16 +443,17 @@ __global__ void __launch_bounds__(kScaleThreads)
                                       back + blockIdx.x);
 }
 
-/* One block of a cluster of S over rows [row0, +256) of p's matrix x
- * tokens [8 NT ty, +8 NT): slices [r nsl / S, (r+1) nsl / S) for rank r. */
+/* Block (tile * S + r, token tile) of a cluster of S: rows [256 (tile -
+ * t0), +256) of p's matrix (t0: its first tile in the grid) x tokens [8 NT
+ * ty, +8 NT), slices [r nsl / S, (r+1) nsl / S). */
 template <int BITS, int NT, typename S>
-__device__ __forceinline__ void qgemm_tile(const Args &p, int64_t row0) {
+__device__ __forceinline__ void qgemm_tile(const Args p, int t0) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
   cg::cluster_group cluster = cg::this_cluster();
   const int n_rank = (int)cluster.num_blocks(), rank = (int)cluster.block_rank();
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
-  const int64_t tok0 = (int64_t)blockIdx.y * C::kBN;
+  const int64_t row0 = (int64_t)(blockIdx.x / n_rank - t0) * kBM, tok0 = (int64_t)blockIdx.y * C::kBN;
   const int n_slices = p.cols / kSlice;
   const int s0 = rank * n_slices / n_rank, n = (rank + 1) * n_slices / n_rank - s0;
 
@@ -535,10 +536,9 @@ __device__ __forceinline__ void qgemm_tile(const Args &p, int64_t row0) {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
 }
 
-/* Block (tile * S + r, token tile): row tile `tile` of p's matrix. */
 template <int BITS, int NT, typename S>
 __global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_kernel(const Args p) {
-  qgemm_tile<BITS, NT, S>(p, (int64_t)(blockIdx.x / cg::this_cluster().num_blocks()) * kBM);
+  qgemm_tile<BITS, NT, S>(p, 0);
 }
 
 /* Block (tile * S + r, token tile) of several products of one x (gate and
@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_mul
   const Mat &w = mi == 0 ? ms.mat[0] : mi == 1 ? ms.mat[1] : ms.mat[2];
   Args q = p;
   q.wq = w.wq, q.sc = w.sc, q.bi = w.bi, q.y = w.y, q.rows = w.rows, q.sc_odd = w.sc_odd, q.bi_odd = w.bi_odd;
-  qgemm_tile<BITS, NT, S>(q, (int64_t)(tile - (mi == 0 ? 0 : mi == 1 ? ms.tile0[1] : ms.tile0[2])) * kBM);
+  qgemm_tile<BITS, NT, S>(q, mi == 0 ? 0 : mi == 1 ? ms.tile0[1] : ms.tile0[2]);
 }
 
 /* ---- launch --------------------------------------------------------------------- */
