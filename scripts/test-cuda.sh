@@ -68,6 +68,7 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # and gate and up (q, k and v) past 16 tokens as one launch of the f16
   # tensor-core product, behind a switch until it has run on a GPU
   RINGLM_CUDA_QGEMM_MULTI=1 build-cuda/tests/test_cuda_model || failed="$failed model:qgemm-multi"
+  RINGLM_CUDA_QGEMM_NT4=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:qgemm-nt4"
   # and the int8 tensor-core product split by whole waves (more partials
   # for the readers of its sums), behind a switch too
   RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-waves"

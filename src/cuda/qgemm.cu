@@ -557,8 +557,16 @@ __global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_mul
 
 /* ---- launch --------------------------------------------------------------------- */
 
-/* Tokens per block / 8 for m rows of x. */
-int pick_nt(int64_t m) { return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 ? 4 : 8; }
+/* Tokens per block / 8 for m rows of x. RINGLM_CUDA_QGEMM_NT4=1: at most
+ * 4 (64 tokens as two token tiles of two blocks an SM each, where one
+ * tile of 8 n-tiles a warp spills at two blocks an SM), to compare. */
+int pick_nt(int64_t m) {
+  static const bool nt4 = [] {
+    const char *e = getenv("RINGLM_CUDA_QGEMM_NT4");
+    return e && e[0] == '1';
+  }();
+  return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 || nt4 ? 4 : 8;
+}
 
 /* Blocks per cluster: doubled while the grid is under kTargetBlocks and
  * each block keeps 4 slices at least. */
