@@ -14,7 +14,9 @@
  * 8 bits, each timed with events over 50 launches that rotate among copies
  * of the weights larger than the L2 together; GB/s over the bytes read
  * (codes, scales, biases, x) and written, and the fraction of the
- * device-to-device copy bandwidth measured in the same run.
+ * device-to-device copy bandwidth measured in the same run; then the
+ * many-token products (qgemm.cu, qgemm_i8.cu, cuBLAS) and Llama's gate
+ * and up as two qgemm calls against one launch of both.
  * `test_cuda_qgemv --bench-token`: one decode token's products of those
  * models (every layer's own weights) captured as one graph and replayed,
  * as the decode step launches them, against bytes over the copy bandwidth.
@@ -921,6 +923,44 @@ static double time_i8(const shape *sh, int m) {
   return us;
 }
 
+/* Two products of one x (gate and up): W copies w and the one half the
+ * ring away (neither read by the call before), as two rlm__cuda_qgemm
+ * calls or one rlm__cuda_qgemm_multi. */
+typedef struct pair_call {
+  int m;
+  bool multi;
+  void *scratch;
+  float *dy2;
+} pair_call;
+
+static rlm_status call_pair(const timed *t, const rlm_cuda_qmat *w, void *ctx, rlm_error *err) {
+  const pair_call *c = ctx;
+  const rlm_cuda_qmat ws[2] = {*w, t->ws[(w - t->ws + t->copies / 2) % t->copies]};
+  float *ys[2] = {t->dy, c->dy2};
+  if (c->multi) return rlm__cuda_qgemm_multi(ws, ys, 2, t->dx, c->m, c->scratch, NULL, err);
+  const rlm_status rc = rlm__cuda_qgemm(&ws[0], t->dx, c->m, ys[0], c->scratch, NULL, err);
+  return rc ? rc : rlm__cuda_qgemm(&ws[1], t->dx, c->m, ys[1], c->scratch, NULL, err);
+}
+
+static void bench_pair(void) {
+  static const shape gate = {"llama8b gate|up", 14336, 4096, 4, 0};
+  static const int ms[] = {32, 64, 128};
+  printf("\ngate and up of one x (rlm__cuda_qgemm; 14336 x 4096 each, 4-bit g64): two calls against one launch\n");
+  printf("%4s %12s %12s %8s\n", "m", "two us", "multi us", "gain");
+  for (size_t k = 0; k < sizeof ms / sizeof *ms; k++) {
+    timed t;
+    timed_make(&t, &gate, ms[k]);
+    pair_call c = {ms[k], false, NULL, dev_poisoned((size_t)ms[k] * (size_t)gate.rows * 4)};
+    CU(cudaMalloc(&c.scratch, rlm__cuda_qgemm_scratch_bytes(ms[k], gate.cols)));
+    const double two = median_us(&t, call_pair, &c);
+    c.multi = true;
+    const double one = median_us(&t, call_pair, &c);
+    printf("%4d %12.1f %12.1f %7.2fx\n", ms[k], two, one, two / one);
+    cudaFree(c.scratch), cudaFree(c.dy2);
+    timed_free(&t);
+  }
+}
+
 /* Llama-3.1-8B's products over many tokens: the tensor-core kernel, GB/s
  * of codes + scales + biases and TFLOP/s, against the cuBLAS path. */
 static void bench_qgemm(void) {
@@ -1096,6 +1136,7 @@ static void bench(void) {
              1e6 / tok_us[k][q8], floor_us, 100 * floor_us / tok_us[k][q8]);
     }
   bench_qgemm();
+  bench_pair();
 }
 
 int main(int argc, char **argv) {
