@@ -76,6 +76,9 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # and its 32-token instances built for four blocks an SM
   RINGLM_CUDA_I8_OCC4=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-occ4"
   RINGLM_CUDA_I8_OCC4=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-occ4"
+  # attention launches capped at the parts a query of the cache can use
+  RINGLM_CUDA_ATTN_CAP_PARTS=1 build-cuda/tests/test_cuda_ops || failed="$failed ops:attn-cap-parts"
+  RINGLM_CUDA_ATTN_CAP_PARTS=1 build-cuda/tests/test_cuda_model || failed="$failed model:attn-cap-parts"
   for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

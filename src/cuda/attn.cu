@@ -94,6 +94,31 @@ int n_splits(int n, int n_heads) {
   return s;
 }
 
+/* RINGLM_CUDA_ATTN_CAP_PARTS=1: launch_parts below, to compare; off until
+ * it has run on a GPU. */
+bool cap_parts() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_ATTN_CAP_PARTS");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
+/* The parts a launch has: n_splits, or (cap_parts) at most those a query
+ * of this cache can use. A query sees at most cap positions (runs_of), so
+ * it uses at most ceil(cap / kMinKeys) parts (parts_used), and with no
+ * more in the launch its parts and their bounds are the same: the same
+ * bits. Decode's one token of Llama-8B launched 128 parts for each of its
+ * 8 kv heads, 1,024 blocks, where a cache of tg128's 129 positions lets
+ * at most 3 parts of a head do any work; the rest read the token's row
+ * and position and exit. */
+int launch_parts(int n, int n_heads, int64_t cap) {
+  const int s = n_splits(n, n_heads);
+  if (!cap_parts()) return s;
+  const int64_t most = (cap + kMinKeys - 1) / kMinKeys;
+  return most < 1 ? 1 : most < s ? (int)most : s;
+}
+
 /* *p = v in the cache's dtype, rounded to nearest even (rlm__convert). */
 __device__ __forceinline__ void put(float *p, float v) { *p = v; }
 /* A NaN keeps the CPU's bits (rlm__f32_to_f16, rlm__f32_to_bf16: quiet,
@@ -1168,7 +1193,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
     return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");
   if (n == 0) return RLM_OK;
-  const int parts = n_splits(n, n_heads);
+  const int parts = launch_parts(n, n_heads, c->cap);
   float *part_o = static_cast<float *>(scratch);
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
   const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, part_o, part_ml};
