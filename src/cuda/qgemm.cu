@@ -578,7 +578,7 @@ int pick_cluster(int64_t blocks, int n_slices) {
 
 /* Clusters of s blocks of this instance the card holds at once (0: the
  * query failed), asked once per s. */
-template <int BITS, int NT, typename S>
+template <int BITS, int NT, typename S, bool MULTI>
 int resident_clusters(int s) {
   static std::atomic<int> known[kMaxCluster + 1];
   int n = known[s].load(std::memory_order_relaxed);
@@ -589,7 +589,9 @@ int resident_clusters(int s) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)s, 1, 1), cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = Cfg<BITS, NT>::kSmem, cfg.attrs = &at, cfg.numAttrs = 1;
-  if (cudaOccupancyMaxActiveClusters(&n, qgemm_kernel<BITS, NT, S>, &cfg) != cudaSuccess) (void)cudaGetLastError(), n = 0;
+  const cudaError_t e = MULTI ? cudaOccupancyMaxActiveClusters(&n, qgemm_multi_kernel<BITS, NT, S>, &cfg)
+                              : cudaOccupancyMaxActiveClusters(&n, qgemm_kernel<BITS, NT, S>, &cfg);
+  if (e != cudaSuccess) (void)cudaGetLastError(), n = 0;
   known[s].store(n + 1, std::memory_order_relaxed);
   return n;
 }
@@ -602,7 +604,7 @@ int resident_clusters(int s) {
  * Elsewhere pick_cluster's rule, which was faster at 16 tokens (57 against
  * 76 us) and at 128 (down: 160 against 190). RINGLM_CUDA_QGEMM_WAVE=0:
  * pick_cluster's rule everywhere, to compare. */
-template <int BITS, int NT, typename S>
+template <int BITS, int NT, typename S, bool MULTI>
 int pick_cluster_wave(int64_t clusters, int n_slices) {
   static const bool off = [] {
     const char *e = getenv("RINGLM_CUDA_QGEMM_WAVE");
@@ -610,13 +612,13 @@ int pick_cluster_wave(int64_t clusters, int n_slices) {
   }();
   if (off || NT < 4) return pick_cluster(clusters, n_slices);
   int s = 1;
-  while (s < kMaxCluster && n_slices / (2 * s) >= 4 && clusters <= resident_clusters<BITS, NT, S>(2 * s)) s *= 2;
+  while (s < kMaxCluster && n_slices / (2 * s) >= 4 && clusters <= resident_clusters<BITS, NT, S, MULTI>(2 * s)) s *= 2;
   return s;
 }
 
 /* One product (ms NULL: qgemm_kernel) or several of one x (ms: the
- * matrices, qgemm_multi_kernel, split as the single kernel's occupancy
- * allows: the same launch bounds and shared memory). */
+ * matrices, qgemm_multi_kernel, split as its own occupancy allows: its
+ * registers may hold fewer blocks an SM). */
 template <int BITS, int NT, typename S>
 cudaError_t launch(const Args &a, const Mats *ms, cudaStream_t st) {
   using C = Cfg<BITS, NT>;
@@ -626,8 +628,9 @@ cudaError_t launch(const Args &a, const Mats *ms, cudaStream_t st) {
       cudaFuncSetAttribute(qgemm_multi_kernel<BITS, NT, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
   if (attr != cudaSuccess || (ms && attr_multi != cudaSuccess)) return attr != cudaSuccess ? attr : attr_multi;
   const int64_t tiles = ms ? ms->tile0[ms->k] : (a.rows + kBM - 1) / kBM, tok_tiles = (a.m + C::kBN - 1) / C::kBN;
-  const int s = tok_tiles == 1 ? pick_cluster_wave<BITS, NT, S>(tiles, a.cols / kSlice)
-                               : pick_cluster(tiles * tok_tiles, a.cols / kSlice);
+  const int s = tok_tiles > 1 ? pick_cluster(tiles * tok_tiles, a.cols / kSlice)
+                : ms ? pick_cluster_wave<BITS, NT, S, true>(tiles, a.cols / kSlice)
+                     : pick_cluster_wave<BITS, NT, S, false>(tiles, a.cols / kSlice);
   const dim3 grid((unsigned)(tiles * s), (unsigned)tok_tiles, 1), cluster((unsigned)s, 1, 1);
   if (ms) return launch_kc(qgemm_multi_kernel<BITS, NT, S>, grid, &cluster, dim3(kThreads, 1, 1), C::kSmem, st, a, *ms);
   return launch_kc(qgemm_kernel<BITS, NT, S>, grid, &cluster, dim3(kThreads, 1, 1), C::kSmem, st, a);
