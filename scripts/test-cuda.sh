@@ -4,8 +4,10 @@
 #                                  sm_90) and build the CUDA test programs
 #   scripts/test-cuda.sh run       run them: correctness against the CPU
 #                                  reference, the same under compute-sanitizer
-#                                  memcheck, then the speed table (--bench)
-#   scripts/test-cuda.sh           both
+#                                  memcheck, and again under each comparison
+#                                  switch
+#   scripts/test-cuda.sh bench     the speed tables (--bench)
+#   scripts/test-cuda.sh           all three
 # A GPU machine without our Debian packages can run what another machine
 # built: `build` gathers the libraries it lacks into build-cuda/devlib, which
 # `run` puts on LD_LIBRARY_PATH, and packs the programs and devlib into
@@ -54,31 +56,46 @@ if [ "$what" = run ] || [ "$what" = all ]; then
       failed="$failed memcheck:$p"
     fi
   done
-  # the model test again with the 6-bit one-row products on the f32 unit
-  # kernel (the path RINGLM_CUDA_XREG6=0 selects)
-  RINGLM_CUDA_XREG6=0 build-cuda/tests/test_cuda_model || failed="$failed model:xreg6-off"
-  # and with the producers' int8 activations for MAX_M rows at most (a
-  # quantize launch before each batched product, as before 2026-12-05)
-  RINGLM_CUDA_Q8_WIDE=0 build-cuda/tests/test_cuda_model || failed="$failed model:q8-narrow"
-  # split products' sums written by add_splits, not added by their readers
-  RINGLM_CUDA_SUM_LATE=0 build-cuda/tests/test_cuda_model || failed="$failed model:sum-late-off"
-  # and q, k and v's sums added by qkv_prep too, behind a switch until it
-  # has run on a GPU (docs/cuda-notes.md)
-  RINGLM_CUDA_SUM_QKV=1 build-cuda/tests/test_cuda_model || failed="$failed model:sum-qkv"
-  # and gate and up (q, k and v) past 16 tokens as one launch of the f16
-  # tensor-core product, behind a switch until it has run on a GPU
-  RINGLM_CUDA_QGEMM_MULTI=1 build-cuda/tests/test_cuda_model || failed="$failed model:qgemm-multi"
-  RINGLM_CUDA_QGEMM_NT4=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:qgemm-nt4"
-  # and the int8 tensor-core product split by whole waves (more partials
-  # for the readers of its sums), behind a switch too
-  RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-waves"
-  RINGLM_CUDA_I8_WAVES=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-waves"
-  # and its 32-token instances built for four blocks an SM
-  RINGLM_CUDA_I8_OCC4=1 build-cuda/tests/test_cuda_qgemv || failed="$failed qgemv:i8-occ4"
-  RINGLM_CUDA_I8_OCC4=1 build-cuda/tests/test_cuda_model || failed="$failed model:i8-occ4"
-  # attention launches capped at the parts a query of the cache can use
-  RINGLM_CUDA_ATTN_CAP_PARTS=1 build-cuda/tests/test_cuda_ops || failed="$failed ops:attn-cap-parts"
-  RINGLM_CUDA_ATTN_CAP_PARTS=1 build-cuda/tests/test_cuda_model || failed="$failed model:attn-cap-parts"
-  for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
+  # The programs again under the comparison switches (RINGLM_CUDA_*,
+  # docs/cuda-notes.md), each with the programs whose paths it changes:
+  #   XREG6=0          6-bit one-row products on the f32 unit kernel
+  #   Q8_WIDE=0        producers' int8 rows for MAX_M rows at most
+  #   SUM_LATE=0       split products' sums written by add_splits
+  #   SUM_QKV=1        q, k and v's sums added by qkv_prep
+  #   QGEMM_MULTI=1    gate and up (q, k, v) past 16 tokens in one f16 launch
+  #   QGEMM_NT4=1      the f16 product at most 32 tokens a block
+  #   I8_WAVES=1       the int8 product split by whole waves
+  #   I8_OCC4=1        its 32-token instances at four blocks an SM
+  #   ATTN_CAP_PARTS=1 decode's attention grid by the cache's size
+  # The ones marked "off until it has run on a GPU" in their source are
+  # tested here before any default changes.
+  while read -r sw progs_sw; do
+    for p in $progs_sw; do
+      log=build-cuda/switch-$p-${sw%%=*}.log
+      if env "RINGLM_CUDA_$sw" build-cuda/tests/$p >"$log" 2>&1; then
+        echo "test-cuda: $p with RINGLM_CUDA_$sw: passed"
+      else
+        tail -30 "$log"
+        echo "test-cuda: $p with RINGLM_CUDA_$sw: FAILED ($log)"
+        failed="$failed $p:$sw"
+      fi
+    done
+  done <<'SWITCHES'
+XREG6=0 test_cuda_model
+Q8_WIDE=0 test_cuda_model
+SUM_LATE=0 test_cuda_model
+SUM_QKV=1 test_cuda_model
+QGEMM_MULTI=1 test_cuda_model
+QGEMM_NT4=1 test_cuda_qgemv
+I8_WAVES=1 test_cuda_qgemv test_cuda_model
+I8_OCC4=1 test_cuda_qgemv test_cuda_model
+ATTN_CAP_PARTS=1 test_cuda_ops test_cuda_model
+SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  [ "$what" = bench ] && [ -f build-cuda/pack/carry.tar.xz ] && [ ! -x build-cuda/tests/test_cuda_qgemv ] &&
+    tar xJf build-cuda/pack/carry.tar.xz
+  export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  for p in test_cuda_qgemv test_cuda_ops; do build-cuda/tests/$p --bench; done
 fi
