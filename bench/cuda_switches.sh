@@ -17,6 +17,8 @@
 #             tokens as two token tiles); I8_WAVES=1 (splits by whole waves);
 #             I8_OCC4=1 (four blocks an SM), alone and with I8_WAVES=1;
 #             ATTN_CAP_PARTS=1 (decode's attention grid by the cache's size);
+#             EARLY_POS=1 (positions read before the PDL wait), alone and
+#             with ATTN_CAP_PARTS=1;
 #             SUM_LATE=0; Q8_WIDE=0; I8_MAX=64
 #   OLD       another ringlm binary (e.g. main's before a change, with its
 #             libraries on OLD_LIB), run as variant "old"
@@ -28,7 +30,7 @@ bin=${RINGLM:-build-cuda/ringlm}
 batch=${BATCH:-32,64}
 rounds=${ROUNDS:-2}
 head=${HEAD:-8}
-variants=${VARIANTS:-"-;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_I8_WIDE=16;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_QGEMM_NT4=1;RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_I8_WAVES=1 RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_ATTN_CAP_PARTS=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0;RINGLM_CUDA_I8_MAX=64"}
+variants=${VARIANTS:-"-;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_I8_WIDE=16;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_QGEMM_NT4=1;RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_I8_WAVES=1 RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_ATTN_CAP_PARTS=1;RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_ATTN_CAP_PARTS=1 RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0;RINGLM_CUDA_I8_MAX=64"}
 [ -n "${OLD:-}" ] && variants="old;$variants"
 [ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 model=$dir/llama3.1-8b-4bit-h$head

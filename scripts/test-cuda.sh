@@ -67,6 +67,7 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   I8_WAVES=1       the int8 product split by whole waves
   #   I8_OCC4=1        its 32-token instances at four blocks an SM
   #   ATTN_CAP_PARTS=1 decode's attention grid by the cache's size
+  #   EARLY_POS=1      qkv_prep and the merge read positions before the wait
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -90,6 +91,7 @@ QGEMM_NT4=1 test_cuda_qgemv
 I8_WAVES=1 test_cuda_qgemv test_cuda_model
 I8_OCC4=1 test_cuda_qgemv test_cuda_model
 ATTN_CAP_PARTS=1 test_cuda_ops test_cuda_model
+EARLY_POS=1 test_cuda_ops test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -94,6 +94,17 @@ int n_splits(int n, int n_heads) {
   return s;
 }
 
+/* RINGLM_CUDA_EARLY_POS=1: qkv_prep and the attention merge read the
+ * pass plan's rows and positions before their PDL wait (qkv_prep_row,
+ * merge_kernel's EARLY), to compare; off until it has run on a GPU. */
+bool early_pos() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_EARLY_POS");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
 /* RINGLM_CUDA_ATTN_CAP_PARTS=1: launch_parts below, to compare; off until
  * it has run on a GPU. */
 bool cap_parts() {
@@ -186,7 +197,11 @@ struct QkvSums {
   int64_t rk, rv;
 };
 
-template <int KN, typename T, bool LATE>
+/* EARLY: the k and v rows' cache slots found before the PDL wait, which
+ * this function then does itself (tok_row and tok_pos are the pass plan,
+ * copied before the pass and written by no kernel): the wait is followed
+ * by the rows' loads only, not by a second round trip for the slot. */
+template <int KN, typename T, bool LATE, bool EARLY>
 __device__ __forceinline__ void qkv_prep_row(float *q, float *k, float *v, int n, int hq, int nk, int nv,
                                              const float *qw, const float *kw, bool vnorm, double eps, const float *cs,
                                              int64_t stride, const rlm_cuda_kv &c, const int32_t *__restrict__ tok_row,
@@ -194,6 +209,13 @@ __device__ __forceinline__ void qkv_prep_row(float *q, float *k, float *v, int n
   constexpr int hd = KN * kWarp, half = KN / 2;
   const int lane = threadIdx.x % kWarp, per_tok = hq + nk + nv;
   const int64_t t = (int64_t)blockIdx.x * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  int early_row = 0;
+  int64_t early_slot = -1;
+  if constexpr (EARLY) {
+    if (!std::is_void<T>::value && t < (int64_t)n * per_tok && t % per_tok >= hq)
+      early_slot = token_slot(c, tok_row, tok_pos, t / per_tok, &early_row);
+    pdl_enter();
+  }
   if (t >= (int64_t)n * per_tok) return;
   const int64_t j = t / per_tok;
   const int i = (int)(t % per_tok), kind = i < hq ? 0 : i < hq + nk ? 1 : 2, h = kind == 0 ? i : kind == 1 ? i - hq : i - hq - nk;
@@ -236,8 +258,8 @@ __device__ __forceinline__ void qkv_prep_row(float *q, float *k, float *v, int n
 #pragma unroll
   for (int u = 0; u < KN; u++) p[lane + kWarp * u] = e[u];
   if constexpr (!std::is_void<T>::value) {
-    int row;
-    const int64_t slot = kind ? token_slot(c, tok_row, tok_pos, j, &row) : -1;
+    int row = early_row;
+    const int64_t slot = EARLY ? early_slot : kind ? token_slot(c, tok_row, tok_pos, j, &row) : -1;
     if (slot < 0) return;
     T *dst = static_cast<T *>(kind == 1 ? c.k : c.v) + (((int64_t)row * c.n_kv + h) * c.cap + slot) * c.dim;
 #pragma unroll
@@ -245,22 +267,23 @@ __device__ __forceinline__ void qkv_prep_row(float *q, float *k, float *v, int n
   }
 }
 
-template <int KN, typename T>
+template <int KN, typename T, bool EARLY>
 __global__ void qkv_prep_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
                                 const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
                                 rlm_cuda_kv c, const int32_t *__restrict__ tok_row,
                                 const int64_t *__restrict__ tok_pos) {
-  pdl_enter();
-  qkv_prep_row<KN, T, false>(q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, QkvSums{});
+  if constexpr (!EARLY) pdl_enter();
+  qkv_prep_row<KN, T, false, EARLY>(q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos,
+                                    QkvSums{});
 }
 
-template <int KN, typename T>
+template <int KN, typename T, bool EARLY>
 __global__ void qkv_prep_late_kernel(float *q, float *k, float *v, int n, int hq, int nk, int nv, const float *qw,
                                      const float *kw, bool vnorm, double eps, const float *cs, int64_t stride,
                                      rlm_cuda_kv c, const int32_t *__restrict__ tok_row,
                                      const int64_t *__restrict__ tok_pos, const QkvSums ls) {
-  pdl_enter();
-  qkv_prep_row<KN, T, true>(q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, ls);
+  if constexpr (!EARLY) pdl_enter();
+  qkv_prep_row<KN, T, true, EARLY>(q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, stride, c, tok_row, tok_pos, ls);
 }
 
 /* The quantized write: MLX's affine quantization of one head's row, as
@@ -844,16 +867,26 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
  * over dim. G32 > 0: then also the head's int8 activations (the o
  * projection's x: cuda_ops.h's rlm_cuda_q8out), a warp a weight group of
  * G32 * 32 elements, from the outputs the block just wrote. */
-template <int G32>
+/* EARLY: the parts used found before the PDL wait (tok_row and tok_pos
+ * are the pass plan, written by no kernel), and the head's outputs handed
+ * to the int8 step through shared memory rather than read back from out:
+ * two round trips to memory fewer after the wait. The same bits. */
+template <int G32, bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, int dim,
                  float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
+  int early_used = 0;
+  if constexpr (EARLY) {
+    const int64_t jj = blockIdx.x / n_heads;
+    early_used = parts_used(runs_of(c, tok_row[jj] < 0 ? -1 : tok_pos[jj]).n, n_parts);
+  }
   pdl_enter();
   __shared__ float w[kMaxSplits];
   __shared__ float l_sh;
+  __shared__ float o_sh[EARLY && G32 > 0 ? kMaxDim : 1];
   const int64_t th = blockIdx.x, j = th / n_heads;
-  const int used = parts_used(runs_of(c, tok_row[j] < 0 ? -1 : tok_pos[j]).n, n_parts);
+  const int used = EARLY ? early_used : parts_used(runs_of(c, tok_row[j] < 0 ? -1 : tok_pos[j]).n, n_parts);
   const float *ml = part_ml + th * n_parts * 2;
   if (threadIdx.x < kWarp) {
     const int lane = threadIdx.x;
@@ -883,7 +916,9 @@ __global__ void __launch_bounds__(kMergeThreads)
       for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
     for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
     const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    out[th * dim + d] = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
+    const float o = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
+    out[th * dim + d] = o;
+    if constexpr (EARLY && G32 > 0) o_sh[d] = o;
   }
   if constexpr (G32 > 0) {
     __syncthreads(); /* the head's outputs, written by every thread */
@@ -891,7 +926,8 @@ __global__ void __launch_bounds__(kMergeThreads)
     for (int gi = threadIdx.x / kWarp; gi < dim / (G32 * 32); gi += kMergeThreads / kWarp) {
       float v[G32];
 #pragma unroll
-      for (int jj = 0; jj < G32; jj++) v[jj] = out[th * dim + (gi * G32 + jj) * 32 + lane];
+      for (int jj = 0; jj < G32; jj++)
+        v[jj] = EARLY ? o_sh[(gi * G32 + jj) * 32 + lane] : out[th * dim + (gi * G32 + jj) * 32 + lane];
       q8_group(v, q8_bits, cols, (int64_t)h * (dim / (G32 * 32)) + gi, q8 + j * q8_row_bytes(cols, G32 * 32), lane);
     }
   }
@@ -1120,11 +1156,12 @@ static rlm_status qkv_prep_of(float *q, float *k, float *v, int n, int hq, int h
   const unsigned grid = (unsigned)((rows + 3) / 4);
   const rlm_cuda_kv none = {};
   const rlm_cuda_kv &cc = c ? *c : none;
-#define RLM_L(KN, T)                                                                                                \
-  (sums ? launch_k(qkv_prep_late_kernel<KN, T>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, \
-                   cs, stride, cc, tok_row, tok_pos, ls)                                                            \
-        : launch_k(qkv_prep_kernel<KN, T>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs,  \
+#define RLM_E(KN, T, E)                                                                                              \
+  (sums ? launch_k(qkv_prep_late_kernel<KN, T, E>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm,    \
+                   eps, cs, stride, cc, tok_row, tok_pos, ls)                                                        \
+        : launch_k(qkv_prep_kernel<KN, T, E>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, \
                    stride, cc, tok_row, tok_pos))
+#define RLM_L(KN, T) (early_pos() ? RLM_E(KN, T, true) : RLM_E(KN, T, false))
 #define RLM_K(KN)                                                                                                   \
   case KN:                                                                                                          \
     if (!c) RLM_L(KN, void);                                                                                        \
@@ -1135,6 +1172,7 @@ static rlm_status qkv_prep_of(float *q, float *k, float *v, int n, int hq, int h
   switch (hd / kWarp) { RLM_K(2) RLM_K(4) RLM_K(6) RLM_K(8) RLM_K(10) RLM_K(12) RLM_K(14) RLM_K(16) }
 #undef RLM_K
 #undef RLM_L
+#undef RLM_E
   return launched(fn, err);
 }
 
@@ -1208,11 +1246,13 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const unsigned blocks = (unsigned)((int64_t)n * n_heads);
   uint8_t *q8s = q8_scratch(q8);
   const int q8b = q8 ? q8->bits : 0;
-#define RLM_M(G32)                                                                                                    \
-  launch_k(merge_kernel<G32>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts,    \
+#define RLM_ME(G32, E)                                                                                                \
+  launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
            c->dim, out, q8s, q8b)
+#define RLM_M(G32) (early_pos() ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
 #undef RLM_M
+#undef RLM_ME
   return launched("rlm__cuda_attend (merge_kernel)", err);
 }

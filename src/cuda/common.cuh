@@ -177,8 +177,10 @@ __device__ __forceinline__ void cp_wait() {
  * wrote, and on every path before it returns (so that its completion
  * implies its predecessor's, and so on down the chain); only then does it
  * call pdl_launch(), letting its successor in. Reads of what no kernel
- * writes (weights) may come before the wait: that is the overlap a
- * product gains. Launched without the attribute, both are no-ops.
+ * writes may come before the wait: weights (the overlap a product gains),
+ * and the pass plan's rows and positions, which the backend copies from
+ * the host before the pass's first kernel (upload_plan). Launched without
+ * the attribute, both are no-ops.
  * RINGLM_CUDA_PDL=0 launches without it, to compare. */
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
