@@ -516,11 +516,15 @@ struct Shape {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-template <typename KP, typename VP, int DIM, int GQ, int MINB>
+template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
                   int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
+  Span early_sp;
+  bool early_live = true;
+  if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
+    early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, blockIdx.y / chunks, &early_sp);
   pdl_enter();
   static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
   using S = Shape<KP::kVe, DIM>;
@@ -533,7 +537,10 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   const int sub = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, dim = c.dim, nv = dim / kVe;
 
   Span sp;
-  if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
+  if constexpr (EARLY) {
+    if (!early_live) return;
+    sp = early_sp;
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
   const KP kp(c, Tensor{c.k, c.ks, c.kb, c.k_bits}, head);
@@ -718,11 +725,15 @@ __device__ __forceinline__ uint32_t tile_codes(const uint32_t *row, int at) {
   else return reinterpret_cast<const uint8_t *>(row)[at];
 }
 
-template <typename T, int DIM, int GQ>
+template <typename T, int DIM, int GQ, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kLkWarps)
     attend_q4_lanekey_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks,
                              float scale2, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos,
                              int n_parts, float *__restrict__ part_o, float *__restrict__ part_ml) {
+  Span early_sp;
+  bool early_live = true;
+  if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
+    early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, blockIdx.y / chunks, &early_sp);
   pdl_enter();
   using Tile = LaneKeyTile<DIM, GQ, T>;
   constexpr int kV = Tile::kV, kE = DIM / kWarp;
@@ -734,7 +745,10 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
 
   Span sp;
-  if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
+  if constexpr (EARLY) {
+    if (!early_live) return;
+    sp = early_sp;
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
   const int spr = DIM / c.group, gshift = __ffs(c.group / 32) - 1; /* groups a row; log2(vectors a group) */
@@ -968,19 +982,30 @@ int q4_blocks() {
   return b;
 }
 
+/* The attend_kernel instances built with EARLY too: decode's dense f16
+ * and bf16 caches (4-bit ones take attend_q4_lanekey_kernel). */
+template <typename KP>
+constexpr bool kEarlyRows =
+    std::is_same<KP, DenseRows<__half>>::value || std::is_same<KP, DenseRows<__nv_bfloat16>>::value;
+
 template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-#define RLM_ATTEND(MINB)                                                                                            \
-  launch_k(attend_kernel<KP, VP, DIM, GQ, MINB>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv,   \
-           chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml)
+#define RLM_ATTEND(MINB, E)                                                                                         \
+  launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,            \
+           a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml)
   if constexpr (KP::kVe == 16)
     if (q4_blocks() == 3) {
-      RLM_ATTEND(3);
+      RLM_ATTEND(3, false);
       return;
     }
-  RLM_ATTEND(1);
+  if constexpr (kEarlyRows<KP>)
+    if (early_pos()) {
+      RLM_ATTEND(1, true);
+      return;
+    }
+  RLM_ATTEND(1, false);
 #undef RLM_ATTEND
 }
 
@@ -1021,8 +1046,12 @@ template <typename T, int DIM, int GQ>
 void launch_lanekey_gq(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-  launch_k(attend_q4_lanekey_kernel<T, DIM, GQ>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads, a.q_per_kv,
-           chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+  if (early_pos())
+    launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, true>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
+             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+  else
+    launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, false>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
+             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
 }
 
 /* Up to 8 heads a block (4 at dim 256: the shared memory's 48 KB). */
