@@ -11,7 +11,9 @@
 # MLX 4-bit g64 with the tied head at HEAD bits (default 8; 6 as the
 # anchor's Q6_K), --act-bits 8. Environment:
 #   VARIANTS  ';'-separated variants, each a list of VAR=value words ("-"
-#             for none), default: none; QGEMM_MULTI=1, SUM_QKV=1 (behind
+#             for none), default: none; I8_FAST=1 (the int8 product's
+#             instances for groups of 64), alone, with I8_WAVES=1 and with
+#             I8_MAX=64; QGEMM_MULTI=1, SUM_QKV=1 (behind
 #             switches); QGEMM_MULTI=1 I8_WIDE=16 (gate and up at 17-32
 #             tokens as one f16 launch); QGEMM_MULTI=1 QGEMM_NT4=1 (64
 #             tokens as two token tiles); I8_WAVES=1 (splits by whole waves);
@@ -30,7 +32,7 @@ bin=${RINGLM:-build-cuda/ringlm}
 batch=${BATCH:-32,64}
 rounds=${ROUNDS:-2}
 head=${HEAD:-8}
-variants=${VARIANTS:-"-;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_I8_WIDE=16;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_QGEMM_NT4=1;RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_I8_WAVES=1 RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_ATTN_CAP_PARTS=1;RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_ATTN_CAP_PARTS=1 RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0;RINGLM_CUDA_I8_MAX=64"}
+variants=${VARIANTS:-"-;RINGLM_CUDA_I8_FAST=1;RINGLM_CUDA_I8_FAST=1 RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_FAST=1 RINGLM_CUDA_I8_MAX=64;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_I8_WIDE=16;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_QGEMM_NT4=1;RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_I8_WAVES=1 RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_ATTN_CAP_PARTS=1;RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_ATTN_CAP_PARTS=1 RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0;RINGLM_CUDA_I8_MAX=64"}
 [ -n "${OLD:-}" ] && variants="old;$variants"
 [ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 model=$dir/llama3.1-8b-4bit-h$head

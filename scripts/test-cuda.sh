@@ -66,6 +66,7 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   QGEMM_NT4=1      the f16 product at most 32 tokens a block
   #   I8_WAVES=1       the int8 product split by whole waves
   #   I8_OCC4=1        its 32-token instances at four blocks an SM
+  #   I8_FAST=1        its instances for weights in groups of 64
   #   ATTN_CAP_PARTS=1 decode's attention grid by the cache's size
   #   EARLY_POS=1      qkv_prep and the merge read positions before the wait
   # The ones marked "off until it has run on a GPU" in their source are
@@ -90,6 +91,7 @@ QGEMM_MULTI=1 test_cuda_model
 QGEMM_NT4=1 test_cuda_qgemv
 I8_WAVES=1 test_cuda_qgemv test_cuda_model
 I8_OCC4=1 test_cuda_qgemv test_cuda_model
+I8_FAST=1 test_cuda_qgemv test_cuda_model
 ATTN_CAP_PARTS=1 test_cuda_ops test_cuda_model
 EARLY_POS=1 test_cuda_ops test_cuda_model
 SWITCHES

@@ -173,6 +173,79 @@ __device__ __forceinline__ void load_x(const Args &p, int64_t tok0, int c, uint8
   }
 }
 
+/* G > 0 (the weights' group size known at compile time): a thread's
+ * copies of every chunk, worked out once per tile, so that a chunk's
+ * producer is its cp.async and one add each. The generic path (load_codes,
+ * load_x) recomputed the rows' clamps and 64-bit addresses every chunk in
+ * loops of run-time trip counts: with the bias loop over a run-time group
+ * count, three quarters of the 1,428 instructions a warp issued per chunk
+ * of 16 mmas (sm_90 code of the 4-bit 32-token instance), and the product
+ * is bound by issue (ncu: 18-24 SM cycles an mma). */
+template <int BITS, int NT, int G>
+struct ChunkCopies {
+  using C = Cfg<BITS, NT>;
+  static constexpr int kPer = C::kCodeBytes / 16;      /* 16-byte pieces of a row's codes */
+  static constexpr int kCodeIt = kBM * kPer / kThreads; /* a thread's pieces of codes a chunk */
+  static constexpr int kXIt = C::kBN * 8 / kThreads;    /* and of xq (8 pieces a token) */
+  static constexpr int kSumBytes = kChunk / G * 4;      /* a token's group sums a chunk */
+  static_assert(kBM * kPer % kThreads == 0 && C::kBN * 8 % kThreads == 0 && C::kBN <= kThreads, "whole rounds");
+  const uint8_t *code[kCodeIt], *x[kXIt], *d, *sum; /* chunk 0's; d, sum: threads < kBN */
+
+  __device__ __forceinline__ ChunkCopies(const Args &p, const Mat &w, int64_t row0, int64_t tok0) {
+    const int tid = threadIdx.x;
+    const size_t wrow = (size_t)p.cols * BITS / 8;
+#pragma unroll
+    for (int k = 0; k < kCodeIt; k++) {
+      const int i = tid + k * kThreads, r = i / kPer;
+      const int64_t row = row0 + r < w.rows ? row0 + r : w.rows - 1;
+      code[k] = w.wq + (size_t)row * wrow + (i % kPer) * 16;
+    }
+#pragma unroll
+    for (int k = 0; k < kXIt; k++) {
+      const int i = tid + k * kThreads;
+      const int64_t tok = tok0 + i / 8 < p.m ? tok0 + i / 8 : p.m - 1;
+      x[k] = p.x + (size_t)tok * p.x_row + (i % 8) * 16;
+    }
+    const int64_t tok = tok0 + tid < p.m ? tok0 + tid : p.m - 1;
+    d = p.x + (size_t)tok * p.x_row + p.cols, sum = d + (size_t)(p.cols / 32) * 4;
+  }
+
+  __device__ __forceinline__ void codes(int c, uint8_t *st) const {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < kCodeIt; k++) {
+      const int i = tid + k * kThreads;
+      cp_async16(st + (i / kPer) * C::kARow + (i % kPer) * 16, code[k] + (size_t)c * C::kCodeBytes);
+    }
+  }
+
+  __device__ __forceinline__ void xs(int c, uint8_t *st) const {
+    const int tid = threadIdx.x;
+    uint8_t *xs = st + C::kA, *ds = xs + C::kB, *ss = ds + C::kD;
+#pragma unroll
+    for (int k = 0; k < kXIt; k++) {
+      const int i = tid + k * kThreads;
+      cp_async16(xs + (i / 8) * C::kBRow + (i % 8) * 16, x[k] + (size_t)c * kChunk);
+    }
+    if (tid < C::kBN) {
+      cp_async16(ds + tid * 16, d + (size_t)c * 16);
+      const uint32_t dst = smem_u32(ss + tid * 16);
+      const uint8_t *src = sum + (size_t)c * kSumBytes;
+      if constexpr (kSumBytes == 16) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+      else if constexpr (kSumBytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+      else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+    }
+  }
+};
+
+/* G = 0 (the group size read at run time): load_codes and load_x instead. */
+template <int BITS, int NT>
+struct ChunkCopies<BITS, NT, 0> {
+  __device__ __forceinline__ ChunkCopies(const Args &, const Mat &, int64_t, int64_t) {}
+  __device__ __forceinline__ void codes(int, uint8_t *) const {}
+  __device__ __forceinline__ void xs(int, uint8_t *) const {}
+};
+
 /* One lane's share of a chunk's scales and biases: group t % gpc of the
  * quad's two rows a and b (the fragment's rows g and g + 8). The 4 lanes
  * of a quad share the rows, so between them they hold all the chunk's
@@ -212,26 +285,34 @@ __device__ __forceinline__ Mat mat_of(const Args &p, int i) { return i == 0 ? p.
  * in smem. The codes of the first stages and chunk c0's scales and biases
  * are requested before the PDL wait (a no-op after the block's first
  * call). */
-template <int BITS, int NT, typename T>
+template <int BITS, int NT, typename T, int G>
 __device__ __forceinline__ void tile_chunks(const Args &p, const Mat &w, int64_t row0, int64_t tok0, int c0, int c1,
                                             uint8_t *smem, float (&acc)[NT][4]) {
   using C = Cfg<BITS, NT>;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, g8 = lane >> 2, t = lane & 3;
+  const int g = G ? G : p.g; /* the weights' group size: G, or at run time */
 
   /* This lane's two weight rows (clamped for the scale reads). */
   const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
   const int64_t rac = ra < w.rows ? ra : w.rows - 1, rbc = rb < w.rows ? rb : w.rows - 1;
-  const int ng = p.cols / p.g, gpc = kChunk / p.g; /* groups a row, groups a chunk (1, 2 or 4) */
+  const int ng = p.cols / g, gpc = kChunk / g; /* groups a row, groups a chunk (1, 2 or 4) */
 
   /* The weights of the first stages and chunk c0's scales and biases,
    * then (PDL) x once it is written. */
+  const ChunkCopies<BITS, NT, G> cp(p, w, row0, tok0); /* empty for G = 0 */
   for (int s = 0; s < kStages - 1; s++)
-    if (c0 + s < c1) load_codes<BITS, NT>(w, p.cols, row0, c0 + s, smem + s * C::kStage);
+    if (c0 + s < c1) {
+      if constexpr (G > 0) cp.codes(c0 + s, smem + s * C::kStage);
+      else load_codes<BITS, NT>(w, p.cols, row0, c0 + s, smem + s * C::kStage);
+    }
   ChunkSB<T> next = {}; /* chunk c's scales and biases, then (in flight) chunk c + 1's */
   if (c0 < c1) next = load_sb<T>(w, rac, rbc, c0, ng, gpc, t);
   pdl_enter();
   for (int s = 0; s < kStages - 1; s++) {
-    if (c0 + s < c1) load_x<BITS, NT>(p, tok0, c0 + s, smem + s * C::kStage);
+    if (c0 + s < c1) {
+      if constexpr (G > 0) cp.xs(c0 + s, smem + s * C::kStage);
+      else load_x<BITS, NT>(p, tok0, c0 + s, smem + s * C::kStage);
+    }
     cp_commit();
   }
 
@@ -249,8 +330,13 @@ __device__ __forceinline__ void tile_chunks(const Args &p, const Mat &w, int64_t
     const int nxt = c + kStages - 1; /* into the stage every warp finished with (the barrier above) */
     if (nxt < c1) {
       uint8_t *st = smem + ((nxt - c0) % kStages) * C::kStage;
-      load_codes<BITS, NT>(w, p.cols, row0, nxt, st);
-      load_x<BITS, NT>(p, tok0, nxt, st);
+      if constexpr (G > 0) {
+        cp.codes(nxt, st);
+        cp.xs(nxt, st);
+      } else {
+        load_codes<BITS, NT>(w, p.cols, row0, nxt, st);
+        load_x<BITS, NT>(p, tok0, nxt, st);
+      }
     }
     cp_commit();
     const uint8_t *st = smem + ((c - c0) % kStages) * C::kStage;
@@ -271,7 +357,7 @@ __device__ __forceinline__ void tile_chunks(const Args &p, const Mat &w, int64_t
         a1 = *reinterpret_cast<const uint32_t *>(as + 8 * C::kARow + j * 32 + 4 * t);
         a3 = *reinterpret_cast<const uint32_t *>(as + 8 * C::kARow + j * 32 + 16 + 4 * t);
       }
-      const int q = j * 32 / p.g; /* the group of block j inside the chunk */
+      const int q = j * 32 / g; /* the group of block j inside the chunk */
       const float s_a = sb_of(cur.sa, q), s_b = sb_of(cur.sb, q);
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
@@ -317,7 +403,7 @@ __device__ __forceinline__ int64_t row_at(const Args &p, int rt, int mi) {
 /* Block (token tile, row tile of all the matrices, split z). MULTI: k > 1
  * (else matrix 0's fields stay kernel parameters, as before there were
  * several). */
-template <int BITS, int NT, typename T, bool MULTI>
+template <int BITS, int NT, typename T, bool MULTI, int G>
 __device__ __forceinline__ void qgemm_i8_block(const Args p) {
   using C = Cfg<BITS, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -332,7 +418,7 @@ __device__ __forceinline__ void qgemm_i8_block(const Args p) {
   const int c0 = z * n_chunks / S, c1 = (z + 1) * n_chunks / S;
 
   float acc[NT][4];
-  tile_chunks<BITS, NT, T>(p, w, row0, tok0, c0, c1, smem, acc);
+  tile_chunks<BITS, NT, T, G>(p, w, row0, tok0, c0, c1, smem, acc);
 
   /* S = 1: y itself; else split z's partials, this matrix's rows at roff */
   const int64_t ra = row0 + warp * 16 + g8, rb = ra + 8;
@@ -349,17 +435,19 @@ __device__ __forceinline__ void qgemm_i8_block(const Args p) {
     }
 }
 
-template <int BITS, int NT, typename T, bool MULTI>
+/* G: the weights' group size when known at compile time (64: ChunkCopies
+ * and the chunk's group loops unrolled), or 0 (read from p). */
+template <int BITS, int NT, typename T, bool MULTI, int G>
 __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
-  qgemm_i8_block<BITS, NT, T, MULTI>(p);
+  qgemm_i8_block<BITS, NT, T, MULTI, G>(p);
 }
 
 /* The same for four blocks an SM (128 registers, a few spilled, where the
  * 4-bit instances at 32 tokens take 144: three blocks), to compare:
  * ncu had the product latency-bound with 12 warps an SM. */
-template <int BITS, int NT, typename T, bool MULTI>
+template <int BITS, int NT, typename T, bool MULTI, int G>
 __global__ void __launch_bounds__(kThreads, 4) qgemm_i8_occ4_kernel(const Args p) {
-  qgemm_i8_block<BITS, NT, T, MULTI>(p);
+  qgemm_i8_block<BITS, NT, T, MULTI, G>(p);
 }
 
 /* Where add_splits_kernel puts each matrix's sums. */
@@ -449,23 +537,33 @@ bool occ4() {
   return on;
 }
 
+/* RINGLM_CUDA_I8_FAST=1: weights in groups of 64 take the instances of
+ * G = 64 (ChunkCopies), to compare; off until it has run on a GPU. */
+bool i8_fast() {
+  static const bool on = [] {
+    const char *e = getenv("RINGLM_CUDA_I8_FAST");
+    return e && e[0] == '1';
+  }();
+  return on;
+}
+
 /* The kernel an instance launches. */
-template <int BITS, int NT, typename T, bool MULTI>
+template <int BITS, int NT, typename T, bool MULTI, int G>
 auto kernel_of() -> void (*)(const Args) {
   if constexpr (NT == 4)
-    if (occ4()) return qgemm_i8_occ4_kernel<BITS, NT, T, MULTI>;
-  return qgemm_i8_kernel<BITS, NT, T, MULTI>;
+    if (occ4()) return qgemm_i8_occ4_kernel<BITS, NT, T, MULTI, G>;
+  return qgemm_i8_kernel<BITS, NT, T, MULTI, G>;
 }
 
 /* Blocks of this instance the card holds at once (0: the query failed),
  * asked once. */
-template <int BITS, int NT, typename T, bool MULTI>
+template <int BITS, int NT, typename T, bool MULTI, int G>
 int resident_blocks() {
   static const int n = [] {
     int per_sm = 0, dev = 0, sms = 0;
-    if (cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI, G>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg<BITS, NT>::kSmem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<BITS, NT, T, MULTI>(), kThreads,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<BITS, NT, T, MULTI, G>(), kThreads,
                                                       Cfg<BITS, NT>::kSmem) != cudaSuccess ||
         cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
@@ -477,25 +575,38 @@ int resident_blocks() {
   return n;
 }
 
+/* The G an Args takes: 64 under i8_fast for weights in groups of 64. */
+bool fast_of(const Args &a) { return i8_fast() && a.g == 64; }
+
+template <int BITS, int NT, typename T, bool MULTI>
+int slots_of(const Args &a) {
+  return fast_of(a) ? resident_blocks<BITS, NT, T, MULTI, 64>() : resident_blocks<BITS, NT, T, MULTI, 0>();
+}
+
 template <int BITS, int NT, typename T>
-int slots_of(int k) {
-  return k > 1 ? resident_blocks<BITS, NT, T, true>() : resident_blocks<BITS, NT, T, false>();
+int slots_nt(const Args &a) {
+  return a.k > 1 ? slots_of<BITS, NT, T, true>(a) : slots_of<BITS, NT, T, false>(a);
 }
 
 template <typename T>
-int slots_bits(int bits, int nt, int k) {
-  return bits == 4 ? (nt == 2 ? slots_of<4, 2, T>(k) : slots_of<4, 4, T>(k))
-                   : (nt == 2 ? slots_of<8, 2, T>(k) : slots_of<8, 4, T>(k));
+int slots_bits(const Args &a, int bits, int nt) {
+  return bits == 4 ? (nt == 2 ? slots_nt<4, 2, T>(a) : slots_nt<4, 4, T>(a))
+                   : (nt == 2 ? slots_nt<8, 2, T>(a) : slots_nt<8, 4, T>(a));
+}
+
+template <int BITS, int NT, typename T, bool MULTI, int G>
+cudaError_t launch_g(const Args &a, int S, cudaStream_t st) {
+  using C = Cfg<BITS, NT>;
+  static const cudaError_t attr = cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI, G>(),
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
+  if (attr != cudaSuccess) return attr;
+  const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)a.tile0[a.k], (unsigned)S);
+  return launch_k(kernel_of<BITS, NT, T, MULTI, G>(), grid, dim3(kThreads), C::kSmem, st, a);
 }
 
 template <int BITS, int NT, typename T, bool MULTI>
 cudaError_t launch_one(const Args &a, int S, cudaStream_t st) {
-  using C = Cfg<BITS, NT>;
-  static const cudaError_t attr = cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI>(),
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmem);
-  if (attr != cudaSuccess) return attr;
-  const dim3 grid((unsigned)((a.m + C::kBN - 1) / C::kBN), (unsigned)a.tile0[a.k], (unsigned)S);
-  return launch_k(kernel_of<BITS, NT, T, MULTI>(), grid, dim3(kThreads), C::kSmem, st, a);
+  return fast_of(a) ? launch_g<BITS, NT, T, MULTI, 64>(a, S, st) : launch_g<BITS, NT, T, MULTI, 0>(a, S, st);
 }
 
 template <int BITS, int NT, typename T>
@@ -575,7 +686,7 @@ extern "C" rlm_status rlm__cuda_qgemm_i8_multi_late(const rlm_cuda_qmat *ws, flo
   cudaError_t e = cudaSuccess;
   int slots = 0;
   if (by_waves()) {
-#define RLM_T(T) slots = slots_bits<T>(ws[0].bits, nt, k)
+#define RLM_T(T) slots = slots_bits<T>(a, ws[0].bits, nt)
     RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
 #undef RLM_T
   }
