@@ -540,7 +540,9 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   if constexpr (EARLY) {
     if (!early_live) return;
     sp = early_sp;
-  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) {
+    return; /* the whole block: the merge does not read it */
+  }
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
   const KP kp(c, Tensor{c.k, c.ks, c.kb, c.k_bits}, head);
@@ -748,7 +750,9 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
   if constexpr (EARLY) {
     if (!early_live) return;
     sp = early_sp;
-  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) return; /* the whole block: the merge does not read it */
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) {
+    return; /* the whole block: the merge does not read it */
+  }
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
   const int spr = DIM / c.group, gshift = __ffs(c.group / 32) - 1; /* groups a row; log2(vectors a group) */

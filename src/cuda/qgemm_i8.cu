@@ -173,8 +173,8 @@ __device__ __forceinline__ void load_x(const Args &p, int64_t tok0, int c, uint8
   }
 }
 
-/* G > 0 (the weights' group size known at compile time): a thread's
- * copies of every chunk, worked out once per tile, so that a chunk's
+/* G > 0 (the weights' group size, 32, 64 or 128, known at compile time):
+ * a thread's copies of every chunk, worked out once per tile, so that a chunk's
  * producer is its cp.async and one add each. The generic path (load_codes,
  * load_x) recomputed the rows' clamps and 64-bit addresses every chunk in
  * loops of run-time trip counts: with the bias loop over a run-time group
@@ -229,11 +229,7 @@ struct ChunkCopies {
     }
     if (tid < C::kBN) {
       cp_async16(ds + tid * 16, d + (size_t)c * 16);
-      const uint32_t dst = smem_u32(ss + tid * 16);
-      const uint8_t *src = sum + (size_t)c * kSumBytes;
-      if constexpr (kSumBytes == 16) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-      else if constexpr (kSumBytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
-      else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+      cp_sums(ss + tid * 16, sum + (size_t)c * kSumBytes, G); /* G constant: one copy */
     }
   }
 };
@@ -435,8 +431,8 @@ __device__ __forceinline__ void qgemm_i8_block(const Args p) {
     }
 }
 
-/* G: the weights' group size when known at compile time (64: ChunkCopies
- * and the chunk's group loops unrolled), or 0 (read from p). */
+/* G: the weights' group size when known at compile time (32, 64 or 128:
+ * ChunkCopies and the chunk's group loops unrolled), or 0 (read from p). */
 template <int BITS, int NT, typename T, bool MULTI, int G>
 __global__ void __launch_bounds__(kThreads) qgemm_i8_kernel(const Args p) {
   qgemm_i8_block<BITS, NT, T, MULTI, G>(p);
@@ -537,8 +533,8 @@ bool occ4() {
   return on;
 }
 
-/* RINGLM_CUDA_I8_FAST=1: weights in groups of 64 take the instances of
- * G = 64 (ChunkCopies), to compare; off until it has run on a GPU. */
+/* RINGLM_CUDA_I8_FAST=1: weights take the instances of their group size
+ * G (ChunkCopies), to compare; off until it has run on a GPU. */
 bool i8_fast() {
   static const bool on = [] {
     const char *e = getenv("RINGLM_CUDA_I8_FAST");
@@ -575,12 +571,17 @@ int resident_blocks() {
   return n;
 }
 
-/* The G an Args takes: 64 under i8_fast for weights in groups of 64. */
-bool fast_of(const Args &a) { return i8_fast() && a.g == 64; }
+/* The G an Args takes: its group size under i8_fast, else 0. */
+int g_of(const Args &a) { return i8_fast() ? a.g : 0; }
 
 template <int BITS, int NT, typename T, bool MULTI>
 int slots_of(const Args &a) {
-  return fast_of(a) ? resident_blocks<BITS, NT, T, MULTI, 64>() : resident_blocks<BITS, NT, T, MULTI, 0>();
+  switch (g_of(a)) {
+  case 32: return resident_blocks<BITS, NT, T, MULTI, 32>();
+  case 64: return resident_blocks<BITS, NT, T, MULTI, 64>();
+  case 128: return resident_blocks<BITS, NT, T, MULTI, 128>();
+  default: return resident_blocks<BITS, NT, T, MULTI, 0>();
+  }
 }
 
 template <int BITS, int NT, typename T>
@@ -606,7 +607,12 @@ cudaError_t launch_g(const Args &a, int S, cudaStream_t st) {
 
 template <int BITS, int NT, typename T, bool MULTI>
 cudaError_t launch_one(const Args &a, int S, cudaStream_t st) {
-  return fast_of(a) ? launch_g<BITS, NT, T, MULTI, 64>(a, S, st) : launch_g<BITS, NT, T, MULTI, 0>(a, S, st);
+  switch (g_of(a)) {
+  case 32: return launch_g<BITS, NT, T, MULTI, 32>(a, S, st);
+  case 64: return launch_g<BITS, NT, T, MULTI, 64>(a, S, st);
+  case 128: return launch_g<BITS, NT, T, MULTI, 128>(a, S, st);
+  default: return launch_g<BITS, NT, T, MULTI, 0>(a, S, st);
+  }
 }
 
 template <int BITS, int NT, typename T>
