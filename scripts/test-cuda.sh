@@ -8,6 +8,9 @@
 #                                  switch
 #   scripts/test-cuda.sh bench     the speed tables (--bench)
 #   scripts/test-cuda.sh           all three
+# To fit `run` into shorter device calls: MEMCHECK=0 skips the memcheck
+# runs; SWITCHES=REGEX runs only the switch table's lines that match it
+# (SWITCHES=none: none of them).
 # A GPU machine without our Debian packages can run what another machine
 # built: `build` gathers the libraries it lacks into build-cuda/devlib, which
 # `run` puts on LD_LIBRARY_PATH, and packs the programs and devlib into
@@ -48,7 +51,9 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   for p in $progs; do
     bin=build-cuda/tests/$p log=build-cuda/memcheck-$p.log
     "$bin" || failed="$failed $p"
-    if compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" >"$log" 2>&1; then
+    if [ "${MEMCHECK:-1}" = 0 ]; then
+      echo "test-cuda: memcheck of $p not run (MEMCHECK=0)"
+    elif compute-sanitizer --tool memcheck --error-exitcode 1 "$bin" >"$log" 2>&1; then
       grep -E "ERROR SUMMARY|passed" "$log"
     else
       tail -30 "$log"
@@ -72,6 +77,7 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
+    [[ "$sw $progs_sw" =~ ${SWITCHES:-.} ]] || continue
     for p in $progs_sw; do
       log=build-cuda/switch-$p-${sw%%=*}.log
       if env "RINGLM_CUDA_$sw" build-cuda/tests/$p >"$log" 2>&1; then
