@@ -54,6 +54,13 @@
  * PDL: the codes of the first stages and the first chunk's scales and
  * biases are requested before the wait for the kernel that quantized x
  * (common.cuh).
+ *
+ * WHAT BOUNDS IT: the instructions it issues, not latency or bytes. Each
+ * chunk of 16 mmas a warp was 1,428 instructions (bench/sass/loop.py on
+ * the sm_90 code), most of them copy addresses and a bias loop over a
+ * run-time group count; the instances of a compile-time group size (G,
+ * RINGLM_CUDA_I8_FAST=1 until it has run on a GPU: ChunkCopies) issue
+ * 400-481.
  */
 #include "common.cuh"
 
