@@ -11,17 +11,12 @@
 # MLX 4-bit g64 with the tied head at HEAD bits (default 8; 6 as the
 # anchor's Q6_K), --act-bits 8. Environment:
 #   VARIANTS  ';'-separated variants, each a list of VAR=value words ("-"
-#             for none), default: none; I8_FAST=1 (the int8 product's
-#             instances for groups of 64), alone, with I8_WAVES=1 and with
-#             I8_MAX=64; QGEMM_MULTI=1, SUM_QKV=1 (behind
-#             switches); QGEMM_MULTI=1 I8_WIDE=16 (gate and up at 17-32
-#             tokens as one f16 launch); QGEMM_MULTI=1 QGEMM_NT4=1 (64
-#             tokens as two token tiles); I8_WAVES=1 (splits by whole waves);
-#             I8_OCC4=1 (four blocks an SM), alone and with I8_WAVES=1;
-#             ATTN_CAP_PARTS=1 (decode's attention grid by the cache's size);
-#             EARLY_POS=1 (positions read before the PDL wait), alone and
-#             with ATTN_CAP_PARTS=1;
-#             SUM_LATE=0; Q8_WIDE=0; I8_MAX=64
+#             for none), default: none; the defaults before the int8
+#             product's G instances (I8_FAST=0 I8_WIDE=32 I8_WAVES=0);
+#             I8_WAVES=0 (split by the target rule); EARLY_POS=0 and
+#             ATTN_CAP_PARTS=0 (positions after the PDL wait; the
+#             attention grid by n_splits); QGEMM_MULTI=1, SUM_QKV=1,
+#             I8_OCC4=1 (behind switches); SUM_LATE=0; Q8_WIDE=0
 #   OLD       another ringlm binary (e.g. main's before a change, with its
 #             libraries on OLD_LIB), run as variant "old"
 #   BATCH (32,64), ROUNDS (2), HEAD (8), RINGLM (build-cuda/ringlm)
@@ -32,7 +27,7 @@ bin=${RINGLM:-build-cuda/ringlm}
 batch=${BATCH:-32,64}
 rounds=${ROUNDS:-2}
 head=${HEAD:-8}
-variants=${VARIANTS:-"-;RINGLM_CUDA_I8_FAST=1;RINGLM_CUDA_I8_FAST=1 RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_FAST=1 RINGLM_CUDA_I8_MAX=64;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_I8_WIDE=16;RINGLM_CUDA_QGEMM_MULTI=1 RINGLM_CUDA_QGEMM_NT4=1;RINGLM_CUDA_I8_WAVES=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_I8_WAVES=1 RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_ATTN_CAP_PARTS=1;RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_ATTN_CAP_PARTS=1 RINGLM_CUDA_EARLY_POS=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0;RINGLM_CUDA_I8_MAX=64"}
+variants=${VARIANTS:-"-;RINGLM_CUDA_I8_FAST=0 RINGLM_CUDA_I8_WIDE=32 RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_EARLY_POS=0;RINGLM_CUDA_ATTN_CAP_PARTS=0;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0"}
 [ -n "${OLD:-}" ] && variants="old;$variants"
 [ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 model=$dir/llama3.1-8b-4bit-h$head

@@ -69,11 +69,11 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   SUM_QKV=1        q, k and v's sums added by qkv_prep
   #   QGEMM_MULTI=1    gate and up (q, k, v) past 16 tokens in one f16 launch
   #   QGEMM_NT4=1      the f16 product at most 32 tokens a block
-  #   I8_WAVES=1       the int8 product split by whole waves
+  #   I8_WAVES=0       the int8 product split by the target rule alone
   #   I8_OCC4=1        its 32-token instances at four blocks an SM
-  #   I8_FAST=1        its instances for weights in groups of 64
-  #   ATTN_CAP_PARTS=1 decode's attention grid by the cache's size
-  #   EARLY_POS=1      qkv_prep and the merge read positions before the wait
+  #   I8_FAST=0        its run-time group instances for every weight
+  #   ATTN_CAP_PARTS=0 decode's attention grid by n_splits alone
+  #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -95,11 +95,11 @@ SUM_LATE=0 test_cuda_model
 SUM_QKV=1 test_cuda_model
 QGEMM_MULTI=1 test_cuda_model
 QGEMM_NT4=1 test_cuda_qgemv
-I8_WAVES=1 test_cuda_qgemv test_cuda_model
+I8_WAVES=0 test_cuda_qgemv test_cuda_model
 I8_OCC4=1 test_cuda_qgemv test_cuda_model
-I8_FAST=1 test_cuda_qgemv test_cuda_model
-ATTN_CAP_PARTS=1 test_cuda_ops test_cuda_model
-EARLY_POS=1 test_cuda_ops test_cuda_model
+I8_FAST=0 test_cuda_qgemv test_cuda_model
+ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
+EARLY_POS=0 test_cuda_ops test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -94,23 +94,25 @@ int n_splits(int n, int n_heads) {
   return s;
 }
 
-/* RINGLM_CUDA_EARLY_POS=1: qkv_prep and the attention merge read the
- * pass plan's rows and positions before their PDL wait (qkv_prep_row,
- * merge_kernel's EARLY), to compare; off until it has run on a GPU. */
+/* qkv_prep and the attention merge read the pass plan's rows and
+ * positions before their PDL wait (qkv_prep_row, merge_kernel's EARLY);
+ * RINGLM_CUDA_EARLY_POS=0 after it, to compare. Llama-8B 4-bit tg128 441
+ * to 449 tok/s, batched S_TG B = 64 6,598 to 6,515 (H100, two rounds,
+ * docs/cuda-notes.md): on, for the single stream. */
 bool early_pos() {
   static const bool on = [] {
     const char *e = getenv("RINGLM_CUDA_EARLY_POS");
-    return e && e[0] == '1';
+    return !(e && e[0] == '0');
   }();
   return on;
 }
 
-/* RINGLM_CUDA_ATTN_CAP_PARTS=1: launch_parts below, to compare; off until
- * it has run on a GPU. */
+/* launch_parts below; RINGLM_CUDA_ATTN_CAP_PARTS=0: n_splits alone, to
+ * compare (tg128 441 to 442 tok/s, 449 to 450.5 with EARLY_POS; H100). */
 bool cap_parts() {
   static const bool on = [] {
     const char *e = getenv("RINGLM_CUDA_ATTN_CAP_PARTS");
-    return e && e[0] == '1';
+    return !(e && e[0] == '0');
   }();
   return on;
 }

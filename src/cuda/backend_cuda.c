@@ -70,7 +70,7 @@
  * step runs the kernels the same step without a graph runs. */
 enum {
   LOGIT_ROWS = 64, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
-  I8_MAX = 128, I8_DEFAULT = 32, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
+  I8_MAX = 128, I8_DEFAULT = 64, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
 };
 
 /* ---- the model's weights on the device ------------------------------------ */
@@ -484,10 +484,11 @@ static bool xreg6_takes(const rlm_session *s, const rlm_cuda_weight *w, int64_t 
  * `rows` rows: I8_NARROW_MAX where rows <= I8_NARROW_ROWS (qgemm.cu's
  * 256-row tiles are too few there to fill the card: at 64 tokens the 8B's
  * q, o and down took 34 / 85 us against 40 / 108 on the H200), else
- * I8_DEFAULT: at 64 tokens gate and up take 91 us on the int8 product
- * against qgemm's 67 (H100); at 32 about the same time alone (53 / 52
- * us), but as one launch fed by the producers' int8 rows batched B = 32
- * gains 8% (3,840 to 4,160 tok/s on the 8B, docs/cuda-notes.md).
+ * I8_DEFAULT. Both are 64 since the int8 product's instances of a
+ * compile-time group size (qgemm_i8.cu, RINGLM_CUDA_I8_FAST): on the
+ * run-time group instances gate and up at 64 tokens took 91 us against
+ * qgemm's 67 and 32 was the wide limit; with them batched S_TG B = 64 on
+ * the 8B went 6,063 to 6,598 tok/s at 64 (H100, docs/cuda-notes.md).
  * RINGLM_CUDA_I8_MAX=n sets one limit for all (I8_MAX at most), to
  * compare; RINGLM_CUDA_I8_WIDE=n the second only. */
 static int64_t i8_max(int64_t rows) {

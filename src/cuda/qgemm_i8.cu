@@ -59,8 +59,8 @@
  * chunk of 16 mmas a warp was 1,428 instructions (bench/sass/loop.py on
  * the sm_90 code), most of them copy addresses and a bias loop over a
  * run-time group count; the instances of a compile-time group size (G,
- * RINGLM_CUDA_I8_FAST=1 until it has run on a GPU: ChunkCopies) issue
- * 400-481.
+ * ChunkCopies) issue 400-481: batched S_TG on Llama-8B 4-bit, B = 32
+ * 4,133 to 5,254 tok/s, B = 64 5,473 to 6,598 (H100, docs/cuda-notes.md).
  */
 #include "common.cuh"
 
@@ -491,12 +491,14 @@ int target_blocks() {
   return target;
 }
 
-/* RINGLM_CUDA_I8_WAVES=1: pick_splits by whole waves (below), to compare;
- * off until it has run on a GPU. */
+/* pick_splits by whole waves (below); RINGLM_CUDA_I8_WAVES=0: by the
+ * target rule alone, to compare. With the G instances, batched S_TG on
+ * Llama-8B 4-bit B = 32 5,254 to 5,361 tok/s, B = 64 6,598 to 6,787
+ * (H100, two rounds, docs/cuda-notes.md). */
 bool by_waves() {
   static const bool on = [] {
     const char *e = getenv("RINGLM_CUDA_I8_WAVES");
-    return e && e[0] == '1';
+    return !(e && e[0] == '0');
   }();
   return on;
 }
@@ -540,12 +542,14 @@ bool occ4() {
   return on;
 }
 
-/* RINGLM_CUDA_I8_FAST=1: weights take the instances of their group size
- * G (ChunkCopies), to compare; off until it has run on a GPU. */
+/* Weights take the instances of their group size G (ChunkCopies) where
+ * one is built (32, 64, 128); RINGLM_CUDA_I8_FAST=0: the run-time group
+ * instances (G = 0) for all, to compare (with RINGLM_CUDA_I8_WIDE=32, the
+ * limit they were measured best at). */
 bool i8_fast() {
   static const bool on = [] {
     const char *e = getenv("RINGLM_CUDA_I8_FAST");
-    return e && e[0] == '1';
+    return !(e && e[0] == '0');
   }();
   return on;
 }

@@ -1188,7 +1188,7 @@ TEST(attend_matches_reference) {
       {"f32 dim 512, 2 heads a kv head", RLM_DTYPE_F32, 512, 4, 2, 64, 0, 0, 0, 1, {33}, 2, {0}, {0}, 0, 0, 0},
       {"f16 dim 512, ring, 3 rows", RLM_DTYPE_F16, 512, 2, 1, 40, 40, 0, 36, 3, {90, 3, 41}, 3, {2, 1, 0}, {0}, 0, 0, 0},
       /* a query using every part a launch capped by the cache has
-       * (RINGLM_CUDA_ATTN_CAP_PARTS=1: 10 and 3) */
+       * (capped by default, RINGLM_CUDA_ATTN_CAP_PARTS: 10 and 3) */
       {"plain decode, the cache nearly full", RLM_DTYPE_BF16, 128, 8, 2, 600, 0, 0, 0, 1, {590}, 1, {0}, {0}, 0, 0, 0},
       {"ring of 128 and 2 sinks, all of it seen", RLM_DTYPE_BF16, 64, 4, 2, 130, 128, 2, 130, 1, {500}, 1, {0}, {0},
        0, 0, 0},
