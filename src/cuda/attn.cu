@@ -94,17 +94,20 @@ int n_splits(int n, int n_heads) {
   return s;
 }
 
-/* qkv_prep and the attention merge read the pass plan's rows and
- * positions before their PDL wait (qkv_prep_row, merge_kernel's EARLY);
- * RINGLM_CUDA_EARLY_POS=0 after it, to compare. Llama-8B 4-bit tg128 441
- * to 449 tok/s, batched S_TG B = 64 6,598 to 6,515 (H100, two rounds,
- * docs/cuda-notes.md): on, for the single stream. */
-bool early_pos() {
+/* Passes of at most kEarlyMaxRows tokens: qkv_prep and the attention
+ * merge read the pass plan's rows and positions before their PDL wait
+ * (qkv_prep_row, merge_kernel's EARLY); RINGLM_CUDA_EARLY_POS=0 after it
+ * for every pass, to compare. Llama-8B 4-bit (H100, two rounds,
+ * docs/cuda-notes.md): tg128 441 to 449 tok/s, batched S_TG B = 8 +0.5%,
+ * B = 32 level, B = 64 -1.3% (6,598 to 6,515), hence the limit. */
+constexpr int kEarlyMaxRows = 32;
+
+bool early_pos(int n) {
   static const bool on = [] {
     const char *e = getenv("RINGLM_CUDA_EARLY_POS");
     return !(e && e[0] == '0');
   }();
-  return on;
+  return on && n <= kEarlyMaxRows;
 }
 
 /* launch_parts below; RINGLM_CUDA_ATTN_CAP_PARTS=0: n_splits alone, to
@@ -1007,7 +1010,7 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
       return;
     }
   if constexpr (kEarlyRows<KP>)
-    if (early_pos()) {
+    if (early_pos(a.n)) {
       RLM_ATTEND(1, true);
       return;
     }
@@ -1052,7 +1055,7 @@ template <typename T, int DIM, int GQ>
 void launch_lanekey_gq(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-  if (early_pos())
+  if (early_pos(a.n))
     launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, true>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
              a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
   else
@@ -1196,7 +1199,7 @@ static rlm_status qkv_prep_of(float *q, float *k, float *v, int n, int hq, int h
                    eps, cs, stride, cc, tok_row, tok_pos, ls)                                                        \
         : launch_k(qkv_prep_kernel<KN, T, E>, grid, 4 * kWarp, 0, s, q, k, v, n, hq, nk, nv, qw, kw, vnorm, eps, cs, \
                    stride, cc, tok_row, tok_pos))
-#define RLM_L(KN, T) (early_pos() ? RLM_E(KN, T, true) : RLM_E(KN, T, false))
+#define RLM_L(KN, T) (early_pos(n) ? RLM_E(KN, T, true) : RLM_E(KN, T, false))
 #define RLM_K(KN)                                                                                                   \
   case KN:                                                                                                          \
     if (!c) RLM_L(KN, void);                                                                                        \
@@ -1284,7 +1287,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
 #define RLM_ME(G32, E)                                                                                                \
   launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
            c->dim, out, q8s, q8b)
-#define RLM_M(G32) (early_pos() ? RLM_ME(G32, true) : RLM_ME(G32, false))
+#define RLM_M(G32) (early_pos(n) ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
 #undef RLM_M
