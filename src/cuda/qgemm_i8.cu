@@ -643,8 +643,9 @@ cudaError_t launch_bits(const Args &a, int bits, int nt, int S, cudaStream_t st)
 
 /* Tokens per block (8 NT) for m tokens: more token tiles rather than
  * wider ones past 32 (8 n-tiles a warp took 186 registers a thread and
- * ran at half the speed per token of 4). Past 32 tokens qgemm.cu is
- * faster anyway (docs/cuda-notes.md): the backend stops at 32. */
+ * ran at half the speed per token of 4). The backend sends up to 64
+ * tokens here (two token tiles): with the G instances that beat qgemm.cu
+ * at 64 (docs/cuda-notes.md, 2026-12-05, eighth). */
 int pick_nt(int64_t m) { return m <= 16 ? 2 : 4; }
 
 } // namespace
