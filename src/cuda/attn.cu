@@ -103,20 +103,14 @@ int n_splits(int n, int n_heads) {
 constexpr int kEarlyMaxRows = 32;
 
 bool early_pos(int n) {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_EARLY_POS");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_EARLY_POS", true);
   return on && n <= kEarlyMaxRows;
 }
 
 /* launch_parts below; RINGLM_CUDA_ATTN_CAP_PARTS=0: n_splits alone, to
  * compare (tg128 441 to 442 tok/s, 449 to 450.5 with EARLY_POS; H100). */
 bool cap_parts() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_ATTN_CAP_PARTS");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_ATTN_CAP_PARTS", true);
   return on;
 }
 
@@ -1080,10 +1074,7 @@ void launch_lanekey(const AttendArgs &a, cudaStream_t st) {
 /* The key-a-lane kernel for 4-bit KV, unless RINGLM_CUDA_ATTN_LANEKEY=0
  * (attend_kernel's Q4Rows, to compare: docs/cuda-notes.md). */
 bool lanekey_on() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_ATTN_LANEKEY");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_ATTN_LANEKEY", true);
   return on;
 }
 

@@ -189,11 +189,17 @@ __device__ __forceinline__ void pdl_enter() {
   pdl_launch();
 }
 
+/* A comparison switch, read from the environment (docs/cuda-notes.md
+ * lists them): on by default unless the variable starts with '0'; off by
+ * default (dflt false), on only where it starts with '1'. Callers keep
+ * the answer in a static, so it is read once. */
+inline bool env_switch(const char *name, bool dflt) {
+  const char *e = getenv(name);
+  return dflt ? !(e && e[0] == '0') : (e && e[0] == '1');
+}
+
 inline bool pdl_on() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_PDL");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_PDL", true);
   return on;
 }
 

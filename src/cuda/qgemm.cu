@@ -561,10 +561,7 @@ __global__ void __launch_bounds__(kThreads, kHalfDeq<BITS, S> ? 2 : 1) qgemm_mul
  * 4 (64 tokens as two token tiles of two blocks an SM each, where one
  * tile of 8 n-tiles a warp spills at two blocks an SM), to compare. */
 int pick_nt(int64_t m) {
-  static const bool nt4 = [] {
-    const char *e = getenv("RINGLM_CUDA_QGEMM_NT4");
-    return e && e[0] == '1';
-  }();
+  static const bool nt4 = env_switch("RINGLM_CUDA_QGEMM_NT4", false);
   return m <= 8 ? 1 : m <= 16 ? 2 : m <= 32 || nt4 ? 4 : 8;
 }
 
@@ -606,11 +603,8 @@ int resident_clusters(int s) {
  * pick_cluster's rule everywhere, to compare. */
 template <int BITS, int NT, typename S, bool MULTI>
 int pick_cluster_wave(int64_t clusters, int n_slices) {
-  static const bool off = [] {
-    const char *e = getenv("RINGLM_CUDA_QGEMM_WAVE");
-    return e && e[0] == '0';
-  }();
-  if (off || NT < 4) return pick_cluster(clusters, n_slices);
+  static const bool wave = env_switch("RINGLM_CUDA_QGEMM_WAVE", true);
+  if (!wave || NT < 4) return pick_cluster(clusters, n_slices);
   int s = 1;
   while (s < kMaxCluster && n_slices / (2 * s) >= 4 && clusters <= resident_clusters<BITS, NT, S, MULTI>(2 * s)) s *= 2;
   return s;

@@ -496,10 +496,7 @@ int target_blocks() {
  * Llama-8B 4-bit B = 32 5,254 to 5,361 tok/s, B = 64 6,598 to 6,787
  * (H100, two rounds, docs/cuda-notes.md). */
 bool by_waves() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_I8_WAVES");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_I8_WAVES", true);
   return on;
 }
 
@@ -535,10 +532,7 @@ int pick_splits(int64_t blocks, int n_chunks, int64_t R, int slots) {
  * blocks an SM (qgemm_i8_occ4_kernel), to compare; off until it has run
  * on a GPU. */
 bool occ4() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_I8_OCC4");
-    return e && e[0] == '1';
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_I8_OCC4", false);
   return on;
 }
 
@@ -547,10 +541,7 @@ bool occ4() {
  * instances (G = 0) for all, to compare (with RINGLM_CUDA_I8_WIDE=32, the
  * limit they were measured best at). */
 bool i8_fast() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_I8_FAST");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_I8_FAST", true);
   return on;
 }
 

@@ -524,10 +524,7 @@ int xreg_rows(int bits, int pp) {
 constexpr bool xreg_fits(int bits, int r, int pp) { return bits == 4 ? r * pp <= 16 : r * pp == 4; }
 
 bool xreg_loop_on() {
-  static const bool on = [] {
-    const char *e = getenv("RINGLM_CUDA_XREG_LOOP");
-    return !(e && e[0] == '0');
-  }();
+  static const bool on = env_switch("RINGLM_CUDA_XREG_LOOP", true);
   return on;
 }
 
