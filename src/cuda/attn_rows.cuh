@@ -53,16 +53,6 @@ struct Tensor {
   int bits;
 };
 
-/* Bytes [lo, hi) of an array from base, prefetched into the L2 (the bulk
- * prefetch of sm_90: one instruction, no registers, nothing waits on
- * it), shrunk to whole 16-byte units as it needs; the bytes left out at
- * the ends are loaded as usual. */
-__device__ __forceinline__ void prefetch_l2(const void *base, int64_t lo, int64_t hi) {
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (uintptr_t)lo + 15) & ~(uintptr_t)15;
-  const uintptr_t e = (reinterpret_cast<uintptr_t>(base) + (uintptr_t)hi) & ~(uintptr_t)15;
-  if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
-}
-
 /* Slots [s0, s1) of a quantized row array into the L2: its codes (wpr
  * words a slot), scales and biases (spr a slot). */
 template <typename T>

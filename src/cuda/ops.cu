@@ -393,7 +393,7 @@ __device__ __forceinline__ void dense_load(uint4 (&wv)[kDenseUnroll][kDenseRows]
  * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
 template <typename T, int M>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
-    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts) {
+    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
   constexpr int kVe = 16 / sizeof(T);
   __shared__ float red[kDenseWarps][kDenseRows][M];
   int si = 0; /* the segment, selected rather than indexed (a runtime index into the parameters) */
@@ -413,6 +413,10 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
 #pragma unroll
     for (int r = 0; r < M; r++) acc[i][r] = 0.f;
   int64_t v0 = part * kWarp + lane;
+  if (ahead && threadIdx.x == 0) { /* the block's first `ahead` bytes of W (dense_ahead_bytes) */
+    const int64_t r0 = blk * (kDenseWarps / parts) * kDenseRows, bytes = (rows - r0) * n_vec * 16;
+    if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead ? bytes : ahead);
+  }
   pdl_enter();
   for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
     uint4 wv[kDenseUnroll][kDenseRows];
@@ -496,6 +500,18 @@ int dense_parts(int64_t rows, int64_t n_vec) {
   return parts;
 }
 
+/* Bytes of its rows each block of dense_kernel asks of the L2 before the
+ * PDL wait (qgemv_q8.cu's xreg_ahead says why): RINGLM_CUDA_DENSE_AHEAD
+ * in KB (0 to 1024), default 0: none. */
+int64_t dense_ahead_bytes() {
+  static const int64_t b = [] {
+    const char *e = getenv("RINGLM_CUDA_DENSE_AHEAD");
+    const int64_t kb = e ? atoll(e) : 0;
+    return (kb < 0 ? 0 : kb > 1024 ? 1024 : kb) * 1024;
+  }();
+  return b;
+}
+
 /* The k products of ws (vectorizable: 16-byte rows, aligned) as one launch. */
 template <typename T, int M>
 void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st) {
@@ -510,7 +526,8 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     p.w[i] = static_cast<const uint4 *>(ws[i].w), p.y[i] = ys[i], p.rows[i] = ws[i].rows;
     p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
-  launch_k(dense_kernel<T, M>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols, parts);
+  launch_k(dense_kernel<T, M>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols, parts,
+           dense_ahead_bytes());
 }
 
 template <typename T, int M>
