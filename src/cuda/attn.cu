@@ -582,7 +582,8 @@ __device__ __forceinline__ void cluster_merge(float (&sm_m)[NG][GQ], float (&sm_
   if (cl.block_rank() == 0) {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
     for (int g = warp; g < ng; g += warps) { /* merge_kernel's weights: a part a lane, the same trees */
-      const float ms = lane < used ? cl.map_shared_rank(&sm_m[0][0], lane)[g] : -INFINITY;
+      float ms = -INFINITY; /* no remote load past the parts used: branches, not selects */
+      if (lane < used) ms = cl.map_shared_rank(&sm_m[0][0], lane)[g];
       float mx = ms;
 #pragma unroll
       for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -601,8 +602,10 @@ __device__ __forceinline__ void cluster_merge(float (&sm_m)[NG][GQ], float (&sm_
       const int g = idx / dim, d = idx % dim;
       float a[kClusterParts];
 #pragma unroll
-      for (int s = 0; s < kClusterParts; s++)
-        a[s] = s < used ? fmaf(cl.map_shared_rank(&sm_o[0][0][0], s)[g * DIM + d], cw[s][g], 0.f) : 0.f;
+      for (int s = 0; s < kClusterParts; s++) {
+        a[s] = 0.f;
+        if (s < used) a[s] = fmaf(cl.map_shared_rank(&sm_o[0][0][0], s)[g * DIM + d], cw[s][g], 0.f);
+      }
       const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
       const float o = cl_l[g] > 0.f ? __fdiv_rn(sum, cl_l[g]) : 0.f; /* sees nothing: zeros */
       mo.out[((j * n_heads) + h0 + g) * dim + d] = o;
