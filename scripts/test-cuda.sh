@@ -75,7 +75,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   ATTN_CAP_PARTS=0 decode's attention grid by n_splits alone
   #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
   #   ATTN_CLUSTER=1   decode's attention parts merged in their cluster
-  #   XREG_AHEAD=2     decode's 4-bit products ask the L2 for 2 groups ahead
   #   DENSE_AHEAD=64   the dense products ask the L2 for 64 KB a block ahead
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
@@ -104,7 +103,6 @@ I8_FAST=0 test_cuda_qgemv test_cuda_model
 ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
 EARLY_POS=0 test_cuda_ops test_cuda_model
 ATTN_CLUSTER=1 test_cuda_ops test_cuda_model
-XREG_AHEAD=2 test_cuda_qgemv test_cuda_model
 DENSE_AHEAD=64 test_cuda_ops test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }

@@ -501,8 +501,11 @@ int dense_parts(int64_t rows, int64_t n_vec) {
 }
 
 /* Bytes of its rows each block of dense_kernel asks of the L2 before the
- * PDL wait (qgemv_q8.cu's xreg_ahead says why): RINGLM_CUDA_DENSE_AHEAD
- * in KB (0 to 1024), default 0: none. */
+ * PDL wait: a product's blocks become resident as soon as the small
+ * kernel before it passes its own wait, and then idle until that kernel
+ * ends, and HBM idles with them; bytes asked for then are in the L2 when
+ * the loop reaches them. RINGLM_CUDA_DENSE_AHEAD in KB (0 to 1024),
+ * default 0: none. */
 int64_t dense_ahead_bytes() {
   static const int64_t b = [] {
     const char *e = getenv("RINGLM_CUDA_DENSE_AHEAD");

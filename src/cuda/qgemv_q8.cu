@@ -427,31 +427,9 @@ __device__ __forceinline__ float xreg_dot(const XregUnit<BITS> &u, float s, floa
   return fmaf(b, x.xs[p], acc);
 }
 
-/* Row groups blk + k gridDim.x (k = 1 .. ahead) of this block asked of
- * the L2 before the PDL wait, one bulk prefetch a thread (a group's
- * codes, scales or biases). Before the wait a block loads its first group
- * into registers and then idles until the kernel before it (a norm, the
- * attention, the gated activation: a few us on the decode step's
- * critical path) ends, and HBM idles with it; bytes asked for then are
- * in the L2 when the loop reaches them. RINGLM_CUDA_XREG_AHEAD=k sets
- * the groups (default 0: none). */
-template <int BITS, int R, typename T>
-__device__ __forceinline__ void xreg_ahead(const Segs &segs, int64_t blk, int ahead, int n_vec, int n_groups,
-                                           int64_t total) {
-  const int k = threadIdx.x / 3 + 1, a = threadIdx.x % 3;
-  if (k > ahead) return;
-  int64_t b = blk + (int64_t)k * gridDim.x;
-  if (b >= total) return;
-  const Seg &sg = seg_of(segs, &b);
-  const int64_t row0 = b * R, end = sg.rows - row0 < R ? sg.rows : row0 + R;
-  constexpr int64_t kUnit = BITS == 4 ? 16 : 24; /* bytes of a lane's 32 codes */
-  if (a == 0) prefetch_l2(sg.wq, row0 * n_vec * kUnit, end * n_vec * kUnit);
-  else prefetch_l2(a == 1 ? sg.sc : sg.bi, row0 * n_groups * (int64_t)sizeof(T), end * n_groups * (int64_t)sizeof(T));
-}
-
 template <int BITS, int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
-    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g, int ahead) {
+    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
@@ -466,7 +444,6 @@ __global__ void __launch_bounds__(kWarp * 8)
   int64_t blk = blockIdx.x;
   XregRows<BITS, PP, R, T> cur;
   xreg_load(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
-  if (ahead) xreg_ahead<BITS, R, T>(segs, blk, ahead, n_vec, n_groups, total);
   pdl_enter();
   XregX<BITS, PP> xr;
   xreg_x(xr, scratch, cols, g, warp, W, lane);
@@ -566,21 +543,11 @@ unsigned loop_grid(int threads, int64_t groups) {
   return (unsigned)(groups < n ? groups : n);
 }
 
-/* xreg_ahead's groups: RINGLM_CUDA_XREG_AHEAD (0 to 8), default 0. */
-int xreg_ahead_groups() {
-  static const int k = [] {
-    const char *e = getenv("RINGLM_CUDA_XREG_AHEAD");
-    const int v = e ? atoi(e) : 0;
-    return v < 0 ? 0 : v > 8 ? 8 : v;
-  }();
-  return k;
-}
-
 template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
   const int64_t groups = p.first_block[p.n];
   const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g, xreg_ahead_groups());
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int R, typename T>
