@@ -26,7 +26,7 @@ progs="test_cuda_qgemv test_cuda_ops test_cuda_model"
 if [ "$what" = build ] || [ "$what" = all ]; then
   bash scripts/deps.sh >/dev/null
   cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DRINGLM_CUDA=ON -DRINGLM_BENCH=OFF >/dev/null
-  cmake --build build-cuda --target $progs ringlm
+  cmake --build build-cuda --target $progs ringlm make_test_model # test_cuda_model writes a model with it
   # The run-time libraries a GPU machine without our Debian packages lacks
   # (jansson, libmicrohttpd, libedit, libringlm itself), for LD_LIBRARY_PATH
   # there: carry build-cuda/devlib with the programs.
@@ -38,7 +38,7 @@ if [ "$what" = build ] || [ "$what" = all ]; then
   # Each program holds the same 22 MB of kernels: one xz block with a
   # dictionary larger than all of them stores most of that once (6-10 MB,
   # not 17).
-  tar cf - build-cuda/tests/test_cuda_{qgemv,ops,model} build-cuda/ringlm build-cuda/devlib |
+  tar cf - build-cuda/tests/test_cuda_{qgemv,ops,model} build-cuda/tests/make_test_model build-cuda/ringlm build-cuda/devlib |
     xz -T1 --lzma2=preset=6,dict=192MiB >build-cuda/pack/carry.tar.xz
 fi
 if [ "$what" = run ] || [ "$what" = all ]; then
@@ -76,6 +76,7 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
   #   ATTN_CLUSTER=1   decode's attention parts merged in their cluster
   #   DENSE_AHEAD=64   the dense products ask the L2 for 64 KB a block ahead
+  #   HEAD8=1          a 2-6-bit lm_head's codes widened to 8 bits past one row
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -104,6 +105,7 @@ ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
 EARLY_POS=0 test_cuda_ops test_cuda_model
 ATTN_CLUSTER=1 test_cuda_ops test_cuda_model
 DENSE_AHEAD=64 test_cuda_ops test_cuda_model
+HEAD8=1 test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -97,6 +97,8 @@ typedef struct dev_weights {
   bool failed;                /* out of host memory while collecting     */
   dev_kq *kq;                 /* sorted by blocks                        */
   size_t n_kq, cap_kq;
+  rlm_cuda_qmat head8;        /* lm_head's codes at 8 bits (make_head8)  */
+  void *head8_mem;
 } dev_weights;
 
 static const dev_kq *kq_of(const dev_weights *w, const void *blocks) {
@@ -133,6 +135,7 @@ static void weights_free(void *p) {
   dev_weights *w = p;
   if (!w) return;
   cudaFree(w->block);
+  cudaFree(w->head8_mem);
   for (size_t i = 0; i < w->n_kq; i++) cudaFree(w->kq[i].mem);
   rlm__free(w->kq);
   rlm__free(w->a);
@@ -290,6 +293,7 @@ typedef struct cuda_sess {
     float *y[3];
     rlm_cuda_sum sum[3];
   } late;
+  rlm_cuda_qmat head8;        /* the model's make_head8 codes (wq NULL: none) */
   /* the activations q8 holds (reused by the next product on the same x:
    * q, k and v; gate and up); any other op forgets them */
   const float *q8_x;
@@ -431,6 +435,9 @@ typedef struct cuda_switches {
   bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
                        activations for MAX_M rows at most, not as many as
                        the scratch holds (q8_out_as) */
+  bool head8;       /* RINGLM_CUDA_HEAD8=1: a 2-6-bit lm_head's codes also
+                       at 8 bits for products of several rows (make_head8);
+                       off until it has run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -456,6 +463,8 @@ static void read_switches(void) {
   g_switches.sum_qkv = e && e[0] == '1';
   e = getenv("RINGLM_CUDA_QGEMM_MULTI");
   g_switches.qgemm_multi = e && e[0] == '1';
+  e = getenv("RINGLM_CUDA_HEAD8");
+  g_switches.head8 = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -547,6 +556,7 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   cuda_sess *cs = cs_of(s);
   rlm_error er;
   rlm_cuda_weight w = weight_of(s, l);
+  if (n > 1 && l == &s->m->lm_head && cs->head8.wq) w.q = cs->head8;
   rlm_status rc = RLM_OK;
   const bool fast = fast_bits(&w);
   const bool q8 = (fast && s->p.act_bits == 8 && l->in % 128 == 0) || xreg6_takes(s, &w, n);
@@ -722,13 +732,14 @@ static void q8_made(rlm_session *s, const rlm_cuda_q8out *q8, const float *y, in
  * writes them in lm_head's format, which may differ from the layers'
  * (an 8-bit head over 4-bit layers): else the head quantizes x again, a
  * launch of its own. A 6-bit head takes them for one row only
- * (xreg6_takes): none for more. */
+ * (xreg6_takes); for more, its 8-bit codes where make_head8 made them,
+ * else none. */
 static void cuda_rmsnorm(rlm_session *s, float *y, const float *x, const float *w, int rows, int n, double eps) {
   if (skip(s)) return;
   rlm_error er;
   rlm_cuda_q8out buf;
   const cuda_sess *cs = cs_of(s);
-  const int head_bits = cs->q8_head_bits == 6 && rows > 1 ? 0 : cs->q8_head_bits;
+  const int head_bits = cs->q8_head_bits == 6 && rows > 1 ? (cs->head8.wq ? 8 : 0) : cs->q8_head_bits;
   const rlm_cuda_q8out *q8 = n != s->m->cfg.hidden ? NULL
                              : w == s->m->final_norm && cs->q8_head_bits
                                  ? q8_out_as(s, rows, n, head_bits, cs->q8_head_group, &buf)
@@ -1281,6 +1292,37 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
   return make_gemm(s, err);
 }
 
+/* PAST ONE ROW A 2-6-BIT HEAD HAS NO FAST PRODUCT: the int8 tensor-core
+ * product (qgemm_i8.cu) and qgemm take 4 and 8 bits, so such a head ran
+ * MAX_M rows at a time on the f32 unit kernel, reading all of W for each
+ * 8 rows: Llama-8B with its tied head at 6 bits (the anchor's Q6_K) did
+ * batched decode at B = 64 at 2,465 tok/s against 6,790 with the head at
+ * 8 bits (H100, docs/cuda-notes.md). Its codes widened to 8 bits, with
+ * the same scales and biases, hold the same values exactly and take
+ * those products. Made once for the model, under the upload lock, for
+ * the first session that batches rows (RINGLM_CUDA_HEAD8=1): rows x cols
+ * bytes (525 MB for Llama-8B's head), which a single stream does not pay. */
+static rlm_status make_head8(rlm_model *m, const rlm_session_params *p, rlm_error *err) {
+  dev_weights *w = m->dev_weights;
+  const rlm_linear *h = &m->lm_head;
+  if (!switches()->head8 || w->head8.wq || p->n_rows < 2 || p->act_bits != 8 || !h->out || !h->quant ||
+      h->kq.blocks || (h->q.bits != 2 && h->q.bits != 3 && h->q.bits != 5 && h->q.bits != 6) || h->q.cols % 128)
+    return RLM_OK;
+  void *mem = NULL;
+  cudaError_t e = cudaMalloc(&mem, (size_t)h->q.rows * (size_t)h->q.cols);
+  if (e != cudaSuccess) return cuda_fail(err, e, "allocating lm_head's 8-bit codes");
+  rlm_status rc = rlm__cuda_widen_codes(dev_of(w, h->q.wq), h->q.bits, h->q.rows, h->q.cols, mem, NULL, err);
+  if (!rc && (e = cudaDeviceSynchronize()) != cudaSuccess) rc = cuda_fail(err, e, "widening lm_head's codes");
+  if (rc) {
+    cudaFree(mem);
+    return rc;
+  }
+  w->head8_mem = mem;
+  w->head8 = (rlm_cuda_qmat){mem, dev_of(w, h->q.scales), dev_of(w, h->q.biases), h->q.sdtype,
+                             h->q.rows, h->q.cols, 8, h->q.group_size};
+  return RLM_OK;
+}
+
 rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   rlm_status rc = check_support(s->m, &s->p, err);
   if (rc) return rc;
@@ -1292,12 +1334,16 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   static pthread_mutex_t upload_mu = PTHREAD_MUTEX_INITIALIZER;
   pthread_mutex_lock(&upload_mu);
   if (!s->m->dev_weights) rc = upload_weights(s->m, err);
+  if (!rc) rc = make_head8(s->m, &s->p, err);
+  /* read under the lock: another session's make_head8 may write it */
+  const rlm_cuda_qmat head8 = rc || s->p.n_rows < 2 ? (rlm_cuda_qmat){0} : ((dev_weights *)s->m->dev_weights)->head8;
   pthread_mutex_unlock(&upload_mu);
   if (rc) return rc;
   cuda_sess *cs = rlm__calloc(1, sizeof *cs);
   if (!cs) return rlm__err_nomem(err, "cuda session", sizeof *cs);
   s->dev = cs, s->be = &backend_cuda;
   cs->w = s->m->dev_weights;
+  cs->head8 = head8;
   cs->kv_done = -1;
   if (!(cs->top = rlm__calloc((size_t)s->p.n_rows, sizeof *cs->top)))
     return rlm__err_nomem(err, "cuda rows", (size_t)s->p.n_rows * sizeof *cs->top);

@@ -92,6 +92,14 @@ typedef struct rlm_cuda_weight {
   int64_t rows, cols;
 } rlm_cuda_weight;
 
+/* MLX codes of `bits` (2, 3, 5 or 6; rows of cols * bits / 8 bytes, code
+ * i at bit i * bits of its row, LSB first) widened into out, rows x cols
+ * bytes: MLX's 8-bit layout of the same codes. With the same scales and
+ * biases the 8-bit matrix holds the same values, code * scale + bias,
+ * exactly, and takes the int8 products that read only 4 and 8 bits. */
+rlm_status rlm__cuda_widen_codes(const void *wq, int bits, int64_t rows, int64_t cols, void *out, rlm_cuda_stream st,
+                                 rlm_error *err);
+
 /* out[j][c] = row ids[j] of e, widened to f32 (quantized: code * scale +
  * bias, rlm__embed_row), times `scale`, for j < n. Quantized rows: bits 2,
  * 4 and 8. */

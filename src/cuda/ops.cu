@@ -939,6 +939,43 @@ extern "C" rlm_status rlm__cuda_rope(float *x, int n, int heads, int hd, const f
 
 /* ---- weights entry points ------------------------------------------------------------ */
 
+/* Word w of out: codes 4 w .. 4 w + 3, each from the two bytes of its
+ * row that hold it (bits <= 6 and a shift of at most 7: 13 bits). */
+__global__ void widen_codes_kernel(const uint8_t *__restrict__ wq, int bits, int64_t cols, int64_t words,
+                                   uint32_t *__restrict__ out) {
+  pdl_enter();
+  const uint32_t mask = (1u << bits) - 1u;
+  for (int64_t wi = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; wi < words; wi += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = wi * 4 / cols, c0 = wi * 4 % cols;
+    const uint8_t *row = wq + r * (cols * bits / 8);
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int64_t bit = (c0 + k) * bits, byte = bit >> 3;
+      const int sh = (int)(bit & 7);
+      uint32_t v = row[byte];
+      if (sh + bits > 8) v |= (uint32_t)row[byte + 1] << 8;
+      word |= ((v >> sh) & mask) << (8 * k);
+    }
+    out[wi] = word;
+  }
+}
+
+extern "C" rlm_status rlm__cuda_widen_codes(const void *wq, int bits, int64_t rows, int64_t cols, void *out,
+                                            rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_widen_codes";
+  if (!wq || !out || rows < 0 || cols < 0)
+    return fail(err, RLM_ERR_INVALID, fn, "NULL argument or a negative shape");
+  if (bits != 2 && bits != 3 && bits != 5 && bits != 6)
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "%d-bit codes: 2, 3, 5 or 6 are widened", bits);
+  if (cols % 32) return fail(err, RLM_ERR_INVALID, fn, "%lld columns: a multiple of 32 is needed", (long long)cols);
+  const int64_t words = rows * cols / 4;
+  if (words == 0) return RLM_OK;
+  launch_k(widen_codes_kernel, blocks_for(words), kThreads, 0, stream_of(st), static_cast<const uint8_t *>(wq), bits,
+           cols, words, static_cast<uint32_t *>(out));
+  return launched(fn, err);
+}
+
 extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *ids, int n, float scale, float *out,
                                       rlm_cuda_stream st, rlm_error *err) {
   const char *fn = "rlm__cuda_embed";

@@ -501,10 +501,8 @@ TEST(embedded_model_act8) {
  * path on the same batches. scripts/test-cuda.sh runs it again with
  * RINGLM_CUDA_Q8_WIDE=1: the norms, the attention merge and the gated
  * activation then write those products' int8 activations themselves. */
-TEST(wide_batch_act8) {
+static void check_wide_batch(rlm_model *m, const char *name) {
   enum { B = 40, STEPS = 5 };
-  rlm_model *m = load_embedded();
-  if (!m) return;
   rlm_error err;
   const int V = rlm_model_vocab_size(m);
   rlm_session *ex = open_s(m, (opts){.rows = B, .chunk = 64}), *c8 = open_s(m, (opts){.rows = B, .chunk = 64, .act_bits = 8});
@@ -529,10 +527,51 @@ TEST(wide_batch_act8) {
     }
     CHECK_EQ(rlm_session_row_position(g8, B - 1), STEPS);
   }
-  printf("  brown-15m    %d rows, int8 activations: from the exact path, cpu %.2e, gpu %.2e\n", B, dc, dg);
+  printf("  %-12s %d rows, int8 activations: from the exact path, cpu %.2e, gpu %.2e\n", name, B, dc, dg);
   CHECK(dc > 0 && dg <= 1.5 * dc + 1e-4);
   rlm_session_free(ex), rlm_session_free(c8), rlm_session_free(g8);
   free(le), free(lc), free(lg);
+}
+
+TEST(wide_batch_act8) {
+  rlm_model *m = load_embedded();
+  if (!m) return;
+  check_wide_batch(m, "brown-15m");
+  rlm_model_free(m);
+}
+
+/* The same batch on a model whose lm_head is 6-bit (Llama-style, hidden
+ * 256, 4-bit layers, the head at 6 bits as the anchor's Q6_K; written by
+ * tests/make_model.c, RINGLM_MAKE_MODEL or build-cuda/tests/
+ * make_test_model): past one row such a head takes its 8-bit codes
+ * (backend_cuda.c's make_head8, RINGLM_CUDA_HEAD8=1) or the f32 unit
+ * kernel, and either is bounded as above. */
+TEST(six_bit_head_batch) {
+  const char *tool = getenv("RINGLM_MAKE_MODEL");
+  char cmd[1400], dir[512], qdir[512], tp[600];
+  if (!tool) {
+    snprintf(tp, sizeof tp, "%s/build-cuda/tests/make_test_model", g_src);
+    tool = tp;
+  }
+  mkdir("/tmp/ringlm-cuda-test", 0755);
+  snprintf(dir, sizeof dir, "/tmp/ringlm-cuda-test/head6-f32");
+  snprintf(qdir, sizeof qdir, "/tmp/ringlm-cuda-test/head6-q4");
+  snprintf(cmd, sizeof cmd, "'%s' '%s' --dtype f32 --vocab 2048 --seed 7 > /dev/null", tool, dir);
+  const int rc = system(cmd);
+  CHECK_EQ(rc, 0);
+  if (rc) {
+    test_note("%s failed", cmd);
+    return;
+  }
+  const rlm_quantize_override head = {"lm_head", 6, 0};
+  rlm_quantize_params qp = rlm_quantize_params_default();
+  qp.bits = 4, qp.group_size = 64, qp.overwrite = true, qp.overrides = &head, qp.n_overrides = 1;
+  rlm_error err;
+  CHECK_EQ(rlm_quantize_model(dir, qdir, &qp, NULL, &err), RLM_OK);
+  rlm_model *m = NULL;
+  CHECK_EQ(rlm_model_load(&m, qdir, &err), RLM_OK);
+  if (!m) return;
+  check_wide_batch(m, "head6");
   rlm_model_free(m);
 }
 
@@ -798,6 +837,7 @@ int main(void) {
   RUN(graph_equals_direct);
   RUN(embedded_model_act8);
   RUN(wide_batch_act8);
+  RUN(six_bit_head_batch);
   RUN(rollback_after_wrap);
   RUN(batched_rows);
   RUN(snapshots_through_host);

@@ -277,9 +277,13 @@ TEST(q8_matches_reference) {
 
 /* The int8 tensor-core product for 9..128 tokens (qgemm_i8.cu) against
  * rlm__qmv_q8_ref, row by row of x, with the CPU's activation bytes. */
-static void check_i8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
-  qm q;
-  qm_make(&q, rows, cols, bits, g, sd);
+/* The int8 tensor-core product of q (4 or 8 bits) for m rows of x
+ * against rlm__qmv_q8_ref. */
+static void check_i8_qm(const qm *qp, int m) {
+  const qm q = *qp;
+  const int64_t rows = q.h.rows, cols = q.h.cols;
+  const int bits = q.h.bits, g = q.h.group_size;
+  const rlm_dtype sd = q.h.sdtype;
   const size_t sb = rlm__cuda_q8act_bytes(cols, g, m), pb = rlm__cuda_qgemm_i8_part_bytes(m);
   float *x = malloc((size_t)m * (size_t)cols * 4), *xs = malloc((size_t)(cols / g) * 4);
   float *ref = malloc((size_t)m * (size_t)rows * 4), *got = malloc((size_t)m * (size_t)rows * 4);
@@ -304,7 +308,54 @@ static void check_i8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype
   CHECK_EQ(bad, 0);
   cudaFree(dx), cudaFree(dy), cudaFree(dp), cudaFree(dsc);
   free(x), free(xs), free(ref), free(got), free(cpu);
+}
+
+static void check_i8_case(int64_t rows, int64_t cols, int bits, int g, rlm_dtype sd, int m) {
+  qm q;
+  qm_make(&q, rows, cols, bits, g, sd);
+  check_i8_qm(&q, m);
   qm_free(&q);
+}
+
+/* A 2-6-bit matrix's codes widened to 8 bits on the device (the backend's
+ * lm_head for batched rows, make_head8): with the same scales and biases
+ * the CPU's dequantizer gives the same bits for both, and the widened
+ * matrix takes the int8 tensor-core product, at 40 rows, within its
+ * bounds against the CPU. Widths it does not take are refused. */
+TEST(widened_codes_take_int8_products) {
+  static const int widths[] = {2, 3, 5, 6};
+  const int64_t rows = 200, cols = 512;
+  const int g = 64;
+  for (int i = 0; i < N_OF(widths); i++) {
+    qm q;
+    qm_make(&q, rows, cols, widths[i], g, RLM_DTYPE_BF16);
+    uint8_t *codes = malloc((size_t)rows * (size_t)cols);
+    void *dw = dev_poisoned((size_t)rows * (size_t)cols);
+    rlm_error err = {0};
+    CHECK_EQ(rlm__cuda_widen_codes(q.d.wq, widths[i], rows, cols, dw, NULL, &err), RLM_OK);
+    CU(cudaDeviceSynchronize());
+    CU(cudaMemcpy(codes, dw, (size_t)rows * (size_t)cols, cudaMemcpyDeviceToHost));
+    qm w8 = q;
+    w8.h.wq = (const uint32_t *)codes, w8.h.bits = 8;
+    w8.d.wq = dw, w8.d.bits = 8;
+    w8.wq_bytes = (size_t)rows * (size_t)cols;
+    uint16_t *v0 = malloc((size_t)rows * (size_t)cols * 2), *v1 = malloc((size_t)rows * (size_t)cols * 2);
+    rlm__dequantize_rows_ref(&q.h, v0);
+    rlm__dequantize_rows_ref(&w8.h, v1);
+    test_note("widened: %d bits", widths[i]);
+    CHECK(memcmp(v0, v1, (size_t)rows * (size_t)cols * 2) == 0);
+    check_i8_qm(&w8, 40);
+    free(v0), free(v1), free(codes);
+    cudaFree(dw);
+    qm_free(&q);
+  }
+  rlm_error err = {0};
+  void *p = dev_poisoned(64);
+  CHECK_EQ(rlm__cuda_widen_codes(p, 4, 1, 32, p, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "4-bit codes");
+  CHECK_EQ(rlm__cuda_widen_codes(p, 6, 1, 48, p, NULL, &err), RLM_ERR_INVALID);
+  CHECK_STR_CONTAINS(err.msg, "48 columns");
+  cudaFree(p);
 }
 
 /* The 64 bytes past got's n outputs (copied back from a poisoned device
@@ -1153,6 +1204,7 @@ int main(int argc, char **argv) {
   RUN(multi_equals_single);
   RUN(qgemm_i8_matches_reference);
   RUN(qgemm_i8_multi_matches_reference);
+  RUN(widened_codes_take_int8_products);
   RUN(refuses_what_it_lacks);
   RUN(qgemm_matches_reference);
   RUN(qgemm_multi_matches_reference);
