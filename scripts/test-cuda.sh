@@ -74,9 +74,8 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   I8_FAST=0        its run-time group instances for every weight
   #   ATTN_CAP_PARTS=0 decode's attention grid by n_splits alone
   #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
-  #   ATTN_CLUSTER=1   decode's attention parts merged in their cluster
-  #   DENSE_AHEAD=64   the dense products ask the L2 for 64 KB a block ahead
-  #   HEAD8=1          a 2-6-bit lm_head's codes widened to 8 bits past one row
+  #   DENSE_AHEAD=0    the dense products ask the L2 for nothing ahead
+  #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -103,9 +102,8 @@ I8_OCC4=1 test_cuda_qgemv test_cuda_model
 I8_FAST=0 test_cuda_qgemv test_cuda_model
 ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
 EARLY_POS=0 test_cuda_ops test_cuda_model
-ATTN_CLUSTER=1 test_cuda_ops test_cuda_model
-DENSE_AHEAD=64 test_cuda_ops test_cuda_model
-HEAD8=1 test_cuda_model
+DENSE_AHEAD=0 test_cuda_ops test_cuda_model
+HEAD8=0 test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

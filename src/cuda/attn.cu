@@ -57,7 +57,6 @@
 
 #include <type_traits>
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdlib.h>
@@ -65,7 +64,6 @@
 namespace {
 
 using namespace rlm_cuda;
-namespace cg = cooperative_groups;
 
 /* The shape of the work; RLM_CUDA_ATTN_* override them to compare variants. */
 #ifndef RLM_CUDA_ATTN_WARPS
@@ -114,20 +112,6 @@ bool early_pos(int n) {
 bool cap_parts() {
   static const bool on = env_switch("RINGLM_CUDA_ATTN_CAP_PARTS", true);
   return on;
-}
-
-/* Decode's parts merged in their cluster (cluster_merge) where a launch
- * has at most kClusterParts of them and at most kEarlyMaxRows tokens
- * (the EARLY instances only: each instance doubles the file's build
- * time, and a bigger pass's merge is a smaller share of it), with
- * RINGLM_CUDA_ATTN_CLUSTER=1 (off until it has run on a GPU: merge_kernel
- * after every launch); rlm__cuda_attend_cluster (tests) overrides both. */
-int g_cluster_force = -1;
-
-bool cluster_merge_on() {
-  static const bool on = env_switch("RINGLM_CUDA_ATTN_CLUSTER", false);
-  const int f = __atomic_load_n(&g_cluster_force, __ATOMIC_RELAXED);
-  return f < 0 ? on : f > 0;
 }
 
 /* The parts a launch has: n_splits, or (cap_parts) at most those a query
@@ -450,7 +434,7 @@ __device__ __forceinline__ void prefetch_part(const KP &kp, const VP &vp, const 
 
 /* A block's keys: part `part` of what token j's query sees, [t0, t1) of
  * the runs r, in the cache of (its row, kv head kvh) = `head`; false
- * (and t0 = t1) when the query uses fewer parts. */
+ * when the query uses fewer parts. */
 struct Span {
   Runs r;
   int64_t t0, t1, head;
@@ -460,23 +444,20 @@ __device__ __forceinline__ bool part_span(const rlm_cuda_kv &c, const int32_t *t
                                           int64_t j, int part, int n_parts, int kvh, Span *sp) {
   const int row = tok_row[j];
   sp->r = runs_of(c, row < 0 ? -1 : tok_pos[j]);
-  sp->head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
   const int used = parts_used(sp->r.n, n_parts);
-  if (part >= used) {
-    sp->t0 = sp->t1 = 0; /* no keys: a cluster's idle part still joins the merge */
-    return false;
-  }
+  if (part >= used) return false;
   sp->t0 = sp->r.n * part / used, sp->t1 = sp->r.n * (part + 1) / used;
+  sp->head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
   return true;
 }
 
 /* The block's NG partial states (a lane group's or a warp's m, l and
  * unnormalised o per head, in shared memory) merged into the part's
- * state, handed to put: put.ml(g, m, l) for each head g < GQ, then, after
- * a barrier, put.o(g, d, o) for each element d < dim of the heads g < ng. */
-template <int NG, int GQ, int DIM, typename Put>
-__device__ __forceinline__ void fold_part(float (&sm_m)[NG][GQ], float (&sm_l)[NG][GQ], float (&sm_w)[NG][GQ],
-                                          float (&sm_o)[NG][GQ][DIM], int ng, int dim, const Put &put) {
+ * entry of scratch: (token j, head h0 + g, part), heads n_parts apart. */
+template <int NG, int GQ, int DIM>
+__device__ __forceinline__ void write_part(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
+                                           float (&sm_w)[NG][GQ], const float (&sm_o)[NG][GQ][DIM], int ng, int dim,
+                                           int64_t first, int n_parts, float *part_o, float *part_ml) {
   if (threadIdx.x < GQ) {
     const int g = threadIdx.x;
     float mx = -INFINITY, ls = 0.f;
@@ -486,7 +467,7 @@ __device__ __forceinline__ void fold_part(float (&sm_m)[NG][GQ], float (&sm_l)[N
       sm_w[i][g] = w;
       ls = fmaf(sm_l[i][g], w, ls);
     }
-    put.ml(g, mx, ls);
+    if (g < ng) part_ml[(first + (int64_t)g * n_parts) * 2] = mx, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = ls;
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < GQ * DIM; idx += blockDim.x) {
@@ -494,135 +475,8 @@ __device__ __forceinline__ void fold_part(float (&sm_m)[NG][GQ], float (&sm_l)[N
     if (g >= ng || d >= dim) continue;
     float a = 0.f;
     for (int i = 0; i < NG; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
-    put.o(g, d, a);
+    part_o[(first + (int64_t)g * n_parts) * dim + d] = a;
   }
-}
-
-/* The part's state into its entry of scratch: (token j, head h0 + g,
- * part), heads n_parts apart, for merge_kernel; heads past ng are not
- * stored. */
-struct ScratchPut {
-  int ng, dim, n_parts;
-  int64_t first;
-  float *part_o, *part_ml;
-  __device__ void ml(int g, float m, float l) const {
-    if (g < ng) part_ml[(first + (int64_t)g * n_parts) * 2] = m, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = l;
-  }
-  __device__ void o(int g, int d, float a) const { part_o[(first + (int64_t)g * n_parts) * dim + d] = a; }
-};
-
-template <int NG, int GQ, int DIM>
-__device__ __forceinline__ void write_part(float (&sm_m)[NG][GQ], float (&sm_l)[NG][GQ], float (&sm_w)[NG][GQ],
-                                           float (&sm_o)[NG][GQ][DIM], int ng, int dim, int64_t first, int n_parts,
-                                           float *part_o, float *part_ml) {
-  fold_part(sm_m, sm_l, sm_w, sm_o, ng, dim, ScratchPut{ng, dim, n_parts, first, part_o, part_ml});
-}
-
-/* ---- decode's parts merged in a cluster ------------------------------------
- * merge_kernel is a launch of its own after the parts, on the decode
- * step's critical path 32 times a Llama-8B token (4.1 us each alone, ncu
- * 2026-12-05), for a handful of parts at short contexts. Merging in the
- * attention kernel by a last-block count was slower (a fence in every
- * block, docs/cuda-notes.md). Here, where a launch has at most
- * kClusterParts parts, they are one thread-block cluster (1 x 1 x parts):
- * each block folds its part's state into its own shared memory, the
- * cluster's barrier publishes it, and the blocks read each other's
- * through distributed shared memory and share merge_kernel's work for
- * their heads (the same arithmetic in the same order: the same bits),
- * int8 activations included; a second barrier keeps every block's
- * shared memory alive until all have read it. (A first version left the
- * whole merge to block 0: 8B tg128 -2%, Gemma-1B -8% on an H100.) */
-constexpr int kClusterParts = 8; /* the portable cluster size */
-
-/* The part's state kept in entry 0 of the block's own arrays: each head's
- * thread, and each element's, has read every entry before it writes. */
-template <int NG, int GQ, int DIM>
-struct LocalPut {
-  float (&m)[NG][GQ];
-  float (&l)[NG][GQ];
-  float (&o_)[NG][GQ][DIM];
-  __device__ void ml(int g, float mv, float lv) const { m[0][g] = mv, l[0][g] = lv; }
-  __device__ void o(int g, int d, float a) const { o_[0][g][d] = a; }
-};
-
-/* Where the merged heads go: out (token j's row of n_heads * dim floats)
- * and, with q8, their int8 activations (groups of g32 * 32). */
-struct MergeOut {
-  float *out;
-  uint8_t *q8;
-  int q8_bits, g32;
-};
-
-/* One warp's unit of the merge: elements off + 32 jj + lane (jj < G32)
- * of head g, from the `used` parts' states (entry 0 of each block's o)
- * with weights cw[.][g] and sum l, into oh (the head's row of out); with
- * q8row, their int8 activations (weight group grp, q8_group). */
-template <int G32, int NG, int GQ, int DIM>
-__device__ __forceinline__ void merge_unit(const cg::cluster_group &cl, float (&sm_o)[NG][GQ][DIM],
-                                           const float (&cw)[kClusterParts][GQ], float l, int used, int g, int off,
-                                           int dim, float *oh, uint8_t *q8row, int q8_bits, int64_t cols,
-                                           int64_t grp) {
-  const int lane = threadIdx.x % kWarp;
-  float v[G32];
-#pragma unroll
-  for (int jj = 0; jj < G32; jj++) {
-    const int d = off + jj * kWarp + lane;
-    float a[kClusterParts];
-#pragma unroll
-    for (int s = 0; s < kClusterParts; s++) { /* no remote load past the parts used: branches, not selects */
-      a[s] = 0.f;
-      if (s < used && d < dim) a[s] = fmaf(cl.map_shared_rank(&sm_o[0][0][0], s)[g * DIM + d], cw[s][g], 0.f);
-    }
-    const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-    v[jj] = l > 0.f ? __fdiv_rn(sum, l) : 0.f; /* sees nothing: zeros */
-    if (d < dim) oh[d] = v[jj];
-  }
-  if (q8row) q8_group<G32>(v, q8_bits, cols, grp, q8row, lane);
-}
-
-/* The cluster merges the `used` parts' states (entry 0 of each block's m,
- * l, o) into token j's heads h0 .. h0 + ng - 1: every block finds the
- * parts' weights (merge_kernel's: a part a lane, the same trees), then
- * the heads' units of 32 G32 elements (a weight group of the int8
- * activations, or 32 elements without them) go round the cluster's
- * warps, rank by rank. */
-template <int NG, int GQ, int DIM>
-__device__ __forceinline__ void cluster_merge(float (&sm_m)[NG][GQ], float (&sm_l)[NG][GQ], float (&sm_o)[NG][GQ][DIM],
-                                              int used, int ng, int dim, int64_t j, int h0, int n_heads,
-                                              const MergeOut &mo) {
-  __shared__ float cw[kClusterParts][GQ], cl_l[GQ];
-  const cg::cluster_group cl = cg::this_cluster();
-  cl.sync(); /* every part's state is in its block's shared memory */
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  for (int g = warp; g < ng; g += warps) {
-    float ms = -INFINITY;
-    if (lane < used) ms = cl.map_shared_rank(&sm_m[0][0], lane)[g];
-    float mx = ms;
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float ls = 0.f;
-    if (lane < used) {
-      const float ws = mx == -INFINITY ? 0.f : exp2f(ms - mx);
-      cw[lane][g] = ws;
-      ls = fmaf(cl.map_shared_rank(&sm_l[0][0], lane)[g], ws, 0.f);
-    }
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-    if (lane == 0) cl_l[g] = ls;
-  }
-  __syncthreads();
-  const int g32 = mo.q8 ? mo.g32 : 1, unit = g32 * kWarp, per = (dim + unit - 1) / unit, cols = n_heads * dim;
-  uint8_t *row = mo.q8 ? mo.q8 + j * q8_row_bytes(cols, unit) : nullptr;
-  const int step = (int)cl.num_blocks() * warps;
-  for (int w = (int)cl.block_rank() * warps + warp; w < ng * per; w += step) {
-    const int g = w / per, off = w % per * unit;
-    float *oh = mo.out + (j * n_heads + h0 + g) * dim;
-    const int64_t grp = (int64_t)(h0 + g) * per + w % per;
-    if (g32 == 1) merge_unit<1>(cl, sm_o, cw, cl_l[g], used, g, off, dim, oh, row, mo.q8_bits, cols, grp);
-    else if (g32 == 2) merge_unit<2>(cl, sm_o, cw, cl_l[g], used, g, off, dim, oh, row, mo.q8_bits, cols, grp);
-    else merge_unit<4>(cl, sm_o, cw, cl_l[g], used, g, off, dim, oh, row, mo.q8_bits, cols, grp);
-  }
-  cl.sync(); /* every block's state has been read */
 }
 
 /* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
@@ -661,11 +515,11 @@ struct Shape {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY, bool CL>
+template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
-                  int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml, MergeOut mo) {
+                  int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
   Span early_sp;
   bool early_live = true;
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
@@ -683,10 +537,10 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
 
   Span sp;
   if constexpr (EARLY) {
-    if (!early_live && !CL) return;
+    if (!early_live) return;
     sp = early_sp;
-  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp) && !CL) {
-    return; /* the whole block: the merge does not read it (in a cluster: no keys, and it joins) */
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) {
+    return; /* the whole block: the merge does not read it */
   }
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
@@ -801,12 +655,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
       for (int e = 0; e < kVe; e++) sm_o[grp][g][(sub + k * kLanes) * kVe + e] = o[g][k * kVe + e];
   }
   __syncthreads();
-  if constexpr (CL) {
-    fold_part(sm_m, sm_l, sm_w, sm_o, ng, dim, LocalPut<kGroups, GQ, DIM>{sm_m, sm_l, sm_o});
-    cluster_merge(sm_m, sm_l, sm_o, parts_used(r.n, n_parts), ng, dim, j, h0, n_heads, mo);
-  } else {
-    write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
-  }
+  write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
 }
 
 /* ---- attention over 4-bit K and V: a key a lane ----------------------------- */
@@ -877,11 +726,11 @@ __device__ __forceinline__ uint32_t tile_codes(const uint32_t *row, int at) {
   else return reinterpret_cast<const uint8_t *>(row)[at];
 }
 
-template <typename T, int DIM, int GQ, bool EARLY, bool CL>
+template <typename T, int DIM, int GQ, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kLkWarps)
     attend_q4_lanekey_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks,
                              float scale2, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos,
-                             int n_parts, float *__restrict__ part_o, float *__restrict__ part_ml, MergeOut mo) {
+                             int n_parts, float *__restrict__ part_o, float *__restrict__ part_ml) {
   Span early_sp;
   bool early_live = true;
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
@@ -898,10 +747,10 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
 
   Span sp;
   if constexpr (EARLY) {
-    if (!early_live && !CL) return;
+    if (!early_live) return;
     sp = early_sp;
-  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp) && !CL) {
-    return; /* the whole block: the merge does not read it (in a cluster: no keys, and it joins) */
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) {
+    return; /* the whole block: the merge does not read it */
   }
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
@@ -1025,13 +874,8 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
     for (int e = 0; e < kE; e++) sm.fin.o[warp][g][lane * kE + e] = o[g][e];
   }
   __syncthreads();
-  if constexpr (CL) {
-    fold_part(sm.fin.m, sm.fin.l, sm.fin.w, sm.fin.o, ng, DIM, LocalPut<kLkWarps, GQ, DIM>{sm.fin.m, sm.fin.l, sm.fin.o});
-    cluster_merge(sm.fin.m, sm.fin.l, sm.fin.o, parts_used(r.n, n_parts), ng, DIM, j, h0, n_heads, mo);
-  } else {
-    write_part(sm.fin.m, sm.fin.l, sm.fin.w, sm.fin.o, ng, DIM, (j * n_heads + h0) * n_parts + part, n_parts, part_o,
-               part_ml);
-  }
+  write_part(sm.fin.m, sm.fin.l, sm.fin.w, sm.fin.o, ng, DIM, (j * n_heads + h0) * n_parts + part, n_parts, part_o,
+             part_ml);
 }
 
 /* ---- attention: the merge ------------------------------------------------- */
@@ -1117,8 +961,6 @@ struct AttendArgs {
   const int64_t *tok_pos;
   int n_parts;
   float *part_o, *part_ml;
-  MergeOut mo; /* cl: where the cluster's merge writes */
-  bool cl;     /* the parts as one cluster, merged there (cluster_merge) */
 };
 
 /* kPrefetchKeys, or 0 (no prefetch) with RINGLM_CUDA_ATTN_PREFETCH=0, to
@@ -1149,31 +991,24 @@ template <typename KP>
 constexpr bool kEarlyRows =
     std::is_same<KP, DenseRows<__half>>::value || std::is_same<KP, DenseRows<__nv_bfloat16>>::value;
 
-/* Each launcher below returns whether its kernel merged the parts in a
- * cluster (a.cl, where the kernel has a CL instance), so that no
- * merge_kernel follows. */
 template <typename KP, typename VP, int DIM, int GQ>
-bool launch_attend(const AttendArgs &a, cudaStream_t st) {
+void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
-  const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts), cl(1, 1, (unsigned)a.n_parts);
-#define RLM_ATTEND(MINB, E, CL)                                                                                      \
-  launch_kc(attend_kernel<KP, VP, DIM, GQ, MINB, E, CL>, grid, CL ? &cl : nullptr, kWarp * kAttnWarps, 0, st, a.c,  \
-            a.q, a.n_heads, a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, \
-            a.part_ml, a.mo)
+  const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
+#define RLM_ATTEND(MINB, E)                                                                                         \
+  launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,            \
+           a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml)
   if constexpr (KP::kVe == 16)
     if (q4_blocks() == 3) {
-      RLM_ATTEND(3, false, false);
-      return false;
+      RLM_ATTEND(3, false);
+      return;
     }
-  if constexpr (kEarlyRows<KP>) {
+  if constexpr (kEarlyRows<KP>)
     if (early_pos(a.n)) {
-      if (a.cl) RLM_ATTEND(1, true, true);
-      else RLM_ATTEND(1, true, false);
-      return a.cl;
+      RLM_ATTEND(1, true);
+      return;
     }
-  }
-  RLM_ATTEND(1, false, false);
-  return false;
+  RLM_ATTEND(1, false);
 #undef RLM_ATTEND
 }
 
@@ -1187,56 +1022,52 @@ int gq_for(int max_gq, int q_per_kv) {
 }
 
 template <typename KP, typename VP, int DIM>
-bool launch_gq(const AttendArgs &a, cudaStream_t st) {
+void launch_gq(const AttendArgs &a, cudaStream_t st) {
   constexpr int kMax = Shape<KP::kVe, DIM>::kMaxGq;
   switch (gq_for(kMax, a.q_per_kv)) {
-  case 1: return launch_attend<KP, VP, DIM, 1>(a, st);
-  case 2: return launch_attend<KP, VP, DIM, 2>(a, st);
-  case 4: return launch_attend<KP, VP, DIM, 4>(a, st);
+  case 1: launch_attend<KP, VP, DIM, 1>(a, st); break;
+  case 2: launch_attend<KP, VP, DIM, 2>(a, st); break;
+  case 4: launch_attend<KP, VP, DIM, 4>(a, st); break;
   default:
-    if constexpr (kMax >= 8) return launch_attend<KP, VP, DIM, 8>(a, st);
-    return false;
+    if constexpr (kMax >= 8) launch_attend<KP, VP, DIM, 8>(a, st);
+    break;
   }
 }
 
 template <typename KP, typename VP>
-bool launch_dim(const AttendArgs &a, cudaStream_t st) {
+void launch_dim(const AttendArgs &a, cudaStream_t st) {
   const int d = a.c.dim;
-  if (d <= 32) return launch_gq<KP, VP, 32>(a, st);
-  if (d <= 64) return launch_gq<KP, VP, 64>(a, st);
-  if (d <= 128) return launch_gq<KP, VP, 128>(a, st);
-  if (d <= 256) return launch_gq<KP, VP, 256>(a, st);
-  return launch_gq<KP, VP, 512>(a, st);
+  if (d <= 32) launch_gq<KP, VP, 32>(a, st);
+  else if (d <= 64) launch_gq<KP, VP, 64>(a, st);
+  else if (d <= 128) launch_gq<KP, VP, 128>(a, st);
+  else if (d <= 256) launch_gq<KP, VP, 256>(a, st);
+  else launch_gq<KP, VP, 512>(a, st);
 }
 
 /* attend_q4_lanekey_kernel for GQ heads a block. */
 template <typename T, int DIM, int GQ>
-bool launch_lanekey_gq(const AttendArgs &a, cudaStream_t st) {
+void launch_lanekey_gq(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
-  const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts), cl(1, 1, (unsigned)a.n_parts);
-#define RLM_LK(E, CL)                                                                                               \
-  launch_kc(attend_q4_lanekey_kernel<T, DIM, GQ, E, CL>, grid, CL ? &cl : nullptr, kWarp * kLkWarps, 0, st, a.c, a.q, \
-            a.n_heads, a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml, a.mo)
-  if (!early_pos(a.n)) {
-    RLM_LK(false, false);
-    return false;
-  }
-  a.cl ? RLM_LK(true, true) : RLM_LK(true, false);
-#undef RLM_LK
-  return a.cl;
+  const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
+  if (early_pos(a.n))
+    launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, true>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
+             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+  else
+    launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, false>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
+             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
 }
 
 /* Up to 8 heads a block (4 at dim 256: the shared memory's 48 KB). */
 template <typename T, int DIM>
-bool launch_lanekey(const AttendArgs &a, cudaStream_t st) {
+void launch_lanekey(const AttendArgs &a, cudaStream_t st) {
   constexpr int kMax = DIM >= 256 ? 4 : 8;
   switch (gq_for(kMax, a.q_per_kv)) {
-  case 1: return launch_lanekey_gq<T, DIM, 1>(a, st);
-  case 2: return launch_lanekey_gq<T, DIM, 2>(a, st);
-  case 4: return launch_lanekey_gq<T, DIM, 4>(a, st);
+  case 1: launch_lanekey_gq<T, DIM, 1>(a, st); break;
+  case 2: launch_lanekey_gq<T, DIM, 2>(a, st); break;
+  case 4: launch_lanekey_gq<T, DIM, 4>(a, st); break;
   default:
-    if constexpr (kMax >= 8) return launch_lanekey_gq<T, DIM, 8>(a, st);
-    return false;
+    if constexpr (kMax >= 8) launch_lanekey_gq<T, DIM, 8>(a, st);
+    break;
   }
 }
 
@@ -1251,7 +1082,7 @@ bool lanekey_on() {
  * or bf16 scales (decode's quantized KV) a word of codes a vector; every
  * other quantized cache the generic cut at the cache's bits. */
 template <typename T>
-bool launch_cache(const AttendArgs &a, cudaStream_t st) {
+void launch_cache(const AttendArgs &a, cudaStream_t st) {
   if (!a.c.k_bits) return launch_dim<DenseRows<T>, DenseRows<T>>(a, st);
   if constexpr (sizeof(T) == 2)
     if (a.c.k_bits == 4 && a.c.v_bits == 4) {
@@ -1263,7 +1094,7 @@ bool launch_cache(const AttendArgs &a, cudaStream_t st) {
         }
       return launch_dim<Q4Rows<T>, Q4Rows<T>>(a, st);
     }
-  return launch_dim<QuantRows<T>, QuantRows<T>>(a, st);
+  launch_dim<QuantRows<T>, QuantRows<T>>(a, st);
 }
 
 bool bits_ok(int b) { return b >= 2 && b <= 8 && b != 7; }
@@ -1400,10 +1231,6 @@ extern "C" size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits) {
   return bits && c->group > 0 ? (size_t)(c->dim / c->group) * el_size(c->dtype) : 0;
 }
 
-extern "C" void rlm__cuda_attend_cluster(int on) {
-  __atomic_store_n(&g_cluster_force, on < 0 ? -1 : on > 0, __ATOMIC_RELAXED);
-}
-
 extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
   if (n < 1 || n_heads < 1 || dim < 1) return 0;
   return (size_t)n * (size_t)n_heads * (size_t)n_splits(n, n_heads) * ((size_t)dim + 2) * sizeof(float);
@@ -1436,21 +1263,18 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const int parts = launch_parts(n, n_heads, c->cap);
   float *part_o = static_cast<float *>(scratch);
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
-  uint8_t *q8s = q8_scratch(q8);
-  const int q8b = q8 ? q8->bits : 0;
-  const MergeOut mo = {out, q8s, q8b, q8 ? q8->group_size / 32 : 0};
-  const bool cl = parts <= kClusterParts && cluster_merge_on();
-  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, part_o, part_ml, mo, cl};
+  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, part_o, part_ml};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
-  bool merged;
   switch (c->dtype) {
-  case RLM_DTYPE_F16: merged = launch_cache<__half>(a, s); break;
-  case RLM_DTYPE_BF16: merged = launch_cache<__nv_bfloat16>(a, s); break;
-  default: merged = launch_cache<float>(a, s); break;
+  case RLM_DTYPE_F16: launch_cache<__half>(a, s); break;
+  case RLM_DTYPE_BF16: launch_cache<__nv_bfloat16>(a, s); break;
+  default: launch_cache<float>(a, s); break;
   }
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
-  if (rc || merged) return rc;
+  if (rc) return rc;
   const unsigned blocks = (unsigned)((int64_t)n * n_heads);
+  uint8_t *q8s = q8_scratch(q8);
+  const int q8b = q8 ? q8->bits : 0;
 #define RLM_ME(G32, E)                                                                                                \
   launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
            c->dim, out, q8s, q8b)

@@ -435,9 +435,9 @@ typedef struct cuda_switches {
   bool q8_wide;     /* RINGLM_CUDA_Q8_WIDE=0: producers write int8
                        activations for MAX_M rows at most, not as many as
                        the scratch holds (q8_out_as) */
-  bool head8;       /* RINGLM_CUDA_HEAD8=1: a 2-6-bit lm_head's codes also
-                       at 8 bits for products of several rows (make_head8);
-                       off until it has run on a GPU */
+  bool head8;       /* RINGLM_CUDA_HEAD8=0: a 2-6-bit lm_head past one row
+                       on the f32 unit kernel, not its codes at 8 bits
+                       (make_head8) */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -463,8 +463,7 @@ static void read_switches(void) {
   g_switches.sum_qkv = e && e[0] == '1';
   e = getenv("RINGLM_CUDA_QGEMM_MULTI");
   g_switches.qgemm_multi = e && e[0] == '1';
-  e = getenv("RINGLM_CUDA_HEAD8");
-  g_switches.head8 = e && e[0] == '1';
+  g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
 }
 
 static const cuda_switches *switches(void) {
@@ -1299,9 +1298,12 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
  * batched decode at B = 64 at 2,465 tok/s against 6,790 with the head at
  * 8 bits (H100, docs/cuda-notes.md). Its codes widened to 8 bits, with
  * the same scales and biases, hold the same values exactly and take
- * those products. Made once for the model, under the upload lock, for
- * the first session that batches rows (RINGLM_CUDA_HEAD8=1): rows x cols
- * bytes (525 MB for Llama-8B's head), which a single stream does not pay. */
+ * those products: 1,732 / 5,336 / 6,761 tok/s at B = 8 / 32 / 64 against
+ * 1,219 / 2,258 / 2,465 (and 1,739 / 5,342 / 6,754 with the head stored
+ * at 8 bits). Made once for the model, under the upload lock, for the
+ * first session that batches rows (RINGLM_CUDA_HEAD8=0: never): rows x
+ * cols bytes (525 MB for Llama-8B's head), which a single stream does
+ * not pay. */
 static rlm_status make_head8(rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   dev_weights *w = m->dev_weights;
   const rlm_linear *h = &m->lm_head;

@@ -192,13 +192,6 @@ rlm_status rlm__cuda_qkv_prep_sum(float *q, float *k, float *v, const rlm_cuda_s
                                   int64_t stride, const rlm_cuda_kv *c, const int32_t *tok_row,
                                   const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);
 
-/* rlm__cuda_attend's merge of the parts inside the attention kernel, in
- * a thread-block cluster, where a launch has at most 8 parts: on > 0
- * always, 0 never (a merge kernel after the parts), < 0 as
- * RINGLM_CUDA_ATTN_CLUSTER says (default off). For tests comparing the
- * two; both give the same bits. */
-void rlm__cuda_attend_cluster(int on);
-
 /* Scratch for rlm__cuda_attend with n tokens of n_heads heads. */
 size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);
 /* out[j][h] = softmax(scale * q[j][h] . K^T) V over the positions token j

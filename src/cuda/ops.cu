@@ -503,13 +503,18 @@ int dense_parts(int64_t rows, int64_t n_vec) {
 /* Bytes of its rows each block of dense_kernel asks of the L2 before the
  * PDL wait: a product's blocks become resident as soon as the small
  * kernel before it passes its own wait, and then idle until that kernel
- * ends, and HBM idles with them; bytes asked for then are in the L2 when
- * the loop reaches them. RINGLM_CUDA_DENSE_AHEAD in KB (0 to 1024),
- * default 0: none. */
+ * ends; bytes asked for then are in the L2 when the loop reaches them.
+ * Llama-8B bf16 tg128 on an H100 (docs/cuda-notes.md, 2026-12-06): none
+ * 176.9-177.8 tok/s, 4 KB 179.2-180.0, 8 KB 180.2-181.4, 12 KB
+ * 180.2-180.7, 16 KB 180.0-180.2, 32 KB 175.9-176.2, 64 KB 166.4, 256 KB
+ * 124.3 (1,056 resident blocks x 64 KB is past the L2); Gemma-1B bf16
+ * 712-714 to 716. So 8 KB; RINGLM_CUDA_DENSE_AHEAD sets it in KB (0 to
+ * 1024; 0: none). The same in decode's 4-bit product was slower at every
+ * depth and is not built. */
 int64_t dense_ahead_bytes() {
   static const int64_t b = [] {
     const char *e = getenv("RINGLM_CUDA_DENSE_AHEAD");
-    const int64_t kb = e ? atoll(e) : 0;
+    const int64_t kb = e ? atoll(e) : 8;
     return (kb < 0 ? 0 : kb > 1024 ? 1024 : kb) * 1024;
   }();
   return b;

@@ -1079,45 +1079,6 @@ static void check_attend_q8(const rlm_cuda_kv *c, const float *dq, int H, float 
   free(got), free(q0), free(q1);
 }
 
-/* Whether rlm__cuda_attend merges this case's parts in a cluster (attn.cu's
- * cluster_merge): at most 8 parts (64 positions of the cache each), at
- * most 32 tokens, a dense f16/bf16 cache or 4/4-bit K and V of 16-bit
- * scales at head dims 64, 128, 256. */
-static bool attend_clusters(const attn_case *a) {
-  int splits = 1;
-  while (splits < 128 && (int64_t)a->n * a->n_heads * splits < 4096) splits *= 2;
-  const int64_t parts = (a->cap + 63) / 64 < splits ? (a->cap + 63) / 64 : splits;
-  const bool half = a->dt == RLM_DTYPE_F16 || a->dt == RLM_DTYPE_BF16;
-  const bool q4 = a->k_bits == 4 && a->v_bits == 4 && (a->dim == 64 || a->dim == 128 || a->dim == 256);
-  return parts <= 8 && a->n <= 32 && half && (!a->k_bits || q4);
-}
-
-/* The parts merged in a cluster and by merge_kernel give the same bits
- * as the default call's `out`; the first leaves its scratch as it was
- * (poisoned), which shows that it took the path attend_clusters says. */
-static void check_attend_cluster(const attn_case *a, const rlm_cuda_kv *c, const float *dq, int H, float scale,
-                                 const int32_t *drow, const int64_t *dpos, const float *out) {
-  const int n = a->n;
-  const size_t fb = (size_t)n * H * a->dim * 4, sb = rlm__cuda_attend_scratch_bytes(n, H, a->dim);
-  uint8_t *sc = xmalloc(sb);
-  float *dout = dev_poisoned(fb), *got = xmalloc(fb);
-  rlm_error err = {0};
-  for (int on = 1; on >= 0; on--) {
-    void *scratch = dev_poisoned(sb);
-    rlm__cuda_attend_cluster(on);
-    CHECK_EQ(rlm__cuda_attend(c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
-    download(got, dout, fb);
-    CHECK(memcmp(got, out, fb) == 0);
-    download(sc, scratch, sb);
-    bool untouched = true;
-    for (size_t i = 0; i < sb && untouched; i++) untouched = sc[i] == 0xff;
-    CHECK(untouched == (on && attend_clusters(a)));
-    cudaFree(scratch);
-  }
-  rlm__cuda_attend_cluster(-1);
-  cudaFree(dout), free(got), free(sc);
-}
-
 /* tc: through rlm__cuda_attend_prefill (the case is one row) */
 static void check_attend(attn_case *a, bool tc) {
   fill_positions(a);
@@ -1162,10 +1123,7 @@ static void check_attend(attn_case *a, bool tc) {
     CHECK_EQ(rlm__cuda_attend(&c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
   float *got = xmalloc((size_t)n * H * dim * 4), *ref = xmalloc((size_t)n * H * dim * 4);
   download(got, dout, (size_t)n * H * dim * 4);
-  if (!tc) {
-    check_attend_cluster(a, &c, dq, H, scale, drow, dpos, got);
-    check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
-  }
+  if (!tc) check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
   /* The reference, in double over the stored (rounded) values. */
   const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
   double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
@@ -1234,10 +1192,10 @@ TEST(attend_matches_reference) {
       {"plain decode, the cache nearly full", RLM_DTYPE_BF16, 128, 8, 2, 600, 0, 0, 0, 1, {590}, 1, {0}, {0}, 0, 0, 0},
       {"ring of 128 and 2 sinks, all of it seen", RLM_DTYPE_BF16, 64, 4, 2, 130, 128, 2, 130, 1, {500}, 1, {0}, {0},
        0, 0, 0},
-      /* merged in a cluster (at most 8 parts): Llama's heads, 5 parts;
-       * three rows of 8 parts, each query using its own number of them */
-      {"cluster: decode over 5 parts", RLM_DTYPE_BF16, 128, 32, 8, 300, 0, 0, 0, 1, {290}, 1, {0}, {0}, 0, 0, 0},
-      {"cluster: three rows, 8 parts", RLM_DTYPE_F16, 128, 32, 8, 512, 0, 0, 0, 3, {450, 200, 10}, 3, {0, 1, 2}, {0},
+      /* a launch of 5 and of 8 parts (the cache's positions / 64): Llama's
+       * heads; three rows, each query using its own number of parts */
+      {"decode over 5 parts", RLM_DTYPE_BF16, 128, 32, 8, 300, 0, 0, 0, 1, {290}, 1, {0}, {0}, 0, 0, 0},
+      {"three rows, 8 parts", RLM_DTYPE_F16, 128, 32, 8, 512, 0, 0, 0, 3, {450, 200, 10}, 3, {0, 1, 2}, {0},
        0, 0, 0},
   };
   /* clang-format on */
@@ -1311,7 +1269,7 @@ TEST(attend_quantized_matches_reference) {
        {0}, {0}, 4, 4, 128},
       {"q4 dim 256, 8 heads on one kv head (two blocks of 4)", RLM_DTYPE_BF16, 256, 8, 1, 500, 0, 0, 0, 1, {450}, 1,
        {0}, {0}, 4, 4, 32},
-      {"q4 cluster: three rows, 6 parts", RLM_DTYPE_BF16, 128, 32, 8, 384, 0, 0, 0, 3, {300, 64, 1}, 3, {2, 1, 0},
+      {"q4 three rows, 6 parts", RLM_DTYPE_BF16, 128, 32, 8, 384, 0, 0, 0, 3, {300, 64, 1}, 3, {2, 1, 0},
        {0}, 4, 4, 64},
   };
   /* clang-format on */
