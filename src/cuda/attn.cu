@@ -966,10 +966,7 @@ struct AttendArgs {
 /* kPrefetchKeys, or 0 (no prefetch) with RINGLM_CUDA_ATTN_PREFETCH=0, to
  * compare (docs/cuda-notes.md). */
 int64_t prefetch_keys() {
-  static const int64_t keys = [] {
-    const char *e = getenv("RINGLM_CUDA_ATTN_PREFETCH");
-    return e && e[0] == '0' ? (int64_t)0 : kPrefetchKeys;
-  }();
+  static const int64_t keys = env_switch("RINGLM_CUDA_ATTN_PREFETCH", true) ? kPrefetchKeys : 0;
   return keys;
 }
 

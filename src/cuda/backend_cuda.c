@@ -1307,8 +1307,10 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
 static rlm_status make_head8(rlm_model *m, const rlm_session_params *p, rlm_error *err) {
   dev_weights *w = m->dev_weights;
   const rlm_linear *h = &m->lm_head;
+  /* bits_ok (check_support) leaves 2-6 and 8: all but the fast widths;
+   * groups of 16 (GGUF's, converted) the int8 products do not take */
   if (!switches()->head8 || w->head8.wq || p->n_rows < 2 || p->act_bits != 8 || !h->out || !h->quant ||
-      h->kq.blocks || (h->q.bits != 2 && h->q.bits != 3 && h->q.bits != 5 && h->q.bits != 6) || h->q.cols % 128)
+      h->kq.blocks || h->q.bits == 4 || h->q.bits == 8 || h->q.group_size < 32 || h->q.cols % 128)
     return RLM_OK;
   void *mem = NULL;
   cudaError_t e = cudaMalloc(&mem, (size_t)h->q.rows * (size_t)h->q.cols);
