@@ -34,9 +34,9 @@
  *      (every m_s = -inf) gets zeros.
  * S depends only on the launch's n and n_heads (n_splits), never on the
  * positions; scratch is n * n_heads * S * (dim + 2) floats. A query uses
- * only its first ceil(N / 64) parts (parts_used, from tok_pos, so still
- * the same launch every step): the others return at once and the merge
- * reads only the used ones, so a short context pays for one part.
+ * only its first ceil(N / min_keys) parts (parts_used, from tok_pos, so
+ * still the same launch every step): the others return at once and the
+ * merge reads only the used ones, so a short context pays for few parts.
  *
  * 4-BIT K AND V of f16/bf16 scales at head dims 64, 128 and 256 take a
  * kernel of their own in step 1, attend_q4_lanekey_kernel (a key a lane,
@@ -81,10 +81,14 @@ constexpr int kMaxSplits = 128;
  * hundreds of tokens get 1 part, nothing to merge. */
 constexpr int64_t kSplitTarget = 4096;
 constexpr int kMergeThreads = 128;
-/* Keys a part takes at least: a query that sees few positions uses fewer
- * parts than the launch has (the rest exit at once, and the merge reads
- * only the parts used), so a short context costs little beyond one pass. */
-constexpr int64_t kMinKeys = 64;
+/* Keys a part takes at least (min_keys below): a query that sees few
+ * positions uses fewer parts than the launch has (the rest exit at once,
+ * and the merge reads only the parts used), so a short context costs
+ * little beyond one pass. */
+constexpr int kMinKeys = 64;
+/* Parts a short context is cut into at least, where the kernel's step
+ * allows (PartRule). */
+constexpr int kShortParts = 16;
 constexpr float kLog2e = 1.4426950408889634f;
 
 int n_splits(int n, int n_heads) {
@@ -107,6 +111,52 @@ bool early_pos(int n) {
   return on && n <= kEarlyMaxRows;
 }
 
+/* HOW MANY PARTS A QUERY OF N POSITIONS USES (before the launch's cap):
+ * ceil(N / min_keys), but for a kernel whose block takes `step` keys a
+ * round (attend_kernel: its lane groups x kUnroll) at least
+ * min(ceil(N / step), short_parts). A part is latency-bound (see
+ * prefetch_part), each round a trip to memory, so at tg128's depths a
+ * few parts of 64 keys (4 rounds of Llama-8B's 128-wide rows, 8 of
+ * Gemma's 256-wide) kept the decode step waiting; more parts of one round
+ * each cost the merge little more. Past short_parts x min_keys positions
+ * the first term rules, as before: measured on the H200
+ * (docs/cuda-notes.md), 16 keys a part everywhere took Llama-8B tg128
+ * from 539 to 554 tok/s but at depth 4096 from 425 to 404, with 128
+ * parts where 64 did better. This rule (H100): Gemma-1B 4-bit tg128 977
+ * to 1,089 tok/s (its 512-position windows gain at every depth), the 8B
+ * 456 to 464, depths 4096 and 16384 level or better. step 0: min_keys
+ * alone (quantized caches; the 4-bit lane-a-key kernel takes 128 keys a
+ * round). The merge uses the same rule. */
+struct PartRule {
+  int min_keys, step, short_parts;
+};
+
+__host__ __device__ __forceinline__ int64_t rule_parts(int64_t n, PartRule pr) {
+  int64_t want = (n + pr.min_keys - 1) / pr.min_keys;
+  if (pr.step > 0) {
+    int64_t s = (n + pr.step - 1) / pr.step;
+    s = s < pr.short_parts ? s : pr.short_parts;
+    want = want > s ? want : s;
+  }
+  return want;
+}
+
+/* kMinKeys and kShortParts, or to compare RINGLM_CUDA_ATTN_MIN_KEYS=k (1
+ * to 4096) and RINGLM_CUDA_ATTN_SHORT_PARTS=k (0: min_keys alone). */
+PartRule part_rule(int step) {
+  static const int mk = [] {
+    const char *e = getenv("RINGLM_CUDA_ATTN_MIN_KEYS");
+    const int v = e ? atoi(e) : 0;
+    return v >= 1 && v <= 4096 ? v : kMinKeys;
+  }();
+  static const int sp = [] {
+    const char *e = getenv("RINGLM_CUDA_ATTN_SHORT_PARTS");
+    const int v = e ? atoi(e) : kShortParts;
+    return v >= 0 && v <= 128 ? v : kShortParts;
+  }();
+  return PartRule{mk, sp > 0 ? step : 0, sp};
+}
+
 /* launch_parts below; RINGLM_CUDA_ATTN_CAP_PARTS=0: n_splits alone, to
  * compare (tg128 441 to 442 tok/s, 449 to 450.5 with EARLY_POS; H100). */
 bool cap_parts() {
@@ -116,16 +166,16 @@ bool cap_parts() {
 
 /* The parts a launch has: n_splits, or (cap_parts) at most those a query
  * of this cache can use. A query sees at most cap positions (runs_of), so
- * it uses at most ceil(cap / kMinKeys) parts (parts_used), and with no
+ * it uses at most rule_parts(cap) parts (parts_used), and with no
  * more in the launch its parts and their bounds are the same: the same
  * bits. Decode's one token of Llama-8B launched 128 parts for each of its
  * 8 kv heads, 1,024 blocks, where a cache of tg128's 129 positions lets
  * at most 3 parts of a head do any work; the rest read the token's row
  * and position and exit. */
-int launch_parts(int n, int n_heads, int64_t cap) {
+int launch_parts(int n, int n_heads, int64_t cap, PartRule pr) {
   const int s = n_splits(n, n_heads);
   if (!cap_parts()) return s;
-  const int64_t most = (cap + kMinKeys - 1) / kMinKeys;
+  const int64_t most = rule_parts(cap, pr);
   return most < 1 ? 1 : most < s ? (int)most : s;
 }
 
@@ -384,8 +434,8 @@ __global__ void kv_write_q_kernel(rlm_cuda_kv c, const float *__restrict__ k, co
 /* ---- attention: the parts ------------------------------------------------- */
 
 /* Parts a query seeing n positions uses, of the launch's n_parts (>= 1). */
-__device__ __forceinline__ int parts_used(int64_t n, int n_parts) {
-  const int64_t want = (n + kMinKeys - 1) / kMinKeys;
+__device__ __forceinline__ int parts_used(int64_t n, int n_parts, PartRule pr) {
+  const int64_t want = rule_parts(n, pr);
   return want < 1 ? 1 : want < n_parts ? (int)want : n_parts;
 }
 
@@ -441,10 +491,10 @@ struct Span {
 };
 
 __device__ __forceinline__ bool part_span(const rlm_cuda_kv &c, const int32_t *tok_row, const int64_t *tok_pos,
-                                          int64_t j, int part, int n_parts, int kvh, Span *sp) {
+                                          int64_t j, int part, int n_parts, PartRule pr, int kvh, Span *sp) {
   const int row = tok_row[j];
   sp->r = runs_of(c, row < 0 ? -1 : tok_pos[j]);
-  const int used = parts_used(sp->r.n, n_parts);
+  const int used = parts_used(sp->r.n, n_parts, pr);
   if (part >= used) return false;
   sp->t0 = sp->r.n * part / used, sp->t1 = sp->r.n * (part + 1) / used;
   sp->head = (int64_t)(row < 0 ? 0 : row) * c.n_kv + kvh;
@@ -511,7 +561,24 @@ struct Shape {
   /* q and o of GQ heads stay in registers: 2 * GQ * kEl floats, so the
    * widest rows (16 elements a lane) take at most 4 heads a block. */
   static constexpr int kMaxGq = kEl >= 16 ? 4 : 8;
+  static constexpr int kStepKeys = kGroups * kUnroll;          /* keys a block takes a round */
 };
+
+/* Shape's keys a round for a dense cache (launch_dim's buckets), or 0:
+ * quantized caches keep min_keys alone (PartRule). */
+template <int VE>
+int dense_step(int d) {
+  return d <= 32    ? Shape<VE, 32>::kStepKeys
+         : d <= 64  ? Shape<VE, 64>::kStepKeys
+         : d <= 128 ? Shape<VE, 128>::kStepKeys
+         : d <= 256 ? Shape<VE, 256>::kStepKeys
+                    : Shape<VE, 512>::kStepKeys;
+}
+
+int step_keys(const rlm_cuda_kv &c) {
+  if (c.k_bits || c.v_bits) return 0;
+  return c.dtype == RLM_DTYPE_F32 ? dense_step<4>(c.dim) : dense_step<8>(c.dim);
+}
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
@@ -519,11 +586,12 @@ template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
-                  int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
+                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
   Span early_sp;
   bool early_live = true;
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
-    early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, blockIdx.y / chunks, &early_sp);
+    early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, pr, blockIdx.y / chunks,
+                           &early_sp);
   pdl_enter();
   static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
   using S = Shape<KP::kVe, DIM>;
@@ -539,7 +607,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   if constexpr (EARLY) {
     if (!early_live) return;
     sp = early_sp;
-  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) {
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, pr, kvh, &sp)) {
     return; /* the whole block: the merge does not read it */
   }
   const Runs &r = sp.r;
@@ -568,7 +636,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
    * need every lane of the warp; keys past t1 are masked. Each step's
    * loads are issued before the previous step's arithmetic (two steps of
    * K and V in registers), so the lanes always have bytes in flight. */
-  constexpr int64_t kStep = (int64_t)kGroups * kUnroll;
+  constexpr int64_t kStep = S::kStepKeys; /* the step PartRule counts */
   typename KP::Raw kr[kUnroll][kPer];
   typename VP::Raw vr[kUnroll][kPer];
   load_rows<KP, kPer, kLanes, kGroups>(kr, kp, r, c, t0 + grp, t1, sub, nv);
@@ -730,11 +798,13 @@ template <typename T, int DIM, int GQ, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kLkWarps)
     attend_q4_lanekey_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks,
                              float scale2, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos,
-                             int n_parts, float *__restrict__ part_o, float *__restrict__ part_ml) {
+                             int n_parts, PartRule pr, float *__restrict__ part_o,
+                             float *__restrict__ part_ml) {
   Span early_sp;
   bool early_live = true;
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
-    early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, blockIdx.y / chunks, &early_sp);
+    early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, pr, blockIdx.y / chunks,
+                           &early_sp);
   pdl_enter();
   using Tile = LaneKeyTile<DIM, GQ, T>;
   constexpr int kV = Tile::kV, kE = DIM / kWarp;
@@ -749,7 +819,7 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
   if constexpr (EARLY) {
     if (!early_live) return;
     sp = early_sp;
-  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, kvh, &sp)) {
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, pr, kvh, &sp)) {
     return; /* the whole block: the merge does not read it */
   }
   const Runs &r = sp.r;
@@ -891,19 +961,21 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
 template <int G32, bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
-                 const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, int dim,
+                 const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, PartRule pr,
+                 int dim,
                  float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
   int early_used = 0;
   if constexpr (EARLY) {
     const int64_t jj = blockIdx.x / n_heads;
-    early_used = parts_used(runs_of(c, tok_row[jj] < 0 ? -1 : tok_pos[jj]).n, n_parts);
+    early_used = parts_used(runs_of(c, tok_row[jj] < 0 ? -1 : tok_pos[jj]).n, n_parts, pr);
   }
   pdl_enter();
   __shared__ float w[kMaxSplits];
   __shared__ float l_sh;
   __shared__ float o_sh[EARLY && G32 > 0 ? kMaxDim : 1];
   const int64_t th = blockIdx.x, j = th / n_heads;
-  const int used = EARLY ? early_used : parts_used(runs_of(c, tok_row[j] < 0 ? -1 : tok_pos[j]).n, n_parts);
+  const int used =
+      EARLY ? early_used : parts_used(runs_of(c, tok_row[j] < 0 ? -1 : tok_pos[j]).n, n_parts, pr);
   const float *ml = part_ml + th * n_parts * 2;
   if (threadIdx.x < kWarp) {
     const int lane = threadIdx.x;
@@ -960,6 +1032,7 @@ struct AttendArgs {
   const int32_t *tok_row;
   const int64_t *tok_pos;
   int n_parts;
+  PartRule pr;
   float *part_o, *part_ml;
 };
 
@@ -994,7 +1067,8 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
 #define RLM_ATTEND(MINB, E)                                                                                         \
   launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,            \
-           a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, prefetch_keys(), a.part_o, a.part_ml)
+           a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, prefetch_keys(),         \
+           a.part_o, a.part_ml)
   if constexpr (KP::kVe == 16)
     if (q4_blocks() == 3) {
       RLM_ATTEND(3, false);
@@ -1048,10 +1122,10 @@ void launch_lanekey_gq(const AttendArgs &a, cudaStream_t st) {
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
   if (early_pos(a.n))
     launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, true>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
-             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, a.part_o, a.part_ml);
   else
     launch_k(attend_q4_lanekey_kernel<T, DIM, GQ, false>, grid, kWarp * kLkWarps, 0, st, a.c, a.q, a.n_heads,
-             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.part_o, a.part_ml);
+             a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, a.part_o, a.part_ml);
 }
 
 /* Up to 8 heads a block (4 at dim 256: the shared memory's 48 KB). */
@@ -1257,10 +1331,11 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
     return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");
   if (n == 0) return RLM_OK;
-  const int parts = launch_parts(n, n_heads, c->cap);
+  const PartRule pr = part_rule(step_keys(*c));
+  const int parts = launch_parts(n, n_heads, c->cap, pr);
   float *part_o = static_cast<float *>(scratch);
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
-  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, part_o, part_ml};
+  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, pr, part_o, part_ml};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
   switch (c->dtype) {
   case RLM_DTYPE_F16: launch_cache<__half>(a, s); break;
@@ -1274,7 +1349,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const int q8b = q8 ? q8->bits : 0;
 #define RLM_ME(G32, E)                                                                                                \
   launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
-           c->dim, out, q8s, q8b)
+           pr, c->dim, out, q8s, q8b)
 #define RLM_M(G32) (early_pos(n) ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
