@@ -81,10 +81,10 @@ constexpr int kMaxSplits = 128;
  * hundreds of tokens get 1 part, nothing to merge. */
 constexpr int64_t kSplitTarget = 4096;
 constexpr int kMergeThreads = 128;
-/* Keys a part takes at least (min_keys below): a query that sees few
- * positions uses fewer parts than the launch has (the rest exit at once,
- * and the merge reads only the parts used), so a short context costs
- * little beyond one pass. */
+/* Keys a part takes (min_keys below), but for short contexts cut finer
+ * (PartRule): a query that sees few positions uses fewer parts than the
+ * launch has (the rest exit at once, and the merge reads only the parts
+ * used), so a short context costs little beyond one pass. */
 constexpr int kMinKeys = 64;
 /* Parts a short context is cut into at least, where the kernel's step
  * allows (PartRule). */
@@ -144,16 +144,8 @@ __host__ __device__ __forceinline__ int64_t rule_parts(int64_t n, PartRule pr) {
 /* kMinKeys and kShortParts, or to compare RINGLM_CUDA_ATTN_MIN_KEYS=k (1
  * to 4096) and RINGLM_CUDA_ATTN_SHORT_PARTS=k (0: min_keys alone). */
 PartRule part_rule(int step) {
-  static const int mk = [] {
-    const char *e = getenv("RINGLM_CUDA_ATTN_MIN_KEYS");
-    const int v = e ? atoi(e) : 0;
-    return v >= 1 && v <= 4096 ? v : kMinKeys;
-  }();
-  static const int sp = [] {
-    const char *e = getenv("RINGLM_CUDA_ATTN_SHORT_PARTS");
-    const int v = e ? atoi(e) : kShortParts;
-    return v >= 0 && v <= 128 ? v : kShortParts;
-  }();
+  static const int mk = env_int("RINGLM_CUDA_ATTN_MIN_KEYS", kMinKeys, 1, 4096);
+  static const int sp = env_int("RINGLM_CUDA_ATTN_SHORT_PARTS", kShortParts, 0, 128);
   return PartRule{mk, sp > 0 ? step : 0, sp};
 }
 
@@ -564,15 +556,26 @@ struct Shape {
   static constexpr int kStepKeys = kGroups * kUnroll;          /* keys a block takes a round */
 };
 
-/* Shape's keys a round for a dense cache (launch_dim's buckets), or 0:
- * quantized caches keep min_keys alone (PartRule). */
+/* The row width a kernel instance is built for, the smallest of 32, 64,
+ * 128, 256 and 512 that holds d: f(std::integral_constant<int, DIM>).
+ * One place for launch_dim and dense_step, so that the step PartRule
+ * counts is the launched kernel's. */
+template <typename F>
+void with_dim_bucket(int d, F &&f) {
+  if (d <= 32) f(std::integral_constant<int, 32>{});
+  else if (d <= 64) f(std::integral_constant<int, 64>{});
+  else if (d <= 128) f(std::integral_constant<int, 128>{});
+  else if (d <= 256) f(std::integral_constant<int, 256>{});
+  else f(std::integral_constant<int, 512>{});
+}
+
+/* Shape's keys a round for a dense cache, or 0: quantized caches keep
+ * min_keys alone (PartRule). */
 template <int VE>
 int dense_step(int d) {
-  return d <= 32    ? Shape<VE, 32>::kStepKeys
-         : d <= 64  ? Shape<VE, 64>::kStepKeys
-         : d <= 128 ? Shape<VE, 128>::kStepKeys
-         : d <= 256 ? Shape<VE, 256>::kStepKeys
-                    : Shape<VE, 512>::kStepKeys;
+  int step = 0;
+  with_dim_bucket(d, [&](auto dim) { step = Shape<VE, decltype(dim)::value>::kStepKeys; });
+  return step;
 }
 
 int step_keys(const rlm_cuda_kv &c) {
@@ -1107,12 +1110,7 @@ void launch_gq(const AttendArgs &a, cudaStream_t st) {
 
 template <typename KP, typename VP>
 void launch_dim(const AttendArgs &a, cudaStream_t st) {
-  const int d = a.c.dim;
-  if (d <= 32) launch_gq<KP, VP, 32>(a, st);
-  else if (d <= 64) launch_gq<KP, VP, 64>(a, st);
-  else if (d <= 128) launch_gq<KP, VP, 128>(a, st);
-  else if (d <= 256) launch_gq<KP, VP, 256>(a, st);
-  else launch_gq<KP, VP, 512>(a, st);
+  with_dim_bucket(a.c.dim, [&](auto dim) { launch_gq<KP, VP, decltype(dim)::value>(a, st); });
 }
 
 /* attend_q4_lanekey_kernel for GQ heads a block. */

@@ -208,6 +208,14 @@ inline bool env_switch(const char *name, bool dflt) {
   return dflt ? !(e && e[0] == '0') : (e && e[0] == '1');
 }
 
+/* An integer comparison setting: the variable's value where it lies in
+ * [lo, hi], else dflt (unset or out of range). Read once, as above. */
+inline int env_int(const char *name, int dflt, int lo, int hi) {
+  const char *e = getenv(name);
+  const int v = e ? atoi(e) : dflt;
+  return v >= lo && v <= hi ? v : dflt;
+}
+
 inline bool pdl_on() {
   static const bool on = env_switch("RINGLM_CUDA_PDL", true);
   return on;

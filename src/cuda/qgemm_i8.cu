@@ -483,11 +483,7 @@ __global__ void add_splits_kernel(const float *__restrict__ part, int S, int64_t
  * kTargetMin..kTargetMax, to compare (more blocks, more split-K
  * partials). Read once: the partials' size depends on it. */
 int target_blocks() {
-  static const int target = [] {
-    const char *e = getenv("RINGLM_CUDA_I8_TARGET");
-    const int v = e ? atoi(e) : kTarget;
-    return v >= kTargetMin && v <= kTargetMax ? v : kTarget;
-  }();
+  static const int target = env_int("RINGLM_CUDA_I8_TARGET", kTarget, kTargetMin, kTargetMax);
   return target;
 }
 
