@@ -142,11 +142,17 @@ __host__ __device__ __forceinline__ int64_t rule_parts(int64_t n, PartRule pr) {
 }
 
 /* kMinKeys and kShortParts, or to compare RINGLM_CUDA_ATTN_MIN_KEYS=k (1
- * to 4096) and RINGLM_CUDA_ATTN_SHORT_PARTS=k (0: min_keys alone). */
-PartRule part_rule(int step) {
+ * to 4096) and RINGLM_CUDA_ATTN_SHORT_PARTS=k (0: min_keys alone). A
+ * launch of n tokens shares the short parts: short_parts / n each (none
+ * below one), so batched decode keeps min_keys' parts. With 16 parts at
+ * every n, Llama-8B 4-bit batched S_TG lost 1.5% at B = 8 and 1% at B =
+ * 32 against min_keys alone (1,700-1,705 against 1,729-1,730 tok/s, H100,
+ * docs/cuda-notes.md), where a query had 3-4 parts of 64 keys already. */
+PartRule part_rule(int step, int n) {
   static const int mk = env_int("RINGLM_CUDA_ATTN_MIN_KEYS", kMinKeys, 1, 4096);
   static const int sp = env_int("RINGLM_CUDA_ATTN_SHORT_PARTS", kShortParts, 0, 128);
-  return PartRule{mk, sp > 0 ? step : 0, sp};
+  const int share = n > 0 ? sp / n : 0;
+  return PartRule{mk, share > 0 ? step : 0, share};
 }
 
 /* launch_parts below; RINGLM_CUDA_ATTN_CAP_PARTS=0: n_splits alone, to
@@ -1329,7 +1335,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   if ((reinterpret_cast<uintptr_t>(c->k) | reinterpret_cast<uintptr_t>(c->v)) & 15u)
     return fail(err, RLM_ERR_INVALID, fn, "K and V must be 16-byte aligned");
   if (n == 0) return RLM_OK;
-  const PartRule pr = part_rule(step_keys(*c));
+  const PartRule pr = part_rule(step_keys(*c), n);
   const int parts = launch_parts(n, n_heads, c->cap, pr);
   float *part_o = static_cast<float *>(scratch);
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
