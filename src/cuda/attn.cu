@@ -967,12 +967,32 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
  * are the pass plan, written by no kernel), and the head's outputs handed
  * to the int8 step through shared memory rather than read back from out:
  * two round trips to memory fewer after the wait. The same bits. */
+constexpr int kMergeKeep = 16, kMergeKeepD = 2;
+
+/* merge_kernel's KEEP, or with RINGLM_CUDA_MERGE_KEEP=0 the outputs loaded
+ * after m and l for every merge, to compare. */
+bool merge_keep() {
+  static const bool on = env_switch("RINGLM_CUDA_MERGE_KEEP", true);
+  return on;
+}
+
+/* The parts' outputs of this thread's dims (d = threadIdx.x + kd x
+ * kMergeThreads), all loads issued at once; zeros past used and dim. */
+__device__ __forceinline__ void merge_keep_load(float (&pk)[kMergeKeepD][kMergeKeep], const float *__restrict__ po,
+                                                int used, int dim) {
+#pragma unroll
+  for (int kd = 0; kd < kMergeKeepD; kd++) {
+    const int d = threadIdx.x + kd * kMergeThreads;
+#pragma unroll
+    for (int s = 0; s < kMergeKeep; s++) pk[kd][s] = s < used && d < dim ? po[(int64_t)s * dim + d] : 0.f;
+  }
+}
+
 template <int G32, bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, PartRule pr,
-                 int dim,
-                 float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
+                 int dim, bool keep_on, float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
   int early_used = 0;
   if constexpr (EARLY) {
     const int64_t jj = blockIdx.x / n_heads;
@@ -986,6 +1006,16 @@ __global__ void __launch_bounds__(kMergeThreads)
   const int used =
       EARLY ? early_used : parts_used(runs_of(c, tok_row[j] < 0 ? -1 : tok_pos[j]).n, n_parts, pr);
   const float *ml = part_ml + th * n_parts * 2;
+  const float *po = part_o + th * n_parts * dim;
+  /* KEEP: the parts' outputs loaded with m and l, not after them (one
+   * round trip to memory fewer after the wait), where they fit: up to
+   * kMergeKeep parts (tg128's with the short-context rule), up to
+   * kMergeKeepD dims a thread. tg128 on an H100: Gemma-1B 4-bit 1,087-
+   * 1,094 to 1,147-1,151 tok/s, Llama-8B 4-bit 461-462 to 473-476;
+   * batched S_TG level to +1% (docs/cuda-notes.md). The same bits. */
+  const bool keep = keep_on && used <= kMergeKeep && dim <= kMergeKeepD * kMergeThreads;
+  float pk[kMergeKeepD][kMergeKeep];
+  if (keep) merge_keep_load(pk, po, used, dim);
   if (threadIdx.x < kWarp) {
     const int lane = threadIdx.x;
     float mx = -INFINITY, ls = 0.f;
@@ -1003,16 +1033,25 @@ __global__ void __launch_bounds__(kMergeThreads)
   }
   __syncthreads();
   const float ls = l_sh;
-  const float *po = part_o + th * n_parts * dim;
-  for (int d = threadIdx.x; d < dim; d += kMergeThreads) {
+  for (int d = threadIdx.x, di = 0; d < dim; d += kMergeThreads, di++) {
     /* eight loads in flight, not one: at 16k a head merges 128 parts, and
-     * with four the merge took 32 rounds of L2 latency */
+     * with four the merge took 32 rounds of L2 latency. Part s adds into
+     * a[s % 8], in the order of s, whether kept or loaded here. */
     float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    int s = 0;
-    for (; s + 8 <= used; s += 8)
+    if (keep) {
 #pragma unroll
-      for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
-    for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
+      for (int kd = 0; kd < kMergeKeepD; kd++)
+        if (kd == di)
+#pragma unroll
+          for (int s = 0; s < kMergeKeep; s++)
+            if (s < used) a[s & 7] = fmaf(pk[kd][s], w[s], a[s & 7]);
+    } else {
+      int s = 0;
+      for (; s + 8 <= used; s += 8)
+#pragma unroll
+        for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
+      for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
+    }
     const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     const float o = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
     out[th * dim + d] = o;
@@ -1353,7 +1392,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const int q8b = q8 ? q8->bits : 0;
 #define RLM_ME(G32, E)                                                                                                \
   launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
-           pr, c->dim, out, q8s, q8b)
+           pr, c->dim, merge_keep(), out, q8s, q8b)
 #define RLM_M(G32) (early_pos(n) ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
