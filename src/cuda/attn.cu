@@ -988,11 +988,42 @@ __device__ __forceinline__ void merge_keep_load(float (&pk)[kMergeKeepD][kMergeK
   }
 }
 
+/* merge_sum<32>, on with RINGLM_CUDA_MERGE_WIDE=1 (off until it has run
+ * on a GPU): at depth a query's 64-128 parts were read 8 at a time, 8-16
+ * dependent rounds of L2 latency a merge at 4k-16k positions. */
+bool merge_wide() {
+  static const bool on = env_switch("RINGLM_CUDA_MERGE_WIDE", false);
+  return on;
+}
+
+/* a[s % 8] += part s's output at dim d times its weight w[s], in the
+ * order of s (the same bits for every U), U loads in flight a round, then
+ * 8, then one at a time. */
+template <int U>
+__device__ __forceinline__ void merge_sum(float (&a)[8], const float *__restrict__ po, const float *w, int used,
+                                          int dim, int d) {
+  static_assert(U % 8 == 0, "rounds of whole accumulator sets");
+  int s = 0;
+  for (; s + U <= used; s += U) {
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = po[(int64_t)(s + u) * dim + d];
+#pragma unroll
+    for (int u = 0; u < U; u++) a[u & 7] = fmaf(v[u], w[s + u], a[u & 7]);
+  }
+  if constexpr (U > 8)
+    for (; s + 8 <= used; s += 8)
+#pragma unroll
+      for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
+  for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
+}
+
 template <int G32, bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, PartRule pr,
-                 int dim, bool keep_on, float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
+                 int dim, bool keep_on, bool wide, float *__restrict__ out, uint8_t *__restrict__ q8,
+                 int q8_bits) {
   int early_used = 0;
   if constexpr (EARLY) {
     const int64_t jj = blockIdx.x / n_heads;
@@ -1034,9 +1065,9 @@ __global__ void __launch_bounds__(kMergeThreads)
   __syncthreads();
   const float ls = l_sh;
   for (int d = threadIdx.x, di = 0; d < dim; d += kMergeThreads, di++) {
-    /* eight loads in flight, not one: at 16k a head merges 128 parts, and
-     * with four the merge took 32 rounds of L2 latency. Part s adds into
-     * a[s % 8], in the order of s, whether kept or loaded here. */
+    /* eight loads in flight, not one (wide: 32): at 16k a head merges 128
+     * parts, and with four the merge took 32 rounds of L2 latency. Part s
+     * adds into a[s % 8], in the order of s, kept or loaded here. */
     float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (keep) {
 #pragma unroll
@@ -1045,12 +1076,10 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
           for (int s = 0; s < kMergeKeep; s++)
             if (s < used) a[s & 7] = fmaf(pk[kd][s], w[s], a[s & 7]);
+    } else if (wide) {
+      merge_sum<32>(a, po, w, used, dim, d);
     } else {
-      int s = 0;
-      for (; s + 8 <= used; s += 8)
-#pragma unroll
-        for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
-      for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
+      merge_sum<8>(a, po, w, used, dim, d);
     }
     const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     const float o = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
@@ -1392,7 +1421,7 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const int q8b = q8 ? q8->bits : 0;
 #define RLM_ME(G32, E)                                                                                                \
   launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
-           pr, c->dim, merge_keep(), out, q8s, q8b)
+           pr, c->dim, merge_keep(), merge_wide(), out, q8s, q8b)
 #define RLM_M(G32) (early_pos(n) ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
