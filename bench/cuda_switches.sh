@@ -11,14 +11,18 @@
 # MLX 4-bit g64 with the tied head at HEAD bits (default 8; 6 as the
 # anchor's Q6_K), --act-bits 8. Environment:
 #   VARIANTS  ';'-separated variants, each a list of VAR=value words ("-"
-#             for none), default: none; the defaults before the int8
-#             product's G instances (I8_FAST=0 I8_WIDE=32 I8_WAVES=0);
-#             I8_WAVES=0 (split by the target rule); EARLY_POS=0 and
-#             ATTN_CAP_PARTS=0 (positions after the PDL wait; the
-#             attention grid by n_splits); QGEMM_MULTI=1, SUM_QKV=1,
-#             I8_OCC4=1 (behind switches); SUM_LATE=0; Q8_WIDE=0
+#             for none), default: none; the attention merge's outputs
+#             loaded after m and l (MERGE_KEEP=0); its 32 parts a round
+#             at depth (MERGE_WIDE=1, behind a switch); short contexts'
+#             attention in parts of 64 keys (ATTN_SHORT_PARTS=0); the
+#             defaults before the int8 product's G instances (I8_FAST=0
+#             I8_WIDE=32 I8_WAVES=0); EARLY_POS=0; QGEMM_MULTI=1,
+#             SUM_QKV=1, I8_OCC4=1 (behind switches); SUM_LATE=0
 #   OLD       another ringlm binary (e.g. main's before a change, with its
 #             libraries on OLD_LIB), run as variant "old"
+#   DEPTH     depths (e.g. 4096,16384) at which each variant's decode is
+#             also measured (-d, 64 tokens, one run each), with KV at
+#             KV_BITS bits (unset: the model's dtype)
 #   BATCH (32,64), ROUNDS (2), HEAD (8), RINGLM (build-cuda/ringlm)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +31,9 @@ bin=${RINGLM:-build-cuda/ringlm}
 batch=${BATCH:-32,64}
 rounds=${ROUNDS:-2}
 head=${HEAD:-8}
-variants=${VARIANTS:-"-;RINGLM_CUDA_I8_FAST=0 RINGLM_CUDA_I8_WIDE=32 RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_EARLY_POS=0;RINGLM_CUDA_ATTN_CAP_PARTS=0;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_SUM_LATE=0;RINGLM_CUDA_Q8_WIDE=0"}
+variants=${VARIANTS:-"-;RINGLM_CUDA_MERGE_KEEP=0;RINGLM_CUDA_MERGE_WIDE=1;RINGLM_CUDA_ATTN_SHORT_PARTS=0;RINGLM_CUDA_I8_FAST=0 RINGLM_CUDA_I8_WIDE=32 RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_EARLY_POS=0;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_SUM_LATE=0"}
+depth=${DEPTH:-}
+kv_bits=${KV_BITS:+--kv-bits $KV_BITS}
 [ -n "${OLD:-}" ] && variants="old;$variants"
 [ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 model=$dir/llama3.1-8b-4bit-h$head
@@ -59,6 +65,10 @@ for r in $(seq 1 "$rounds"); do
     s=$(run "$v" --batch "$batch" -p 128 -n 128 -r 1 2>/dev/null | tr '\r' '\n' |
       awk -F'|' '/^\|   128/ {gsub(/ /, "", $4); gsub(/ /, "", $9); printf "B=%s %s  ", $4, $9}')
     t=$(run "$v" -p 0 -n 128 -r 2 2>/dev/null | tr '\r' '\n' | awk -F'|' '/tg128/ {gsub(/^ +| +$/, "", $6); print $6}')
-    printf 'round %d  %-70s %s tg128 %s\n' "$r" "$v" "$s" "$t"
+    # at depth: the tg64 rows' test column ("tg64 @ d4096") and tokens/s
+    dd=""
+    [ -n "$depth" ] && dd=$(run "$v" -p 0 -n 64 -d "$depth" -r 1 $kv_bits 2>/dev/null | tr '\r' '\n' |
+      awk -F'|' '/tg64/ {gsub(/^ +| +$/, "", $5); gsub(/^ +| +$/, "", $6); printf "%s %s  ", $5, $6}')
+    printf 'round %d  %-70s %s tg128 %s  %s\n' "$r" "$v" "$s" "$t" "$dd"
   done
 done
