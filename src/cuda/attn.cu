@@ -969,11 +969,14 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
  * two round trips to memory fewer after the wait. The same bits. */
 constexpr int kMergeKeep = 16, kMergeKeepD = 2;
 
+/* The merge's paths forced by rlm__cuda_attend_merge_paths (-1: none). */
+int g_merge_keep = -1, g_merge_wide = -1;
+
 /* merge_kernel's KEEP, or with RINGLM_CUDA_MERGE_KEEP=0 the outputs loaded
  * after m and l for every merge, to compare. */
 bool merge_keep() {
   static const bool on = env_switch("RINGLM_CUDA_MERGE_KEEP", true);
-  return on;
+  return g_merge_keep >= 0 ? g_merge_keep != 0 : on;
 }
 
 /* The parts' outputs of this thread's dims (d = threadIdx.x + kd x
@@ -993,7 +996,7 @@ __device__ __forceinline__ void merge_keep_load(float (&pk)[kMergeKeepD][kMergeK
  * dependent rounds of L2 latency a merge at 4k-16k positions. */
 bool merge_wide() {
   static const bool on = env_switch("RINGLM_CUDA_MERGE_WIDE", false);
-  return on;
+  return g_merge_wide >= 0 ? g_merge_wide != 0 : on;
 }
 
 /* a[s % 8] += part s's output at dim d times its weight w[s], in the
@@ -1372,6 +1375,11 @@ extern "C" size_t rlm__cuda_kv_row_bytes(const rlm_cuda_kv *c, int bits) {
 
 extern "C" size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits) {
   return bits && c->group > 0 ? (size_t)(c->dim / c->group) * el_size(c->dtype) : 0;
+}
+
+extern "C" void rlm__cuda_attend_merge_paths(int keep, int wide) {
+  g_merge_keep = keep < 0 ? -1 : keep != 0;
+  g_merge_wide = wide < 0 ? -1 : wide != 0;
 }
 
 extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {

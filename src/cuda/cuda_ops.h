@@ -210,6 +210,12 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
+/* Tests only: rlm__cuda_attend's merge reads its parts' outputs with m
+ * and l (keep 1) or after them (0), 32 parts a round (wide 1) or 8 (0);
+ * -1: as RINGLM_CUDA_MERGE_KEEP / _WIDE say. Every path gives the same
+ * bits. Not for use while another thread launches. */
+void rlm__cuda_attend_merge_paths(int keep, int wide);
+
 /* rlm__cuda_attend's result for a prefill chunk on the tensor cores
  * (attn_tc.cu): every token of the pass in one row (the caller's promise),
  * a cache of head dim 64, 128 or 256 holding f16 or bf16 elements, or 2-8-bit

@@ -24,7 +24,9 @@
  *     the cache's dtype rounds them): plain caches, rings after wrapping
  *     without and with sinks, a prefill-like pass of one row, a pass of
  *     three rows at different positions with a padded token, dims 32..512,
- *     1..12 query heads per kv head, f32/f16/bf16: 1e-4 max|ref|;
+ *     1..12 query heads per kv head, f32/f16/bf16: 1e-4 max|ref|; and
+ *     the merge's other paths (outputs loaded after m and l, 32 parts a
+ *     round) bit for bit as the default's;
  *   - refusals: shapes and dtypes the kernels lack.
  *
  * Speed (`test_cuda_ops --bench`): the dense product at Llama-3.1-8B's
@@ -1080,6 +1082,26 @@ static void check_attend_q8(const rlm_cuda_kv *c, const float *dq, int H, float 
 }
 
 /* tc: through rlm__cuda_attend_prefill (the case is one row) */
+/* The merge's other paths (its parts' outputs loaded after m and l, and
+ * 32 parts a round: rlm__cuda_attend_merge_paths) give the default call's
+ * bits, got. */
+static void check_merge_paths(const rlm_cuda_kv *c, const float *dq, int H, float scale, const int32_t *drow,
+                              const int64_t *dpos, int n, int dim, void *scratch, const float *got) {
+  static const int paths[3][2] = {{0, 0}, {0, 1}, {1, 1}};
+  const size_t bytes = (size_t)n * H * dim * 4;
+  float *dout = dev_poisoned(bytes), *other = xmalloc(bytes);
+  rlm_error err = {0};
+  for (int p = 0; p < 3; p++) {
+    rlm__cuda_attend_merge_paths(paths[p][0], paths[p][1]);
+    CHECK_EQ(rlm__cuda_attend(c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
+    download(other, dout, bytes);
+    if (memcmp(other, got, bytes)) test_note("merge keep %d, wide %d: other bits", paths[p][0], paths[p][1]);
+    CHECK(memcmp(other, got, bytes) == 0);
+  }
+  rlm__cuda_attend_merge_paths(-1, -1);
+  cudaFree(dout), free(other);
+}
+
 static void check_attend(attn_case *a, bool tc) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
@@ -1124,6 +1146,7 @@ static void check_attend(attn_case *a, bool tc) {
   float *got = xmalloc((size_t)n * H * dim * 4), *ref = xmalloc((size_t)n * H * dim * 4);
   download(got, dout, (size_t)n * H * dim * 4);
   if (!tc) check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
+  if (!tc) check_merge_paths(&c, dq, H, scale, drow, dpos, n, dim, scratch, got);
   /* The reference, in double over the stored (rounded) values. */
   const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
   double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
