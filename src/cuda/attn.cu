@@ -1007,26 +1007,25 @@ __device__ __forceinline__ void merge_sum(float (&a)[8], const float *__restrict
                                           int dim, int d) {
   static_assert(U % 8 == 0, "rounds of whole accumulator sets");
   int s = 0;
-  for (; s + U <= used; s += U) {
-    float v[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) v[u] = po[(int64_t)(s + u) * dim + d];
-#pragma unroll
-    for (int u = 0; u < U; u++) a[u & 7] = fmaf(v[u], w[s + u], a[u & 7]);
-  }
   if constexpr (U > 8)
-    for (; s + 8 <= used; s += 8)
+    for (; s + U <= used; s += U) {
+      float v[U];
 #pragma unroll
-      for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
+      for (int u = 0; u < U; u++) v[u] = po[(int64_t)(s + u) * dim + d];
+#pragma unroll
+      for (int u = 0; u < U; u++) a[u & 7] = fmaf(v[u], w[s + u], a[u & 7]);
+    }
+  for (; s + 8 <= used; s += 8)
+#pragma unroll
+    for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
   for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
 }
 
-template <int G32, bool EARLY>
+template <int G32, bool EARLY, bool WIDE>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, PartRule pr,
-                 int dim, bool keep_on, bool wide, float *__restrict__ out, uint8_t *__restrict__ q8,
-                 int q8_bits) {
+                 int dim, bool keep_on, float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
   int early_used = 0;
   if constexpr (EARLY) {
     const int64_t jj = blockIdx.x / n_heads;
@@ -1068,7 +1067,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   __syncthreads();
   const float ls = l_sh;
   for (int d = threadIdx.x, di = 0; d < dim; d += kMergeThreads, di++) {
-    /* eight loads in flight, not one (wide: 32): at 16k a head merges 128
+    /* eight loads in flight, not one (WIDE: 32): at 16k a head merges 128
      * parts, and with four the merge took 32 rounds of L2 latency. Part s
      * adds into a[s % 8], in the order of s, kept or loaded here. */
     float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -1079,10 +1078,8 @@ __global__ void __launch_bounds__(kMergeThreads)
 #pragma unroll
           for (int s = 0; s < kMergeKeep; s++)
             if (s < used) a[s & 7] = fmaf(pk[kd][s], w[s], a[s & 7]);
-    } else if (wide) {
-      merge_sum<32>(a, po, w, used, dim, d);
     } else {
-      merge_sum<8>(a, po, w, used, dim, d);
+      merge_sum<WIDE ? 32 : 8>(a, po, w, used, dim, d);
     }
     const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     const float o = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
@@ -1427,13 +1424,16 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const unsigned blocks = (unsigned)((int64_t)n * n_heads);
   uint8_t *q8s = q8_scratch(q8);
   const int q8b = q8 ? q8->bits : 0;
-#define RLM_ME(G32, E)                                                                                                \
-  launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
-           pr, c->dim, merge_keep(), merge_wide(), out, q8s, q8b)
+#define RLM_MW(G32, E, W)                                                                                           \
+  launch_k(merge_kernel<G32, E, W>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml,     \
+           parts, pr, c->dim, merge_keep(), out, q8s, q8b)
+  /* WIDE a template argument: its registers leave the default instance's as they were measured */
+#define RLM_ME(G32, E) (merge_wide() ? RLM_MW(G32, E, true) : RLM_MW(G32, E, false))
 #define RLM_M(G32) (early_pos(n) ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
 #undef RLM_M
 #undef RLM_ME
+#undef RLM_MW
   return launched("rlm__cuda_attend (merge_kernel)", err);
 }
