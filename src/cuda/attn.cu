@@ -959,14 +959,6 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
 
 /* ---- attention: the merge ------------------------------------------------- */
 
-/* Block (token, head): the weights of the parts by one warp, then threads
- * over dim. G32 > 0: then also the head's int8 activations (the o
- * projection's x: cuda_ops.h's rlm_cuda_q8out), a warp a weight group of
- * G32 * 32 elements, from the outputs the block just wrote. */
-/* EARLY: the parts used found before the PDL wait (tok_row and tok_pos
- * are the pass plan, written by no kernel), and the head's outputs handed
- * to the int8 step through shared memory rather than read back from out:
- * two round trips to memory fewer after the wait. The same bits. */
 constexpr int kMergeKeep = 16, kMergeKeepD = 2;
 
 /* The merge's paths forced by rlm__cuda_attend_merge_paths (-1: none). */
@@ -1021,6 +1013,16 @@ __device__ __forceinline__ void merge_sum(float (&a)[8], const float *__restrict
   for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
 }
 
+/* Block (token, head): the weights of the parts by one warp, then threads
+ * over dim. G32 > 0: then also the head's int8 activations (the o
+ * projection's x: cuda_ops.h's rlm_cuda_q8out), a warp a weight group of
+ * G32 * 32 elements, from the outputs the block just wrote. */
+/* EARLY: the parts used found before the PDL wait (tok_row and tok_pos
+ * are the pass plan, written by no kernel), and the head's outputs handed
+ * to the int8 step through shared memory rather than read back from out:
+ * two round trips to memory fewer after the wait. The same bits. keep_on
+ * (merge_keep) and WIDE (merge_wide): how the parts' outputs are read,
+ * the same bits again. */
 template <int G32, bool EARLY, bool WIDE>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
