@@ -1081,7 +1081,6 @@ static void check_attend_q8(const rlm_cuda_kv *c, const float *dq, int H, float 
   free(got), free(q0), free(q1);
 }
 
-/* tc: through rlm__cuda_attend_prefill (the case is one row) */
 /* The merge's other paths (its parts' outputs loaded after m and l, and
  * 32 parts a round: rlm__cuda_attend_merge_paths) give the default call's
  * bits, got. */
@@ -1102,6 +1101,7 @@ static void check_merge_paths(const rlm_cuda_kv *c, const float *dq, int H, floa
   cudaFree(dout), free(other);
 }
 
+/* tc: through rlm__cuda_attend_prefill (the case is one row) */
 static void check_attend(attn_case *a, bool tc) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
