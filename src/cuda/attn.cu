@@ -962,7 +962,7 @@ __global__ void __launch_bounds__(kWarp *kLkWarps)
 constexpr int kMergeKeep = 16, kMergeKeepD = 2;
 
 /* The merge's paths forced by rlm__cuda_attend_merge_paths (-1: none). */
-int g_merge_keep = -1, g_merge_wide = -1;
+int g_merge_keep = -1;
 
 /* merge_kernel's KEEP, or with RINGLM_CUDA_MERGE_KEEP=0 the outputs loaded
  * after m and l for every merge, to compare. */
@@ -983,36 +983,6 @@ __device__ __forceinline__ void merge_keep_load(float (&pk)[kMergeKeepD][kMergeK
   }
 }
 
-/* merge_sum<32>, on with RINGLM_CUDA_MERGE_WIDE=1 (off until it has run
- * on a GPU): at depth a query's 64-128 parts were read 8 at a time, 8-16
- * dependent rounds of L2 latency a merge at 4k-16k positions. */
-bool merge_wide() {
-  static const bool on = env_switch("RINGLM_CUDA_MERGE_WIDE", false);
-  return g_merge_wide >= 0 ? g_merge_wide != 0 : on;
-}
-
-/* a[s % 8] += part s's output at dim d times its weight w[s], in the
- * order of s (the same bits for every U), U loads in flight a round, then
- * 8, then one at a time. */
-template <int U>
-__device__ __forceinline__ void merge_sum(float (&a)[8], const float *__restrict__ po, const float *w, int used,
-                                          int dim, int d) {
-  static_assert(U % 8 == 0, "rounds of whole accumulator sets");
-  int s = 0;
-  if constexpr (U > 8)
-    for (; s + U <= used; s += U) {
-      float v[U];
-#pragma unroll
-      for (int u = 0; u < U; u++) v[u] = po[(int64_t)(s + u) * dim + d];
-#pragma unroll
-      for (int u = 0; u < U; u++) a[u & 7] = fmaf(v[u], w[s + u], a[u & 7]);
-    }
-  for (; s + 8 <= used; s += 8)
-#pragma unroll
-    for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
-  for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
-}
-
 /* Block (token, head): the weights of the parts by one warp, then threads
  * over dim. G32 > 0: then also the head's int8 activations (the o
  * projection's x: cuda_ops.h's rlm_cuda_q8out), a warp a weight group of
@@ -1021,9 +991,8 @@ __device__ __forceinline__ void merge_sum(float (&a)[8], const float *__restrict
  * are the pass plan, written by no kernel), and the head's outputs handed
  * to the int8 step through shared memory rather than read back from out:
  * two round trips to memory fewer after the wait. The same bits. keep_on
- * (merge_keep) and WIDE (merge_wide): how the parts' outputs are read,
- * the same bits again. */
-template <int G32, bool EARLY, bool WIDE>
+ * (merge_keep): when the parts' outputs are read, the same bits again. */
+template <int G32, bool EARLY>
 __global__ void __launch_bounds__(kMergeThreads)
     merge_kernel(rlm_cuda_kv c, const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_heads,
                  const float *__restrict__ part_o, const float *__restrict__ part_ml, int n_parts, PartRule pr,
@@ -1069,9 +1038,10 @@ __global__ void __launch_bounds__(kMergeThreads)
   __syncthreads();
   const float ls = l_sh;
   for (int d = threadIdx.x, di = 0; d < dim; d += kMergeThreads, di++) {
-    /* eight loads in flight, not one (WIDE: 32): at 16k a head merges 128
-     * parts, and with four the merge took 32 rounds of L2 latency. Part s
-     * adds into a[s % 8], in the order of s, kept or loaded here. */
+    /* eight loads in flight, not one: at 16k a head merges 128 parts, and
+     * with four the merge took 32 rounds of L2 latency (32 in flight,
+     * measured at depth on an H100: 1-2% slower, docs/cuda-notes.md).
+     * Part s adds into a[s % 8], in the order of s, kept or loaded here. */
     float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     if (keep) {
 #pragma unroll
@@ -1081,7 +1051,11 @@ __global__ void __launch_bounds__(kMergeThreads)
           for (int s = 0; s < kMergeKeep; s++)
             if (s < used) a[s & 7] = fmaf(pk[kd][s], w[s], a[s & 7]);
     } else {
-      merge_sum<WIDE ? 32 : 8>(a, po, w, used, dim, d);
+      int s = 0;
+      for (; s + 8 <= used; s += 8)
+#pragma unroll
+        for (int u = 0; u < 8; u++) a[u] = fmaf(po[(int64_t)(s + u) * dim + d], w[s + u], a[u]);
+      for (; s < used; s++) a[s & 7] = fmaf(po[(int64_t)s * dim + d], w[s], a[s & 7]);
     }
     const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
     const float o = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f; /* sees nothing: zeros */
@@ -1376,10 +1350,7 @@ extern "C" size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits) {
   return bits && c->group > 0 ? (size_t)(c->dim / c->group) * el_size(c->dtype) : 0;
 }
 
-extern "C" void rlm__cuda_attend_merge_paths(int keep, int wide) {
-  g_merge_keep = keep < 0 ? -1 : keep != 0;
-  g_merge_wide = wide < 0 ? -1 : wide != 0;
-}
+extern "C" void rlm__cuda_attend_merge_paths(int keep) { g_merge_keep = keep < 0 ? -1 : keep != 0; }
 
 extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
   if (n < 1 || n_heads < 1 || dim < 1) return 0;
@@ -1426,16 +1397,13 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   const unsigned blocks = (unsigned)((int64_t)n * n_heads);
   uint8_t *q8s = q8_scratch(q8);
   const int q8b = q8 ? q8->bits : 0;
-#define RLM_MW(G32, E, W)                                                                                           \
-  launch_k(merge_kernel<G32, E, W>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml,     \
-           parts, pr, c->dim, merge_keep(), out, q8s, q8b)
-  /* WIDE a template argument: its registers leave the default instance's as they were measured */
-#define RLM_ME(G32, E) (merge_wide() ? RLM_MW(G32, E, true) : RLM_MW(G32, E, false))
+#define RLM_ME(G32, E)                                                                                              \
+  launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
+           pr, c->dim, merge_keep(), out, q8s, q8b)
 #define RLM_M(G32) (early_pos(n) ? RLM_ME(G32, true) : RLM_ME(G32, false))
   if (!q8) RLM_M(0);
   else RLM_CUDA_FOR_G32(q8->group_size, RLM_M)
 #undef RLM_M
 #undef RLM_ME
-#undef RLM_MW
   return launched("rlm__cuda_attend (merge_kernel)", err);
 }

@@ -211,10 +211,10 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
 /* Tests only: rlm__cuda_attend's merge reads its parts' outputs with m
- * and l (keep 1) or after them (0), 32 parts a round (wide 1) or 8 (0);
- * -1: as RINGLM_CUDA_MERGE_KEEP / _WIDE say. Every path gives the same
- * bits. Not for use while another thread launches. */
-void rlm__cuda_attend_merge_paths(int keep, int wide);
+ * and l (keep 1) or after them (0); -1: as RINGLM_CUDA_MERGE_KEEP says.
+ * Both paths give the same bits. Not for use while another thread
+ * launches. */
+void rlm__cuda_attend_merge_paths(int keep);
 
 /* rlm__cuda_attend's result for a prefill chunk on the tensor cores
  * (attn_tc.cu): every token of the pass in one row (the caller's promise),

@@ -1081,23 +1081,21 @@ static void check_attend_q8(const rlm_cuda_kv *c, const float *dq, int H, float 
   free(got), free(q0), free(q1);
 }
 
-/* The merge's other paths (its parts' outputs loaded after m and l, and
- * 32 parts a round: rlm__cuda_attend_merge_paths) give the default call's
- * bits, got. */
+/* The merge's paths (its parts' outputs loaded with m and l, and after
+ * them: rlm__cuda_attend_merge_paths) give the default call's bits, got. */
 static void check_merge_paths(const rlm_cuda_kv *c, const float *dq, int H, float scale, const int32_t *drow,
                               const int64_t *dpos, int n, int dim, void *scratch, const float *got) {
-  static const int paths[3][2] = {{0, 0}, {0, 1}, {1, 1}};
   const size_t bytes = (size_t)n * H * dim * 4;
   float *dout = dev_poisoned(bytes), *other = xmalloc(bytes);
   rlm_error err = {0};
-  for (int p = 0; p < 3; p++) {
-    rlm__cuda_attend_merge_paths(paths[p][0], paths[p][1]);
+  for (int keep = 0; keep < 2; keep++) {
+    rlm__cuda_attend_merge_paths(keep);
     CHECK_EQ(rlm__cuda_attend(c, dq, H, scale, drow, dpos, n, dout, scratch, NULL, NULL, &err), RLM_OK);
     download(other, dout, bytes);
-    if (memcmp(other, got, bytes)) test_note("merge keep %d, wide %d: other bits", paths[p][0], paths[p][1]);
+    if (memcmp(other, got, bytes)) test_note("merge keep %d: other bits", keep);
     CHECK(memcmp(other, got, bytes) == 0);
   }
-  rlm__cuda_attend_merge_paths(-1, -1);
+  rlm__cuda_attend_merge_paths(-1);
   cudaFree(dout), free(other);
 }
 
