@@ -11,10 +11,8 @@
 # MLX 4-bit g64 with the tied head at HEAD bits (default 8; 6 as the
 # anchor's Q6_K), --act-bits 8. Environment:
 #   VARIANTS  ';'-separated variants, each a list of VAR=value words ("-"
-#             for none), default: none; decode's attention doing
-#             qkv_prep's work (ATTN_FRESH=1, behind a switch); the
-#             attention merge's outputs loaded after m and l
-#             (MERGE_KEEP=0); short contexts'
+#             for none), default: none; the attention merge's outputs
+#             loaded after m and l (MERGE_KEEP=0); short contexts'
 #             attention in parts of 64 keys (ATTN_SHORT_PARTS=0); the
 #             defaults before the int8 product's G instances (I8_FAST=0
 #             I8_WIDE=32 I8_WAVES=0); EARLY_POS=0; QGEMM_MULTI=1,
@@ -32,7 +30,7 @@ bin=${RINGLM:-build-cuda/ringlm}
 batch=${BATCH:-32,64}
 rounds=${ROUNDS:-2}
 head=${HEAD:-8}
-variants=${VARIANTS:-"-;RINGLM_CUDA_ATTN_FRESH=1;RINGLM_CUDA_MERGE_KEEP=0;RINGLM_CUDA_ATTN_SHORT_PARTS=0;RINGLM_CUDA_I8_FAST=0 RINGLM_CUDA_I8_WIDE=32 RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_EARLY_POS=0;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_SUM_LATE=0"}
+variants=${VARIANTS:-"-;RINGLM_CUDA_MERGE_KEEP=0;RINGLM_CUDA_ATTN_SHORT_PARTS=0;RINGLM_CUDA_I8_FAST=0 RINGLM_CUDA_I8_WIDE=32 RINGLM_CUDA_I8_WAVES=0;RINGLM_CUDA_EARLY_POS=0;RINGLM_CUDA_QGEMM_MULTI=1;RINGLM_CUDA_SUM_QKV=1;RINGLM_CUDA_I8_OCC4=1;RINGLM_CUDA_SUM_LATE=0"}
 depth=${DEPTH:-}
 kv_bits=${KV_BITS:+--kv-bits $KV_BITS}
 [ -n "${OLD:-}" ] && variants="old;$variants"

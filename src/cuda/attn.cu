@@ -529,13 +529,10 @@ __device__ __forceinline__ void write_part(const float (&sm_m)[NG][GQ], const fl
 
 /* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
  * (K's or V's, by P), as vectors sub + k * kLanes of each row; zeros past
- * t1 (no load) and past the row's nv vectors. FRESH: slot `own` (>= 0)
- * is the pass's own row, taken from `fresh` (shared memory), not from
- * the cache; fresh NULL: zeros there, patched later (patch_own). */
-template <typename P, int kPer, int kLanes, int kGroups, bool FRESH = false>
+ * t1 (no load) and past the row's nv vectors. */
+template <typename P, int kPer, int kLanes, int kGroups>
 __device__ __forceinline__ void load_rows(typename P::Raw (&x)[kUnroll][kPer], const P &rows, const Runs &r,
-                                          const rlm_cuda_kv &c, int64_t tb, int64_t t1, int sub, int nv,
-                                          int64_t own = -1, const typename P::Raw *fresh = nullptr) {
+                                          const rlm_cuda_kv &c, int64_t tb, int64_t t1, int sub, int nv) {
 #pragma unroll
   for (int u = 0; u < kUnroll; u++) {
     const int64_t t = tb + (int64_t)u * kGroups;
@@ -543,77 +540,8 @@ __device__ __forceinline__ void load_rows(typename P::Raw (&x)[kUnroll][kPer], c
 #pragma unroll
     for (int k = 0; k < kPer; k++) {
       const int vec = sub + k * kLanes;
-      if (FRESH && t < t1 && slot == own)
-        x[u][k] = fresh && vec < nv ? fresh[vec] : P::zero();
-      else
-        x[u][k] = t < t1 && vec < nv ? rows.load(slot, vec) : P::zero();
+      x[u][k] = t < t1 && vec < nv ? rows.load(slot, vec) : P::zero();
     }
-  }
-}
-
-/* The vectors of slot own among load_rows' rows (loaded as zeros), from
- * fresh: the first round's, issued before the fresh rows were made. */
-template <typename P, int kPer, int kLanes, int kGroups>
-__device__ __forceinline__ void patch_own(typename P::Raw (&x)[kUnroll][kPer], const Runs &r, const rlm_cuda_kv &c,
-                                          int64_t tb, int64_t t1, int sub, int nv, int64_t own,
-                                          const typename P::Raw *fresh) {
-#pragma unroll
-  for (int u = 0; u < kUnroll; u++) {
-    const int64_t t = tb + (int64_t)u * kGroups;
-    if (t >= t1 || slot_at(r, c, t) != own) continue;
-#pragma unroll
-    for (int k = 0; k < kPer; k++) {
-      const int vec = sub + k * kLanes;
-      if (vec < nv) x[u][k] = fresh[vec];
-    }
-  }
-}
-
-/* ---- the new rows made by the attention (FRESH) -------------------------- */
-
-/* WHY ATTENTION MAKES THE NEW ROWS ITSELF. Decode ran qkv_prep (RoPE on q
- * and k, the k and v rows into the cache) as a kernel of its own between
- * the q, k, v product and attention: one more boundary a layer, of the
- * ~2-3 us each that small kernels cost a token (docs/cuda-notes.md).
- * Where every token of a pass is alone in its row, nothing but its own
- * attention reads its new row before the next pass, so the attention
- * kernel can take q, k and v as the product left them: each block ropes
- * its heads' q as it loads them, the blocks whose keys end at the token's
- * own slot make its K and V rows (as qkv_prep and the cache would hold
- * them: the same float operations, rounded to the cache's type) in
- * shared memory and read them from there, and one of them (chunk 0)
- * writes them into the cache for later passes. The other rows are read
- * from the cache as before: the same bits as qkv_prep then attention.
- * No norms (Llama, Mistral: q_norm, k_norm and v_norm go through
- * qkv_prep). */
-struct Fresh {
-  const float *k, *v; /* the products' k and v, [n][n_kv][dim], before RoPE */
-  const float *cs;    /* RoPE's cos, sin pairs of token j at cs + j * stride */
-  int64_t stride;
-};
-
-/* Element i of a head row x of dim elements after RoPE, qkv_prep_row's
- * arithmetic (the pair of i < dim / 2 is i + dim / 2), no contraction. */
-__device__ __forceinline__ float roped(const float *x, int i, int dim, const float *cj) {
-  const int h = dim / 2, d = i < h ? i : i - h;
-  const float co = cj[2 * d], si = cj[2 * d + 1];
-  return i < h ? __fsub_rn(__fmul_rn(x[i], co), __fmul_rn(x[i + h], si))
-               : __fadd_rn(__fmul_rn(x[i], co), __fmul_rn(x[d], si));
-}
-
-/* Token j's K and V rows of kv head kvh, as the cache stores them, into
- * sk and sv (shared memory); store: also into slot own of the cache at
- * `head` (row x n_kv + kvh), as qkv_prep writes them. */
-template <typename T>
-__device__ __forceinline__ void make_fresh(const Fresh &fr, const rlm_cuda_kv &c, int64_t j, int kvh, int64_t head,
-                                           int64_t own, bool store, T *sk, T *sv) {
-  const int dim = c.dim;
-  const float *kr = fr.k + (j * c.n_kv + kvh) * dim, *vr = fr.v + (j * c.n_kv + kvh) * dim, *cj = fr.cs + j * fr.stride;
-  T *dk = static_cast<T *>(c.k) + (head * c.cap + own) * dim, *dv = static_cast<T *>(c.v) + (head * c.cap + own) * dim;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float kv = roped(kr, i, dim, cj), vv = vr[i];
-    put(sk + i, kv), put(sv + i, vv);
-    if (store) put(dk + i, kv), put(dv + i, vv);
   }
 }
 
@@ -663,24 +591,16 @@ int step_keys(const rlm_cuda_kv &c) {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-/* FRESH (with EARLY): q, k and v as the product left them (Fresh, above). */
-template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY, bool FRESH = false>
+template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
-                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml,
-                  Fresh fr) {
-  static_assert(!FRESH || EARLY, "the own slot is found before the wait");
+                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
   Span early_sp;
   bool early_live = true;
-  int64_t own = -1; /* FRESH: the slot the token's new row goes to, or -1 */
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
     early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, pr, blockIdx.y / chunks,
                            &early_sp);
-  if constexpr (FRESH) {
-    int row;
-    own = token_slot(c, tok_row, tok_pos, blockIdx.x, &row);
-  }
   pdl_enter();
   static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
   using S = Shape<KP::kVe, DIM>;
@@ -706,10 +626,8 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   if constexpr (KP::kPrefetch)
     if (t1 - t0 <= prefetch_keys) prefetch_part(kp, vp, r, c, t0, t1);
 
-  /* This lane's elements: vectors sub + k * kLanes of the row (FRESH: q
-   * before RoPE, roped here as qkv_prep would). */
+  /* This lane's elements: vectors sub + k * kLanes of the row. */
   float qf[GQ][kEl], o[GQ][kEl], m[GQ], l[GQ];
-  const float *cj = FRESH ? fr.cs + j * fr.stride : nullptr;
 #pragma unroll
   for (int g = 0; g < GQ; g++) {
     m[g] = -INFINITY, l[g] = 0.f;
@@ -718,22 +636,9 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
 #pragma unroll
       for (int e = 0; e < kVe; e++) {
         const int vec = sub + k * kLanes;
-        const float *qr = q + (j * n_heads + h0 + g) * dim;
-        qf[g][k * kVe + e] = g < ng && vec < nv ? (FRESH ? roped(qr, vec * kVe + e, dim, cj) : qr[vec * kVe + e]) : 0.f;
+        qf[g][k * kVe + e] = g < ng && vec < nv ? q[(j * n_heads + h0 + g) * dim + vec * kVe + e] : 0.f;
         o[g][k * kVe + e] = 0.f;
       }
-  }
-
-  /* FRESH: the blocks whose keys end at the token's own slot read its rows
-   * from sm_new; the last part's chunk-0 block writes them to the cache
-   * (every token with a slot has exactly one such block). */
-  __shared__ typename KP::Raw sm_new[FRESH ? 2 : 1][FRESH ? S::kVecs : 1];
-  bool here = false, store = false;
-  int64_t read_own = -1; /* own where this block reads the new rows, else -1 */
-  if constexpr (FRESH) {
-    store = own >= 0 && t1 == r.n && blockIdx.y % chunks == 0;
-    here = own >= 0 && t0 < t1 && t1 == r.n && slot_at(r, c, t1 - 1) == own;
-    read_own = here ? own : -1;
   }
 
   /* The trip count is the block's, not the group's: the shuffles below
@@ -743,27 +648,14 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   constexpr int64_t kStep = S::kStepKeys; /* the step PartRule counts */
   typename KP::Raw kr[kUnroll][kPer];
   typename VP::Raw vr[kUnroll][kPer];
-  load_rows<KP, kPer, kLanes, kGroups, FRESH>(kr, kp, r, c, t0 + grp, t1, sub, nv, read_own);
-  load_rows<VP, kPer, kLanes, kGroups, FRESH>(vr, vp, r, c, t0 + grp, t1, sub, nv, read_own);
-  const typename KP::Raw *fk = sm_new[0], *fv = sm_new[FRESH ? 1 : 0];
-  if constexpr (FRESH) {
-    /* the new rows made while the first round's loads are in flight */
-    using T = typename KP::Elem;
-    if (here || store)
-      make_fresh<T>(fr, c, j, kvh, head, own, store, reinterpret_cast<T *>(sm_new[0]),
-                    reinterpret_cast<T *>(sm_new[1]));
-    __syncthreads();
-    if (here) {
-      patch_own<KP, kPer, kLanes, kGroups>(kr, r, c, t0 + grp, t1, sub, nv, own, fk);
-      patch_own<VP, kPer, kLanes, kGroups>(vr, r, c, t0 + grp, t1, sub, nv, own, fv);
-    }
-  }
+  load_rows<KP, kPer, kLanes, kGroups>(kr, kp, r, c, t0 + grp, t1, sub, nv);
+  load_rows<VP, kPer, kLanes, kGroups>(vr, vp, r, c, t0 + grp, t1, sub, nv);
   for (int64_t base = t0; base < t1; base += kStep) {
     const int64_t tb = base + grp;
     typename KP::Raw kn[kUnroll][kPer];
     typename VP::Raw vn[kUnroll][kPer];
-    load_rows<KP, kPer, kLanes, kGroups, FRESH>(kn, kp, r, c, tb + kStep, t1, sub, nv, read_own, fk);
-    load_rows<VP, kPer, kLanes, kGroups, FRESH>(vn, vp, r, c, tb + kStep, t1, sub, nv, read_own, fv);
+    load_rows<KP, kPer, kLanes, kGroups>(kn, kp, r, c, tb + kStep, t1, sub, nv);
+    load_rows<VP, kPer, kLanes, kGroups>(vn, vp, r, c, tb + kStep, t1, sub, nv);
     /* Scores: this lane's part of each dot, summed over the key's lanes
      * (xor offsets below kLanes stay inside the lane group). */
     float sc[kUnroll][GQ];
@@ -1195,7 +1087,6 @@ struct AttendArgs {
   int n_parts;
   PartRule pr;
   float *part_o, *part_ml;
-  Fresh fr; /* fr.k NULL: q roped and the new rows in the cache already */
 };
 
 /* kPrefetchKeys, or 0 (no prefetch) with RINGLM_CUDA_ATTN_PREFETCH=0, to
@@ -1227,17 +1118,10 @@ template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-#define RLM_ATTEND_F(MINB, E, F)                                                                                    \
-  launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E, F>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,         \
-           a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, prefetch_keys(), a.part_o,          \
-           a.part_ml, a.fr)
-#define RLM_ATTEND(MINB, E) RLM_ATTEND_F(MINB, E, false)
-  /* FRESH instances for the head dims qkv_prep takes (multiples of 64) */
-  if constexpr (kEarlyRows<KP> && DIM >= 64)
-    if (a.fr.k) {
-      RLM_ATTEND_F(1, true, true);
-      return;
-    }
+#define RLM_ATTEND(MINB, E)                                                                                         \
+  launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,            \
+           a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, prefetch_keys(),         \
+           a.part_o, a.part_ml)
   if constexpr (KP::kVe == 16)
     if (q4_blocks() == 3) {
       RLM_ATTEND(3, false);
@@ -1250,7 +1134,6 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
     }
   RLM_ATTEND(1, false);
 #undef RLM_ATTEND
-#undef RLM_ATTEND_F
 }
 
 /* Query heads per block: the kv head's q_per_kv rounded up to a power of
@@ -1474,20 +1357,10 @@ extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
   return (size_t)n * (size_t)n_heads * (size_t)n_splits(n, n_heads) * ((size_t)dim + 2) * sizeof(float);
 }
 
-/* A pass rlm__cuda_attend_fresh takes: a dense f16 or bf16 cache of a
- * head dim qkv_prep takes, at most kEarlyMaxRows tokens (its instances
- * are the EARLY ones). */
-static bool fresh_takes(const rlm_cuda_kv *c, int n) {
-  return c && cache_ok(c) && !c->k_bits && !c->v_bits && (c->dtype == RLM_DTYPE_F16 || c->dtype == RLM_DTYPE_BF16) &&
-         c->dim % 64 == 0 && c->dim <= kMaxDim && n >= 0 && n <= kEarlyMaxRows;
-}
-
-extern "C" bool rlm__cuda_attend_fresh_takes(const rlm_cuda_kv *c, int n) { return fresh_takes(c, n); }
-
-/* rlm__cuda_attend, or with fr->k rlm__cuda_attend_fresh. */
-static rlm_status attend_of(const rlm_cuda_kv *c, const float *q, const Fresh *fr, int n_heads, float scale,
-                            const int32_t *tok_row, const int64_t *tok_pos, int n, float *out, void *scratch,
-                            const rlm_cuda_q8out *q8, rlm_cuda_stream st, const char *fn, rlm_error *err) {
+extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
+                                       const int32_t *tok_row, const int64_t *tok_pos, int n, float *out, void *scratch,
+                                       const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_attend";
   if (!c || !q || !tok_row || !tok_pos || !out || !scratch || n < 0 || !cache_ok(c))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
   rlm_status q8rc = q8_check(q8, (int64_t)n_heads * c->dim, fn, err);
@@ -1512,8 +1385,7 @@ static rlm_status attend_of(const rlm_cuda_kv *c, const float *q, const Fresh *f
   const int parts = launch_parts(n, n_heads, c->cap, pr);
   float *part_o = static_cast<float *>(scratch);
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
-  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, pr, part_o, part_ml,
-                       *fr};
+  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, pr, part_o, part_ml};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
   switch (c->dtype) {
   case RLM_DTYPE_F16: launch_cache<__half>(a, s); break;
@@ -1534,26 +1406,4 @@ static rlm_status attend_of(const rlm_cuda_kv *c, const float *q, const Fresh *f
 #undef RLM_M
 #undef RLM_ME
   return launched("rlm__cuda_attend (merge_kernel)", err);
-}
-
-extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
-                                       const int32_t *tok_row, const int64_t *tok_pos, int n, float *out, void *scratch,
-                                       const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err) {
-  const Fresh none = {};
-  return attend_of(c, q, &none, n_heads, scale, tok_row, tok_pos, n, out, scratch, q8, st, "rlm__cuda_attend", err);
-}
-
-extern "C" rlm_status rlm__cuda_attend_fresh(const rlm_cuda_kv *c, const float *q, const float *k, const float *v,
-                                             const float *cs, int64_t stride, int n_heads, float scale,
-                                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
-                                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
-                                             rlm_error *err) {
-  const char *fn = "rlm__cuda_attend_fresh";
-  if (!k || !v || !cs || (n > 1 && stride < (c ? c->dim : 0)))
-    return fail(err, RLM_ERR_INVALID, fn, "NULL k, v or cs, or a stride below the head dim");
-  if (!fresh_takes(c, n))
-    return fail(err, RLM_ERR_UNSUPPORTED, fn, "a dense f16 or bf16 cache of a head dim that is a multiple of 64, and "
-                "at most %d tokens, are needed", kEarlyMaxRows);
-  const Fresh fr = {k, v, cs, stride};
-  return attend_of(c, q, &fr, n_heads, scale, tok_row, tok_pos, n, out, scratch, q8, st, fn, err);
 }

@@ -65,7 +65,6 @@ __device__ __forceinline__ void prefetch_codes(const uint32_t *w, int wpr, const
 
 template <typename T>
 struct DenseRows {
-  using Elem = T;
   static constexpr int kVe = 16 / (int)sizeof(T);
   static constexpr bool kPrefetch = false; /* see prefetch_part */
   using Raw = uint4;

@@ -305,16 +305,6 @@ typedef struct cuda_sess {
   int q8_rows;                /* rows of x the q8 scratch holds           */
   int q8_head_bits, q8_head_group; /* the final norm's: lm_head's format (Gemma's 8-bit tied head) */
   int kv_done;                /* the layer whose k, v qkv_norm_rope wrote, or -1 */
-  /* qkv_prep's work left to layer li's attention (rlm__cuda_attend_fresh;
-   * li -1: none), which takes it; any other op first launches it as
-   * qkv_prep (settle) */
-  struct {
-    int li, n, hq, hkv, hd;
-    float *q, *k, *v;
-    const float *cs;
-    int64_t stride;
-  } fresh;
-  bool solo;                  /* every token of the pass alone in its row */
   /* Gemma 4's MoE: device scratch (moe_scratch's layout) and the host's
    * copy of the router's logits (pinned), its chosen experts and weights */
   float *moe_dev, *moe_logit;
@@ -343,28 +333,10 @@ static void note(rlm_session *s, rlm_status rc, const rlm_error *e) {
  * has failed. The products ask this alone, keeping q8's memo. */
 static bool enqueues_nothing(rlm_session *s) { return cs_of(s)->mode == MODE_REPLAY || cs_of(s)->first; }
 
-/* Launches the qkv_prep left to an attention (cs->fresh) that did not
- * come next. */
-static void flush_fresh(rlm_session *s) {
-  cuda_sess *cs = cs_of(s);
-  const int li = cs->fresh.li;
-  cs->fresh.li = -1;
-  if (enqueues_nothing(s)) return;
-  rlm_error er;
-  note(s,
-       rlm__cuda_qkv_prep(cs->fresh.q, cs->fresh.k, cs->fresh.v, cs->fresh.n, cs->fresh.hq, cs->fresh.hkv,
-                          cs->fresh.hd, NULL, NULL, false, 0.0, cs->fresh.cs, cs->fresh.stride, &cs->kv[li], cs->d_rows,
-                          cs->d_pos, cs->st, &er),
-       &er);
-}
-
-/* Launches what an op left to the one it expected next, where another
- * came: qkv_prep's work (cs->fresh), and the outputs a split product
- * left to their reader (cs->late), where the op that comes next does not
- * read them as sums. */
+/* Writes the outputs a split product left to their reader (cs->late),
+ * where the op that comes next does not read them as sums. */
 static void settle(rlm_session *s) {
   cuda_sess *cs = cs_of(s);
-  if (cs->fresh.li >= 0) flush_fresh(s);
   if (!cs->late.k) return;
   const int k = cs->late.k;
   cs->late.k = 0;
@@ -466,9 +438,6 @@ typedef struct cuda_switches {
   bool head8;       /* RINGLM_CUDA_HEAD8=0: a 2-6-bit lm_head past one row
                        on the f32 unit kernel, not its codes at 8 bits
                        (make_head8) */
-  bool attn_fresh;  /* RINGLM_CUDA_ATTN_FRESH=1: qkv_prep's work done by
-                       the attention of a pass of one token a row
-                       (cuda_qkv_norm_rope); off until it has run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -495,8 +464,6 @@ static void read_switches(void) {
   e = getenv("RINGLM_CUDA_QGEMM_MULTI");
   g_switches.qgemm_multi = e && e[0] == '1';
   g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
-  e = getenv("RINGLM_CUDA_ATTN_FRESH");
-  g_switches.attn_fresh = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -877,16 +844,6 @@ static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float
   const bool late = take_late(sess, (const float *[]){q, k, v}, k ? 3 : 1, n, switches()->sum_qkv, sums);
   if (skip(s)) return;
   const rlm_cuda_kv *kv = k && !sess->kv[li].k_bits ? &sess->kv[li] : NULL;
-  /* RINGLM_CUDA_ATTN_FRESH=1: a pass of one token a row with no norms
-   * leaves RoPE and the cache write to its attention (one launch fewer a
-   * layer), which takes this from cs->fresh */
-  if (!late && kv && !qw && !kw && !vnorm && sess->solo && switches()->attn_fresh && hq == s->m->cfg.n_heads &&
-      rlm__cuda_attend_fresh_takes(kv, n)) {
-    sess->fresh.li = li, sess->fresh.n = n, sess->fresh.hq = hq, sess->fresh.hkv = hkv, sess->fresh.hd = hd;
-    sess->fresh.q = q, sess->fresh.k = k, sess->fresh.v = v, sess->fresh.cs = cs, sess->fresh.stride = stride;
-    sess->kv_done = li;
-    return;
-  }
   rlm_error er;
   const float *dqw = dvec(s, qw), *dkw = dvec(s, kw);
   rlm_status rc = late ? rlm__cuda_qkv_prep_sum(q, k, v, sums, n, hq, hkv, hd, dqw, dkw, vnorm, eps, cs, stride, kv,
@@ -916,11 +873,8 @@ static bool attn_tc(const rlm_pass *ps, const rlm_cuda_kv *kv) {
 
 static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_error *err) {
   (void)err;
-  cuda_sess *cs = cs_of(s);
-  /* qkv_prep's work left here (taken before skip settles it) */
-  const bool fresh = cs->fresh.li == li && li >= 0;
-  if (fresh) cs->fresh.li = -1;
   if (skip(s)) return RLM_OK;
+  cuda_sess *cs = cs_of(s);
   const rlm_model_config *c = &s->m->cfg;
   const int donor = c->kv_donor[li];
   rlm_error er;
@@ -938,10 +892,6 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
   if (!rc && tc)
     rc = rlm__cuda_attend_prefill(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
                                   cs->st, &er);
-  else if (!rc && fresh)
-    rc = rlm__cuda_attend_fresh(kv, cs->fresh.q, cs->fresh.k, cs->fresh.v, cs->fresh.cs, cs->fresh.stride, c->n_heads,
-                                (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att, cs->att_scratch, q8,
-                                cs->st, &er);
   else if (!rc)
     rc = rlm__cuda_attend(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
                           cs->att_scratch, q8, cs->st, &er);
@@ -1008,22 +958,12 @@ static void cuda_moe(rlm_session *s, int li, int n) {
 
 /* ---- the pass: plan upload, capture and replay ---------------------------- */
 
-/* Whether every token of the pass is alone in its row. */
-static bool one_token_a_row(const rlm_pass *ps) {
-  for (int r = 0; r < ps->n_runs; r++) {
-    if (ps->runs[r].n != 1) return false;
-    for (int u = 0; u < r; u++)
-      if (ps->runs[u].row == ps->runs[r].row) return false;
-  }
-  return true;
-}
-
-/* MoE models never: their routing reads the router's output on the host.
- * One token a row: a graph is replayed for any pass of its n and n_want,
- * and its attention may take qkv_prep's work (cs->fresh). */
+/* MoE models never: their routing reads the router's output on the host. */
 static bool graph_shape(const rlm_session *s, const rlm_pass *ps) {
   if (s->p.no_graph || ps->n_want > LOGIT_ROWS || ps->n > GEMM_MIN || s->m->cfg.n_experts) return false;
-  return one_token_a_row(ps);
+  for (int r = 0; r < ps->n_runs; r++)
+    if (ps->runs[r].n != 1) return false;
+  return true;
 }
 
 static int find_graph(const cuda_sess *cs, const rlm_pass *ps) {
@@ -1049,8 +989,7 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
-  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL, cs->late.k = 0, cs->fresh.li = -1;
-  cs->solo = one_token_a_row(ps);
+  cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL, cs->late.k = 0;
   for (int r = 0; r < ps->n_runs; r++) {
     const rlm_run *u = &ps->runs[r];
     const int64_t p0 = ps->tok_pos[u->j0];
@@ -1409,7 +1348,7 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
   s->dev = cs, s->be = &backend_cuda;
   cs->w = s->m->dev_weights;
   cs->head8 = head8;
-  cs->kv_done = -1, cs->fresh.li = -1;
+  cs->kv_done = -1;
   if (!(cs->top = rlm__calloc((size_t)s->p.n_rows, sizeof *cs->top)))
     return rlm__err_nomem(err, "cuda rows", (size_t)s->p.n_rows * sizeof *cs->top);
   cudaError_t e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking);

@@ -210,20 +210,6 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
-/* rlm__cuda_attend for a pass whose every token is alone in its row (the
- * caller's promise: no token reads another's new row), doing
- * rlm__cuda_qkv_prep's work with no norms itself: q, k and v are the
- * projections' outputs before RoPE, cs and stride RoPE's as there. out,
- * q8 and the cache get the same bits as rlm__cuda_qkv_prep with c, then
- * rlm__cuda_attend, in two launches instead of three. Takes what
- * rlm__cuda_attend_fresh_takes says (a dense f16 or bf16 cache, head
- * dim a multiple of 64, at most 32 tokens); else RLM_ERR_UNSUPPORTED. */
-bool rlm__cuda_attend_fresh_takes(const rlm_cuda_kv *c, int n);
-rlm_status rlm__cuda_attend_fresh(const rlm_cuda_kv *c, const float *q, const float *k, const float *v,
-                                  const float *cs, int64_t stride, int n_heads, float scale, const int32_t *tok_row,
-                                  const int64_t *tok_pos, int n, float *out, void *scratch, const rlm_cuda_q8out *q8,
-                                  rlm_cuda_stream st, rlm_error *err);
-
 /* Tests only: rlm__cuda_attend's merge reads its parts' outputs with m
  * and l (keep 1) or after them (0); -1: as RINGLM_CUDA_MERGE_KEEP says.
  * Both paths give the same bits. Not for use while another thread

@@ -1263,105 +1263,6 @@ TEST(attend_prefill_tc_matches_reference) {
 /* Quantized caches (the same cases at the bits and groups of the CPU's
  * caches: 4/4 the fast paths of 16-bit scales, the rest the generic cut,
  * K and V apart), against the values the CPU's quantizer stores. */
-/* rlm__cuda_attend_fresh against what it replaces: rlm__cuda_qkv_prep
- * with the cache (RoPE on q and k, the new rows written), then
- * rlm__cuda_attend. Two caches with the same history; the pass's q, k and
- * v before RoPE; the outputs, their int8 activations and both caches
- * (every byte, the unwritten slots' poison included) bit for bit. */
-static void check_fresh(attn_case *a) {
-  fill_positions(a);
-  const int dim = a->dim, H = a->n_heads, n = a->n;
-  const int64_t stride = dim, tok = (int64_t)a->n_kv * dim, nq = (int64_t)n * H * dim;
-  rlm_cuda_kv c[2];
-  for (int f = 0; f < 2; f++) c[f] = kv_make(a->dt, a->n_rows, a->n_kv, dim, a->cap, a->ring, a->keep, a->window);
-  for (int r = 0; r < a->n_rows; r++) {
-    float *hk = frand(a->len[r] * tok + 1, 1.0f), *hv = frand(a->len[r] * tok + 1, 1.0f);
-    for (int f = 0; f < 2; f++) write_span(&c[f], r, 0, a->len[r], hk, hv);
-    free(hk), free(hv);
-  }
-  float *q = frand(nq, 4.0f), *k = frand(n * tok, 1.0f), *v = frand(n * tok, 1.0f), *cs = frand(n * stride, 1.0f);
-  float *dq[2], *dk[2], *dv[2], *dout[2];
-  void *scratch[2], *q8s[2];
-  const int64_t cols = (int64_t)H * dim;
-  const int g = dim % 128 == 0 ? 128 : 64;
-  const bool with_q8 = cols % 128 == 0;
-  const size_t qb = with_q8 ? rlm__cuda_q8act_bytes(cols, g, n) : 0;
-  for (int f = 0; f < 2; f++) {
-    dq[f] = dev_copy(q, nq * 4), dk[f] = dev_copy(k, n * tok * 4), dv[f] = dev_copy(v, n * tok * 4);
-    dout[f] = dev_poisoned(nq * 4), scratch[f] = dev_poisoned(rlm__cuda_attend_scratch_bytes(n, H, dim));
-    q8s[f] = with_q8 ? dev_poisoned(qb) : NULL;
-  }
-  float *dcs = dev_copy(cs, n * stride * 4);
-  int32_t *drow = dev_copy(a->row, (size_t)n * 4);
-  int64_t *dpos = dev_copy(a->pos, (size_t)n * 8);
-  const float scale = 1.0f / sqrtf((float)dim);
-  rlm_cuda_q8out q8[2] = {{q8s[0], 4, g}, {q8s[1], 4, g}};
-  rlm_error err = {0};
-  test_note("attend_fresh %s", a->name);
-  CHECK_EQ(rlm__cuda_qkv_prep(dq[0], dk[0], dv[0], n, H, a->n_kv, dim, NULL, NULL, false, 1e-6, dcs, stride, &c[0],
-                              drow, dpos, NULL, &err), RLM_OK);
-  CHECK_EQ(rlm__cuda_attend(&c[0], dq[0], H, scale, drow, dpos, n, dout[0], scratch[0], with_q8 ? &q8[0] : NULL,
-                            NULL, &err), RLM_OK);
-  CHECK(rlm__cuda_attend_fresh_takes(&c[1], n));
-  CHECK_EQ(rlm__cuda_attend_fresh(&c[1], dq[1], dk[1], dv[1], dcs, stride, H, scale, drow, dpos, n, dout[1],
-                                  scratch[1], with_q8 ? &q8[1] : NULL, NULL, &err), RLM_OK);
-  const size_t cb = (size_t)a->n_rows * tok * a->cap * 2, ob = (size_t)nq * 4, hb = cb > ob ? cb : ob;
-  uint8_t *h0 = xmalloc(hb > qb ? hb : qb), *h1 = xmalloc(hb > qb ? hb : qb);
-  const struct { const char *what; const void *p0, *p1; size_t bytes; } parts[] = {
-      {"the output", dout[0], dout[1], ob}, {"K", c[0].k, c[1].k, cb}, {"V", c[0].v, c[1].v, cb},
-      {"the int8 activations", q8s[0], q8s[1], qb}};
-  for (int i = 0; i < N_OF(parts); i++) {
-    if (!parts[i].bytes) continue;
-    download(h0, parts[i].p0, parts[i].bytes), download(h1, parts[i].p1, parts[i].bytes);
-    if (memcmp(h0, h1, parts[i].bytes)) test_note("attend_fresh %s: %s differs", a->name, parts[i].what);
-    CHECK(memcmp(h0, h1, parts[i].bytes) == 0);
-  }
-  for (int f = 0; f < 2; f++) {
-    cudaFree(dq[f]), cudaFree(dk[f]), cudaFree(dv[f]), cudaFree(dout[f]), cudaFree(scratch[f]), cudaFree(q8s[f]);
-    kv_free(&c[f]);
-  }
-  cudaFree(dcs), cudaFree(drow), cudaFree(dpos);
-  free(q), free(k), free(v), free(cs), free(h0), free(h1);
-}
-
-/* The attention that does qkv_prep's work (one token a row, dense 16-bit
- * caches) gives qkv_prep-then-attention's bits: short contexts (the
- * short rule's parts of one round), parts of 64 keys, rings that wrapped
- * with and without sinks, a row's first token (it sees only its own
- * row), a padded token, a token past a plain cache's end (no slot),
- * query heads in two chunks; and refuses what it does not take. */
-TEST(attend_fresh_matches_prep_then_attend) {
-  /* clang-format off */
-  attn_case cases[] = {
-      {"Llama decode at 100", RLM_DTYPE_BF16, 128, 32, 8, 160, 0, 0, 0, 1, {100}, 1, {0}, {0}, 0, 0, 0},
-      {"Llama decode at 589 (parts of 64)", RLM_DTYPE_BF16, 128, 32, 8, 600, 0, 0, 0, 1, {589}, 1, {0}, {0}, 0, 0, 0},
-      {"three rows, ring with sinks, wrapped", RLM_DTYPE_F16, 128, 16, 4, 60, 58, 2, 50, 3, {5, 130, 77}, 3,
-       {1, 0, 2}, {0}, 0, 0, 0},
-      {"dim 256, 12 heads a kv head, ring wrapped", RLM_DTYPE_BF16, 256, 24, 2, 71, 71, 0, 64, 2, {300, 10}, 2,
-       {0, 1}, {0}, 0, 0, 0},
-      {"dim 64, a first token and a padded one", RLM_DTYPE_F16, 64, 8, 2, 256, 0, 0, 0, 3, {0, 40, 7}, 3,
-       {0, 1, 2}, {0, 0, -1}, 0, 0, 0},
-      {"a plain cache full: no slot", RLM_DTYPE_BF16, 128, 8, 2, 64, 0, 0, 0, 1, {64}, 1, {0}, {0}, 0, 0, 0},
-  };
-  /* clang-format on */
-  for (int i = 0; i < N_OF(cases); i++) check_fresh(&cases[i]);
-  rlm_cuda_kv qc = kv_make_q(RLM_DTYPE_BF16, 1, 2, 64, 8, 0, 0, 0, 4, 4, 32);
-  rlm_cuda_kv fc = kv_make(RLM_DTYPE_F32, 1, 2, 64, 8, 0, 0, 0), oc = kv_make(RLM_DTYPE_BF16, 1, 2, 96, 8, 0, 0, 0);
-  rlm_cuda_kv bc = kv_make(RLM_DTYPE_BF16, 1, 2, 64, 8, 0, 0, 0);
-  CHECK(!rlm__cuda_attend_fresh_takes(&qc, 1) && !rlm__cuda_attend_fresh_takes(&fc, 1));
-  CHECK(!rlm__cuda_attend_fresh_takes(&oc, 1) && !rlm__cuda_attend_fresh_takes(&bc, 33));
-  CHECK(rlm__cuda_attend_fresh_takes(&bc, 32));
-  float *p = dev_poisoned(1 << 16);
-  rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_attend_fresh(&qc, p, p, p, p, 64, 4, 1.0f, (int32_t *)p, (int64_t *)p, 1, p, p, NULL, NULL,
-                                  &err), RLM_ERR_UNSUPPORTED);
-  CHECK_STR_CONTAINS(err.msg, "dense");
-  CHECK_EQ(rlm__cuda_attend_fresh(&bc, p, NULL, p, p, 64, 4, 1.0f, (int32_t *)p, (int64_t *)p, 1, p, p, NULL, NULL,
-                                  &err), RLM_ERR_INVALID);
-  kv_free(&qc), kv_free(&fc), kv_free(&oc), kv_free(&bc);
-  cudaFree(p);
-}
-
 TEST(attend_quantized_matches_reference) {
   /* clang-format off */
   attn_case cases[] = {
@@ -1597,7 +1498,6 @@ int main(int argc, char **argv) {
   RUN(kv_write_quantized_matches_cpu);
   RUN(attend_matches_reference);
   RUN(attend_quantized_matches_reference);
-  RUN(attend_fresh_matches_prep_then_attend);
   RUN(attend_prefill_tc_matches_reference);
   RUN(refuses_what_it_lacks);
   return test_summary();
