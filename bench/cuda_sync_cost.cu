@@ -22,7 +22,7 @@
  *      kernel with a grid barrier between phases (cooperative_groups'
  *      grid sync, or a counter-and-flag barrier), at the streams' grid
  *      and at two blocks an SM: us a phase;
- *   2. Llama-3.1-8B's 4-bit decode layer pattern, 32 times: stream q+k+v,
+ *   2. Llama-3.1-8B's decode layer pattern, 32 times, at 4 bits and bf16: stream q+k+v,
  *      three small (RoPE and write, attention, merge), stream o, small
  *      (add + norm), stream gate+up, small (activation), stream down,
  *      small (add + norm); as 320 kernels and as one kernel (both
@@ -236,6 +236,41 @@ static double as_one_kernel(const Plan &h, Plan *dplan, cudaStream_t st, bool fl
   return ms[7] * 1e3;
 }
 
+/* Llama-8B's decode layer pattern x 32 at num / den bytes a weight, each
+ * layer's weights a buffer of their own (past the L2): as kernels, as one
+ * kernel with either barrier, and the streams' bytes as one kernel. */
+static void layer_pattern(Plan &h, Plan *dplan, cudaStream_t st, const char *name, long num, long den) {
+  const long q = 4096L * 4096 * num / den, kv = 1024L * 4096 * num / den, gate = 14336L * 4096 * num / den;
+  const long sizes[4] = {q + 2 * kv, q, 2 * gate, gate};
+  const int smalls_after[4] = {3, 1, 1, 1};
+  uint4 *all;
+  long total = 0;
+  for (int s = 0; s < 4; s++) total += 32 * sizes[s];
+  CU(cudaMalloc((void **)&all, total));
+  CU(cudaMemset(all, 1, total));
+  h.n = 0;
+  long off = 0;
+  for (int l = 0; l < 32; l++)
+    for (int s = 0; s < 4; s++) {
+      h.ph[h.n++] = Phase{1, all + off / 16, sizes[s] / 16};
+      off += sizes[s];
+      for (int m = 0; m < smalls_after[s]; m++) h.ph[h.n++] = Phase{0, nullptr, 0};
+    }
+  const double a = as_kernels(h, st), b = as_one_kernel(h, dplan, st, false, g_grid),
+               c = as_one_kernel(h, dplan, st, true, g_grid);
+  Plan one = h;
+  one.n = 1, one.ph[0] = Phase{1, all, total / 16};
+  const double f = as_kernels(one, st);
+  printf("\nLlama-8B %s layer pattern x 32 (%d phases, %.2f GB of streams):\n", name, h.n, total / 1e9);
+  printf("  the streams' bytes as one kernel  %8.0f us\n", f);
+  printf("  as %d kernels (PDL graph)        %8.0f us (%.0f%% of the one kernel's speed)\n", h.n, a, 100 * f / a);
+  printf("  as one persistent kernel, grid sync %6.0f us (%.0f%% of the one kernel's speed)\n", b, 100 * f / b);
+  printf("  as one persistent kernel, flags     %6.0f us (%.0f%% of the one kernel's speed)\n", c, 100 * f / c);
+  printf("  a layer's 6 small phases cost %.2f us as kernels, %.2f / %.2f us in one kernel (over the streams)\n",
+         (a - f) / 32, (b - f) / 32, (c - f) / 32);
+  cudaFree(all);
+}
+
 int main(void) {
   cudaStream_t st;
   CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -268,36 +303,10 @@ int main(void) {
          as_one_kernel(h, dplan, st, true, g_grid) / h.n, as_one_kernel(h, dplan, st, false, 2 * sms) / h.n,
          as_one_kernel(h, dplan, st, true, 2 * sms) / h.n);
 
-  /* 2. Llama-8B 4-bit decode's layer pattern, 32 layers, each layer's
-   * weights a buffer of their own (4.5 GB: past the L2) */
-  const long q = 4096L * 4096 * 9 / 16, kv = 1024L * 4096 * 9 / 16, gate = 14336L * 4096 * 9 / 16;
-  const long sizes[4] = {q + 2 * kv, q, 2 * gate, gate};
-  const int smalls_after[4] = {3, 1, 1, 1};
-  uint4 *all;
-  long total = 0;
-  for (int s = 0; s < 4; s++) total += 32 * sizes[s];
-  CU(cudaMalloc((void **)&all, total));
-  CU(cudaMemset(all, 1, total));
-  h.n = 0;
-  long off = 0;
-  for (int l = 0; l < 32; l++)
-    for (int s = 0; s < 4; s++) {
-      h.ph[h.n++] = Phase{1, all + off / 16, sizes[s] / 16};
-      off += sizes[s];
-      for (int m = 0; m < smalls_after[s]; m++) h.ph[h.n++] = Phase{0, nullptr, 0};
-    }
-  const double a = as_kernels(h, st), b = as_one_kernel(h, dplan, st, false, g_grid),
-               c = as_one_kernel(h, dplan, st, true, g_grid);
-  Plan one = h;
-  one.n = 1, one.ph[0] = Phase{1, all, total / 16};
-  const double f = as_kernels(one, st);
-  printf("\nLlama-8B 4-bit layer pattern x 32 (%d phases, %.2f GB of streams):\n", h.n, total / 1e9);
-  printf("  the streams' bytes as one kernel  %8.0f us\n", f);
-  printf("  as %d kernels (PDL graph)        %8.0f us (%.0f%% of the one kernel's speed)\n", h.n, a, 100 * f / a);
-  printf("  as one persistent kernel, grid sync %6.0f us (%.0f%% of the one kernel's speed)\n", b, 100 * f / b);
-  printf("  as one persistent kernel, flags     %6.0f us (%.0f%% of the one kernel's speed)\n", c, 100 * f / c);
-  printf("  a layer's 6 small phases cost %.2f us as kernels, %.2f / %.2f us in one kernel (over the streams)\n",
-         (a - f) / 32, (b - f) / 32, (c - f) / 32);
-  cudaFree(all), cudaFree(h.act), cudaFree(h.sink), cudaFree(dplan);
+  /* 2. Llama-8B decode's layer pattern, 32 layers, at 4 bits (g64, bf16
+   * scales and biases: 9/16 of a byte a weight) and in bf16 */
+  layer_pattern(h, dplan, st, "4-bit", 9, 16);
+  layer_pattern(h, dplan, st, "bf16", 2, 1);
+  cudaFree(h.act), cudaFree(h.sink), cudaFree(dplan);
   return 0;
 }
