@@ -15,7 +15,10 @@
 # test_cuda_qgemv) name the programs; REPS (3) the repetitions; DEPTHS
 # (0,4096,16384) the context depths, with bf16 KV and with 4-bit KV; BATCH (8,32,64) the batch sizes of
 # the aggregate decode test (llama-batched-bench's, 128 + 128 tokens a
-# sequence; the anchor's table).
+# sequence; the anchor's table). Where nvcc is installed it also builds
+# and runs bench/cuda_read_floor.cu (the read floor of the products'
+# chain) and bench/cuda_sync_cost.cu (a dependency point as a kernel
+# boundary and as a grid barrier).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-/tmp/ringlm-bench}
@@ -43,6 +46,8 @@ echo "device-to-device copy: ${bw:-?} GB/s"
 # (docs/cuda-notes.md, "The read floor of a chain of kernels")
 if command -v nvcc >/dev/null; then
   nvcc -O3 -arch=sm_90 -o "$dir/read_floor" bench/cuda_read_floor.cu && "$dir/read_floor"
+  # what a dependency point costs: PDL boundary against a grid barrier
+  nvcc -O3 -arch=sm_90 -o "$dir/sync_cost" bench/cuda_sync_cost.cu && "$dir/sync_cost"
 fi
 for m in gemma3-1b-4bit llama3.1-8b-4bit gemma3-1b llama3.1-8b; do
   bytes=$(stat -c %s "$dir/$m/model.safetensors")
