@@ -169,14 +169,16 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(const Plan *plan) 
 
 static int g_grid;
 
-static double median_ms(cudaGraphExec_t ge, cudaStream_t st) {
+/* The median of 15 runs of launch() on st (after 3 unrecorded), in ms. */
+template <typename F>
+static double median_ms(F launch, cudaStream_t st) {
   cudaEvent_t a, b;
   CU(cudaEventCreate(&a));
   CU(cudaEventCreate(&b));
   float ms[15];
   for (int r = -3; r < 15; r++) {
     CU(cudaEventRecord(a, st));
-    CU(cudaGraphLaunch(ge, st));
+    launch();
     CU(cudaEventRecord(b, st));
     CU(cudaEventSynchronize(b));
     if (r >= 0) CU(cudaEventElapsedTime(&ms[r], a, b));
@@ -205,7 +207,7 @@ static double as_kernels(const Plan &h, cudaStream_t st) {
   }
   CU(cudaStreamEndCapture(st, &g));
   CU(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = median_ms(ge, st);
+  const double ms = median_ms([&] { CU(cudaGraphLaunch(ge, st)); }, st);
   cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
   return ms * 1e3;
 }
@@ -215,25 +217,8 @@ static double as_kernels(const Plan &h, cudaStream_t st) {
 static double as_one_kernel(const Plan &h, Plan *dplan, cudaStream_t st, bool flag, int grid) {
   CU(cudaMemcpy(dplan, &h, sizeof h, cudaMemcpyHostToDevice));
   void *args[] = {&dplan};
-  cudaEvent_t a, b;
-  CU(cudaEventCreate(&a));
-  CU(cudaEventCreate(&b));
-  float ms[15];
-  for (int r = -3; r < 15; r++) {
-    CU(cudaEventRecord(a, st));
-    CU(cudaLaunchCooperativeKernel(flag ? (void *)persistent_kernel<true> : (void *)persistent_kernel<false>, grid,
-                                   kThreads, args, 0, st));
-    CU(cudaEventRecord(b, st));
-    CU(cudaEventSynchronize(b));
-    if (r >= 0) CU(cudaEventElapsedTime(&ms[r], a, b));
-  }
-  for (int i = 1; i < 15; i++)
-    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-      const float x = ms[j];
-      ms[j] = ms[j - 1], ms[j - 1] = x;
-    }
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return ms[7] * 1e3;
+  void *fn = flag ? (void *)persistent_kernel<true> : (void *)persistent_kernel<false>;
+  return 1e3 * median_ms([&] { CU(cudaLaunchCooperativeKernel(fn, grid, kThreads, args, 0, st)); }, st);
 }
 
 /* Llama-8B's decode layer pattern x 32 at num / den bytes a weight, each
