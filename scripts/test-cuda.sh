@@ -78,8 +78,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   #   ATTN_SHORT_PARTS=0 decode's attention parts by 64 keys alone
   #   MERGE_KEEP=0     the merge loads the parts' outputs after m and l
-  #   ATTN_CLUSTER=1   a short context's attention parts merged in their
-  #                    cluster (test_cuda_ops forces it on itself)
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -110,7 +108,6 @@ DENSE_AHEAD=0 test_cuda_ops test_cuda_model
 HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model
 MERGE_KEEP=0 test_cuda_ops test_cuda_model
-ATTN_CLUSTER=1 test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -38,12 +38,6 @@
  * still the same launch every step): the others return at once and the
  * merge reads only the used ones, so a short context pays for few parts.
  *
- * A SHORT CONTEXT (the caller's promise, rlm__cuda_attend_seen: no query
- * sees more than kClusterParts x min_keys positions) may take one launch
- * instead: the parts of a (token, kv head) are one thread-block cluster
- * that merges them itself (attend_kernel's CL, cluster_merge), with the
- * same bits.
- *
  * 4-BIT K AND V of f16/bf16 scales at head dims 64, 128 and 256 take a
  * kernel of their own in step 1, attend_q4_lanekey_kernel (a key a lane,
  * then the lanes over dim for P x V; its comment says why), writing the
@@ -63,7 +57,6 @@
 
 #include <type_traits>
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <float.h>
 #include <stdlib.h>
@@ -71,7 +64,6 @@
 namespace {
 
 using namespace rlm_cuda;
-namespace cg = cooperative_groups;
 
 /* The shape of the work; RLM_CUDA_ATTN_* override them to compare variants. */
 #ifndef RLM_CUDA_ATTN_WARPS
@@ -98,9 +90,6 @@ constexpr int kMinKeys = 64;
  * allows (PartRule). */
 constexpr int kShortParts = 16;
 constexpr float kLog2e = 1.4426950408889634f;
-/* A short context's parts as one thread-block cluster (attend_kernel's
- * CL): 16, a non-portable size Hopper takes. */
-constexpr int kClusterParts = 16;
 
 int n_splits(int n, int n_heads) {
   const int64_t th = (int64_t)n * n_heads;
@@ -511,13 +500,12 @@ __device__ __forceinline__ bool part_span(const rlm_cuda_kv &c, const int32_t *t
 }
 
 /* The block's NG partial states (a lane group's or a warp's m, l and
- * unnormalised o per head, in shared memory) merged into the part's m, l
- * and o per head, handed to put.ml(g, m, l) and put.o(g, d, o) for the
- * heads g < ng. */
-template <int NG, int GQ, int DIM, typename Put>
-__device__ __forceinline__ void fold_part(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
-                                          float (&sm_w)[NG][GQ], const float (&sm_o)[NG][GQ][DIM], int ng, int dim,
-                                          const Put &put) {
+ * unnormalised o per head, in shared memory) merged into the part's
+ * entry of scratch: (token j, head h0 + g, part), heads n_parts apart. */
+template <int NG, int GQ, int DIM>
+__device__ __forceinline__ void write_part(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
+                                           float (&sm_w)[NG][GQ], const float (&sm_o)[NG][GQ][DIM], int ng, int dim,
+                                           int64_t first, int n_parts, float *part_o, float *part_ml) {
   if (threadIdx.x < GQ) {
     const int g = threadIdx.x;
     float mx = -INFINITY, ls = 0.f;
@@ -527,7 +515,7 @@ __device__ __forceinline__ void fold_part(const float (&sm_m)[NG][GQ], const flo
       sm_w[i][g] = w;
       ls = fmaf(sm_l[i][g], w, ls);
     }
-    if (g < ng) put.ml(g, mx, ls);
+    if (g < ng) part_ml[(first + (int64_t)g * n_parts) * 2] = mx, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = ls;
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < GQ * DIM; idx += blockDim.x) {
@@ -535,120 +523,8 @@ __device__ __forceinline__ void fold_part(const float (&sm_m)[NG][GQ], const flo
     if (g >= ng || d >= dim) continue;
     float a = 0.f;
     for (int i = 0; i < NG; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
-    put.o(g, d, a);
+    part_o[(first + (int64_t)g * n_parts) * dim + d] = a;
   }
-}
-
-/* fold_part into the part's entry of scratch: (token j, head h0 + g,
- * part) = first + g * n_parts. */
-struct PartToScratch {
-  int64_t first;
-  int n_parts, dim;
-  float *part_o, *part_ml;
-  __device__ void ml(int g, float m, float l) const {
-    part_ml[(first + (int64_t)g * n_parts) * 2] = m, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = l;
-  }
-  __device__ void o(int g, int d, float v) const { part_o[(first + (int64_t)g * n_parts) * dim + d] = v; }
-};
-
-template <int NG, int GQ, int DIM>
-__device__ __forceinline__ void write_part(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
-                                           float (&sm_w)[NG][GQ], const float (&sm_o)[NG][GQ][DIM], int ng, int dim,
-                                           int64_t first, int n_parts, float *part_o, float *part_ml) {
-  fold_part(sm_m, sm_l, sm_w, sm_o, ng, dim, PartToScratch{first, n_parts, dim, part_o, part_ml});
-}
-
-/* A SHORT CONTEXT'S PARTS AS ONE CLUSTER (attend_kernel's CL > 0). The
- * merge is a launch of its own between the attention and the o product,
- * about 3 us a layer in the decode step (docs/cuda-notes.md, what each
- * small kernel costs). Where every query of the pass uses at most
- * kClusterParts parts (the backend's promise: it sees at most
- * cluster_positions() positions), the launch has exactly kClusterParts
- * parts, one cluster of them per (token, kv head, chunk); each block keeps
- * its part's m, l and o in its own shared memory, the cluster waits at
- * its barrier, and the cluster's warps do merge_kernel's work reading
- * the parts from the blocks that own them (distributed shared memory),
- * then wait again so that no block leaves while its part is read. The
- * parts, their bounds and the merge's order of operations are the
- * two-kernel path's (same n_parts for parts_used; merge_kernel's
- * reductions), so the bits are too: test_cuda_ops compares them. */
-
-/* fold_part into the block's own shared memory (cl_m, cl_l, cl_o), for
- * the cluster to read. */
-template <int GQ, int DIM>
-struct PartToShared {
-  float (&m)[GQ], (&l)[GQ], (&out)[GQ][DIM];
-  __device__ void ml(int g, float mv, float lv) const { m[g] = mv, l[g] = lv; }
-  __device__ void o(int g, int d, float v) const { out[g][d] = v; }
-};
-
-/* The cluster's merge, a warp a task of (head g, E = G32 x 32 elements
- * of it; 32 where no int8 output): merge_kernel's arithmetic in its
- * order, part s read from cluster block s. used <= kClusterParts < 32: a
- * lane holds at most one part's m and l. */
-template <int G32, int GQ, int DIM>
-__device__ __forceinline__ void cluster_merge(const cg::cluster_group &cl, float (&cl_m)[GQ], float (&cl_l)[GQ],
-                                              float (&cl_o)[GQ][DIM], int used, int ng, int dim, int64_t j, int h0,
-                                              int n_heads, float *__restrict__ out, uint8_t *__restrict__ q8,
-                                              int q8_bits) {
-  static_assert(kClusterParts <= kWarp, "a lane a part");
-  constexpr int NJ = G32 > 0 ? G32 : 1, E = NJ * kWarp;
-  const int lane = threadIdx.x % kWarp, warps = blockDim.x / kWarp;
-  const int per_head = (dim + E - 1) / E, cols = n_heads * dim;
-  const int first = (int)cl.block_rank() * warps + threadIdx.x / kWarp;
-  for (int t = first; t < ng * per_head; t += kClusterParts * warps) {
-    const int g = t / per_head, ci = t % per_head;
-    const bool mine = lane < used;
-    const float ms = mine ? cl.map_shared_rank(&cl_m[0], lane)[g] : -INFINITY;
-    const float lp = mine ? cl.map_shared_rank(&cl_l[0], lane)[g] : 0.f;
-    float mx = mine ? fmaxf(-INFINITY, ms) : -INFINITY;
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float ws = mine ? (mx == -INFINITY ? 0.f : exp2f(ms - mx)) : 0.f;
-    float ls = mine ? fmaf(lp, ws, 0.f) : 0.f;
-#pragma unroll
-    for (int o = kWarp / 2; o > 0; o /= 2) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-    float v[NJ];
-#pragma unroll
-    for (int jj = 0; jj < NJ; jj++) {
-      const int d = ci * E + jj * kWarp + lane;
-      float po[kClusterParts];
-#pragma unroll
-      for (int s = 0; s < kClusterParts; s++)
-        po[s] = s < used && d < dim ? cl.map_shared_rank(&cl_o[0][0], s)[g * DIM + d] : 0.f;
-      float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int s = 0; s < kClusterParts; s++) {
-        const float w = __shfl_sync(0xffffffffu, ws, s);
-        if (s < used) a[s & 7] = fmaf(po[s], w, a[s & 7]);
-      }
-      const float sum = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-      const float o = ls > 0.f ? __fdiv_rn(sum, ls) : 0.f;
-      if (d < dim) out[(j * n_heads + h0 + g) * dim + d] = o;
-      v[jj] = o;
-    }
-    if constexpr (G32 > 0)
-      q8_group(v, q8_bits, cols, (int64_t)(h0 + g) * (dim / E) + ci, q8 + j * q8_row_bytes(cols, E), lane);
-  }
-}
-
-/* The cluster's part of attend_kernel after its blocks' parts are kept
- * (or, for a block past the query's used parts, at once): the barrier,
- * the merge at the int8 output's group (g32 0: none), the barrier that
- * keeps every block's shared memory alive until it is read. */
-template <int GQ, int DIM>
-__device__ __forceinline__ void cluster_finish(float (&cl_m)[GQ], float (&cl_l)[GQ], float (&cl_o)[GQ][DIM], int used,
-                                               int ng, int dim, int64_t j, int h0, int n_heads, float *out,
-                                               uint8_t *q8, int q8_bits, int g32) {
-  const cg::cluster_group cl = cg::this_cluster();
-  cl.sync();
-  switch (g32) {
-  case 1: cluster_merge<1>(cl, cl_m, cl_l, cl_o, used, ng, dim, j, h0, n_heads, out, q8, q8_bits); break;
-  case 2: cluster_merge<2>(cl, cl_m, cl_l, cl_o, used, ng, dim, j, h0, n_heads, out, q8, q8_bits); break;
-  case 4: cluster_merge<4>(cl, cl_m, cl_l, cl_o, used, ng, dim, j, h0, n_heads, out, q8, q8_bits); break;
-  default: cluster_merge<0>(cl, cl_m, cl_l, cl_o, used, ng, dim, j, h0, n_heads, out, q8, q8_bits); break;
-  }
-  cl.sync();
 }
 
 /* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
@@ -715,16 +591,12 @@ int step_keys(const rlm_cuda_kv &c) {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-/* CL > 0: the launch's parts are one cluster of CL blocks, which merge
- * among themselves (cluster_merge) into out and q8 (at the group's g32;
- * 0: no int8 output); part_o and part_ml are not used. */
-template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY, int CL = 0>
+template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY>
 __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
-                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml,
-                  float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits, int g32) {
-  Span early_sp{};
+                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
+  Span early_sp;
   bool early_live = true;
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
     early_live = part_span(c, tok_row, tok_pos, blockIdx.x, blockIdx.z, n_parts, pr, blockIdx.y / chunks,
@@ -735,20 +607,17 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
   constexpr int kVe = S::kVe, kLanes = S::kLanes, kPer = S::kPer, kEl = S::kEl, kGroups = S::kGroups;
   __shared__ float sm_o[kGroups][GQ][DIM];
   __shared__ float sm_m[kGroups][GQ], sm_l[kGroups][GQ], sm_w[kGroups][GQ];
-  __shared__ float cl_o[CL ? GQ : 1][CL ? DIM : 1], cl_m[GQ], cl_l[GQ]; /* the part, kept (CL) */
   const int64_t j = blockIdx.x;
   const int part = blockIdx.z, kvh = blockIdx.y / chunks, g0 = (blockIdx.y % chunks) * GQ;
   const int h0 = kvh * q_per_kv + g0, ng = q_per_kv - g0 < GQ ? q_per_kv - g0 : GQ;
   const int sub = threadIdx.x % kLanes, grp = threadIdx.x / kLanes, dim = c.dim, nv = dim / kVe;
 
   Span sp;
-  const bool live = EARLY ? early_live : part_span(c, tok_row, tok_pos, j, part, n_parts, pr, kvh, &sp);
-  if (EARLY) sp = early_sp;
-  if (!live) { /* the whole block: the merge does not read it */
-    if constexpr (CL > 0)
-      cluster_finish(cl_m, cl_l, cl_o, parts_used(sp.r.n, n_parts, pr), ng, dim, j, h0, n_heads, out, q8, q8_bits,
-                     g32);
-    return;
+  if constexpr (EARLY) {
+    if (!early_live) return;
+    sp = early_sp;
+  } else if (!part_span(c, tok_row, tok_pos, j, part, n_parts, pr, kvh, &sp)) {
+    return; /* the whole block: the merge does not read it */
   }
   const Runs &r = sp.r;
   const int64_t t0 = sp.t0, t1 = sp.t1, head = sp.head;
@@ -863,12 +732,7 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
       for (int e = 0; e < kVe; e++) sm_o[grp][g][(sub + k * kLanes) * kVe + e] = o[g][k * kVe + e];
   }
   __syncthreads();
-  if constexpr (CL > 0) {
-    fold_part(sm_m, sm_l, sm_w, sm_o, ng, dim, PartToShared<GQ, DIM>{cl_m, cl_l, cl_o});
-    cluster_finish(cl_m, cl_l, cl_o, parts_used(r.n, n_parts, pr), ng, dim, j, h0, n_heads, out, q8, q8_bits, g32);
-  } else {
-    write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
-  }
+  write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
 }
 
 /* ---- attention over 4-bit K and V: a key a lane ----------------------------- */
@@ -1100,16 +964,6 @@ constexpr int kMergeKeep = 16, kMergeKeepD = 2;
 /* The merge's paths forced by rlm__cuda_attend_merge_paths (-1: none). */
 int g_merge_keep = -1;
 
-/* The cluster path forced by rlm__cuda_attend_cluster_paths (-1: none). */
-int g_cluster = -1;
-
-/* The cluster path (kClusterParts) where the caller promises a short
- * context: RINGLM_CUDA_ATTN_CLUSTER=1, until it is measured on a GPU. */
-bool cluster_on() {
-  static const bool on = env_switch("RINGLM_CUDA_ATTN_CLUSTER", false);
-  return g_cluster >= 0 ? g_cluster != 0 : on;
-}
-
 /* merge_kernel's KEEP, or with RINGLM_CUDA_MERGE_KEEP=0 the outputs loaded
  * after m and l for every merge, to compare. */
 bool merge_keep() {
@@ -1233,13 +1087,6 @@ struct AttendArgs {
   int n_parts;
   PartRule pr;
   float *part_o, *part_ml;
-  /* the cluster path (attend_kernel's CL), where it is wanted and taken:
-   * the output, the int8 one (q8 NULL: none) and whether it ran */
-  bool cluster;
-  float *out;
-  uint8_t *q8;
-  int q8_bits, g32;
-  bool *clustered;
 };
 
 /* kPrefetchKeys, or 0 (no prefetch) with RINGLM_CUDA_ATTN_PREFETCH=0, to
@@ -1267,50 +1114,14 @@ template <typename KP>
 constexpr bool kEarlyRows =
     std::is_same<KP, DenseRows<__half>>::value || std::is_same<KP, DenseRows<__nv_bfloat16>>::value;
 
-/* The cluster path's instances: decode's dense f16 and bf16 caches (the
- * EARLY ones) at head dims 64, 128 and 256. */
-template <typename KP, int DIM>
-constexpr bool kClusterRows = kEarlyRows<KP> && (DIM == 64 || DIM == 128 || DIM == 256);
-
-/* attend_kernel's cluster instance launched, if the card can run its
- * clusters of kClusterParts (a non-portable size: asked for once, with
- * the occupancy of one cluster checked); false: not launched. */
-template <typename KP, typename VP, int DIM, int GQ>
-bool launch_cluster(const AttendArgs &a, unsigned chunks, cudaStream_t st) {
-  auto *kernel = attend_kernel<KP, VP, DIM, GQ, 1, true, kClusterParts>;
-  const dim3 grid((unsigned)a.n, (unsigned)a.c.n_kv * chunks, kClusterParts), cl(1, 1, kClusterParts);
-  static int ready = -1;
-  if (ready < 0) {
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = 1, at.val.clusterDim.y = 1, at.val.clusterDim.z = kClusterParts;
-    cfg.gridDim = grid, cfg.blockDim = dim3(kWarp * kAttnWarps), cfg.attrs = &at, cfg.numAttrs = 1;
-    int clusters = 0;
-    ready = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-            cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
-    if (!ready) (void)cudaGetLastError();
-  }
-  if (!ready) return false;
-  launch_kc(kernel, grid, &cl, dim3(kWarp * kAttnWarps), 0, st, a.c, a.q, a.n_heads, a.q_per_kv, (int)chunks,
-            a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, prefetch_keys(), a.part_o, a.part_ml, a.out, a.q8,
-            a.q8_bits, a.g32);
-  return true;
-}
-
 template <typename KP, typename VP, int DIM, int GQ>
 void launch_attend(const AttendArgs &a, cudaStream_t st) {
   const int chunks = (a.q_per_kv + GQ - 1) / GQ;
   const dim3 grid((unsigned)a.n, (unsigned)(a.c.n_kv * chunks), (unsigned)a.n_parts);
-  if constexpr (kClusterRows<KP, DIM>)
-    if (a.cluster && a.n <= kEarlyMaxRows && launch_cluster<KP, VP, DIM, GQ>(a, (unsigned)chunks, st)) {
-      *a.clustered = true;
-      return;
-    }
 #define RLM_ATTEND(MINB, E)                                                                                         \
   launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,            \
            a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, prefetch_keys(),         \
-           a.part_o, a.part_ml, (float *)nullptr, (uint8_t *)nullptr, 0, 0)
+           a.part_o, a.part_ml)
   if constexpr (KP::kVe == 16)
     if (q4_blocks() == 3) {
       RLM_ATTEND(3, false);
@@ -1541,13 +1352,6 @@ extern "C" size_t rlm__cuda_kv_sb_bytes(const rlm_cuda_kv *c, int bits) {
 
 extern "C" void rlm__cuda_attend_merge_paths(int keep) { g_merge_keep = keep < 0 ? -1 : keep != 0; }
 
-extern "C" void rlm__cuda_attend_cluster_paths(int on) { g_cluster = on < 0 ? -1 : on != 0; }
-
-extern "C" int64_t rlm__cuda_attend_cluster_positions(void) {
-  const PartRule pr = part_rule(1, 1); /* min_keys, and short_parts at its most (one token) */
-  return cluster_on() && pr.short_parts <= kClusterParts ? (int64_t)kClusterParts * pr.min_keys : 0;
-}
-
 extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
   if (n < 1 || n_heads < 1 || dim < 1) return 0;
   return (size_t)n * (size_t)n_heads * (size_t)n_splits(n, n_heads) * ((size_t)dim + 2) * sizeof(float);
@@ -1556,13 +1360,6 @@ extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
 extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
                                        const int32_t *tok_row, const int64_t *tok_pos, int n, float *out, void *scratch,
                                        const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err) {
-  return rlm__cuda_attend_seen(c, q, n_heads, scale, tok_row, tok_pos, n, 0, out, scratch, q8, st, err);
-}
-
-extern "C" rlm_status rlm__cuda_attend_seen(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
-                                            const int32_t *tok_row, const int64_t *tok_pos, int n, int64_t seen_most,
-                                            float *out, void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
-                                            rlm_error *err) {
   const char *fn = "rlm__cuda_attend";
   if (!c || !q || !tok_row || !tok_pos || !out || !scratch || n < 0 || !cache_ok(c))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
@@ -1588,15 +1385,7 @@ extern "C" rlm_status rlm__cuda_attend_seen(const rlm_cuda_kv *c, const float *q
   const int parts = launch_parts(n, n_heads, c->cap, pr);
   float *part_o = static_cast<float *>(scratch);
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
-  uint8_t *q8s = q8_scratch(q8);
-  const int q8b = q8 ? q8->bits : 0;
-  /* every query uses at most kClusterParts parts: rule_parts(seen_most)
-   * <= kClusterParts (rlm__cuda_attend_cluster_positions) */
-  const int64_t most = rlm__cuda_attend_cluster_positions();
-  bool clustered = false;
-  const AttendArgs a = {*c,     q,      n_heads, q_per_kv, n,   scale * kLog2e, tok_row, tok_pos, parts,
-                        pr,     part_o, part_ml, seen_most > 0 && seen_most <= most, out, q8s, q8b,
-                        q8 ? q8->group_size / 32 : 0, &clustered};
+  const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, pr, part_o, part_ml};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
   switch (c->dtype) {
   case RLM_DTYPE_F16: launch_cache<__half>(a, s); break;
@@ -1604,8 +1393,10 @@ extern "C" rlm_status rlm__cuda_attend_seen(const rlm_cuda_kv *c, const float *q
   default: launch_cache<float>(a, s); break;
   }
   rlm_status rc = launched("rlm__cuda_attend (attend_kernel)", err);
-  if (rc || clustered) return rc;
+  if (rc) return rc;
   const unsigned blocks = (unsigned)((int64_t)n * n_heads);
+  uint8_t *q8s = q8_scratch(q8);
+  const int q8b = q8 ? q8->bits : 0;
 #define RLM_ME(G32, E)                                                                                              \
   launch_k(merge_kernel<G32, E>, blocks, kMergeThreads, 0, s, *c, tok_row, tok_pos, n_heads, part_o, part_ml, parts, \
            pr, c->dim, merge_keep(), out, q8s, q8b)

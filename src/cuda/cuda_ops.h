@@ -210,28 +210,6 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
-/* rlm__cuda_attend where the caller promises that no query of the pass
- * sees more than seen_most positions (0: no promise; a query at position
- * p sees at most p + 1). Where seen_most <= rlm__cuda_attend_cluster_positions()
- * (and the cache is a dense f16 or bf16 one of head dim 64, 128 or 256,
- * at most 32 tokens), a query's parts are one thread-block cluster that
- * merges them itself: one launch instead of two, the same bits. A
- * captured launch is replayed for later positions: the promise must hold
- * for every replay. */
-rlm_status rlm__cuda_attend_seen(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
-                                 const int32_t *tok_row, const int64_t *tok_pos, int n, int64_t seen_most,
-                                 float *out, void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
-                                 rlm_error *err);
-
-/* The most positions rlm__cuda_attend_seen's promise may name for its
- * cluster path; 0 while the path is off (RINGLM_CUDA_ATTN_CLUSTER=1 turns
- * it on). */
-int64_t rlm__cuda_attend_cluster_positions(void);
-
-/* Tests only: the cluster path on (1), off (0), or as the environment
- * says (-1). Not for use while another thread launches. */
-void rlm__cuda_attend_cluster_paths(int on);
-
 /* Tests only: rlm__cuda_attend's merge reads its parts' outputs with m
  * and l (keep 1) or after them (0); -1: as RINGLM_CUDA_MERGE_KEEP says.
  * Both paths give the same bits. Not for use while another thread

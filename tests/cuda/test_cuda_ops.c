@@ -1099,61 +1099,8 @@ static void check_merge_paths(const rlm_cuda_kv *c, const float *dq, int H, floa
   cudaFree(dout), free(other);
 }
 
-/* The cluster path (rlm__cuda_attend_seen under the promise that no query
- * sees past the pass's last position): out bit for bit the default
- * call's `got`, its int8 activations rlm__cuda_q8act_quantize's of them.
- * Returns whether the path ran, seen from the parts' scratch: it writes
- * none, so the poison is still there; where it does not apply, the two
- * kernels must have run (the scratch written). */
-static bool check_cluster_path(const rlm_cuda_kv *c, const float *dq, int H, float scale, const int32_t *drow,
-                               const int64_t *dpos, const int64_t *pos, int n, int dim, const float *got) {
-  int64_t seen = 1;
-  for (int j = 0; j < n; j++)
-    if (pos[j] + 1 > seen) seen = pos[j] + 1;
-  rlm__cuda_attend_cluster_paths(1);
-  const int64_t most = rlm__cuda_attend_cluster_positions();
-  CHECK(most > 0); /* 16 parts of 64 keys (1024), unless the environment changes the rule */
-  const int64_t cols = (int64_t)H * dim;
-  const int g = dim % 128 == 0 ? 128 : dim % 64 == 0 ? 64 : 32;
-  const bool q8on = cols % 128 == 0 && dim % g == 0;
-  const size_t fb = (size_t)n * cols * 4, qb = q8on ? rlm__cuda_q8act_bytes(cols, g, n) : 1;
-  const size_t sb = rlm__cuda_attend_scratch_bytes(n, H, dim);
-  float *dout = dev_poisoned(fb);
-  void *scratch = dev_poisoned(sb), *made = dev_poisoned(qb), *want = dev_poisoned(qb);
-  CU(cudaMemset(made, 0, qb));
-  CU(cudaMemset(want, 0, qb));
-  rlm_cuda_q8out q8 = {made, 4, g};
-  rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_attend_seen(c, dq, H, scale, drow, dpos, n, seen, dout, scratch, q8on ? &q8 : NULL, NULL, &err),
-           RLM_OK);
-  rlm__cuda_attend_cluster_paths(-1);
-  float *other = xmalloc(fb);
-  uint8_t *sc = xmalloc(sb), *q0 = xmalloc(qb), *q1 = xmalloc(qb);
-  download(other, dout, fb);
-  download(sc, scratch, sb);
-  bool untouched = true;
-  for (size_t i = 0; i < sb && untouched; i++) untouched = sc[i] == 0xff;
-  if (memcmp(other, got, fb)) test_note("cluster path: other bits");
-  CHECK(memcmp(other, got, fb) == 0);
-  if (q8on) {
-    CHECK_EQ(rlm__cuda_q8act_quantize(dout, n, cols, 4, g, want, NULL, &err), RLM_OK);
-    download(q0, want, qb), download(q1, made, qb);
-    CHECK(memcmp(q0, q1, qb) == 0);
-  }
-  /* the path's cases: dense f16/bf16 caches of head dims over 32 up to
-   * 256 (the kernel's buckets 64, 128, 256), up to 32 tokens, no query
-   * past the limit */
-  const bool applies = !c->k_bits && (c->dtype == RLM_DTYPE_F16 || c->dtype == RLM_DTYPE_BF16) && dim > 32 &&
-                       dim <= 256 && n <= 32 && seen <= most;
-  CHECK(untouched == applies); /* Hopper runs clusters of 16 */
-  cudaFree(dout), cudaFree(scratch), cudaFree(made), cudaFree(want);
-  free(other), free(sc), free(q0), free(q1);
-  return untouched;
-}
-
-/* tc: through rlm__cuda_attend_prefill (the case is one row). Returns
- * whether the cluster path ran (check_cluster_path). */
-static bool check_attend(attn_case *a, bool tc) {
+/* tc: through rlm__cuda_attend_prefill (the case is one row) */
+static void check_attend(attn_case *a, bool tc) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
   const size_t tok = (size_t)a->n_kv * dim;
@@ -1198,7 +1145,6 @@ static bool check_attend(attn_case *a, bool tc) {
   download(got, dout, (size_t)n * H * dim * 4);
   if (!tc) check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
   if (!tc) check_merge_paths(&c, dq, H, scale, drow, dpos, n, dim, scratch, got);
-  const bool clustered = !tc && check_cluster_path(&c, dq, H, scale, drow, dpos, a->pos, n, dim, got);
   /* The reference, in double over the stored (rounded) values. */
   const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
   double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
@@ -1239,7 +1185,6 @@ static bool check_attend(attn_case *a, bool tc) {
   cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(drow), cudaFree(dpos), cudaFree(dout), cudaFree(scratch);
   for (int r = 0; r < a->n_rows; r++) free(hk[r]), free(hv[r]), free(sk[r]), free(sv[r]);
   free(pk), free(pv), free(q), free(got), free(ref), free(s), free(o);
-  return clustered;
 }
 
 /* A ring's slack (cap - window) covers each pass's tokens of a row. */
@@ -1273,15 +1218,9 @@ TEST(attend_matches_reference) {
       {"decode over 5 parts", RLM_DTYPE_BF16, 128, 32, 8, 300, 0, 0, 0, 1, {290}, 1, {0}, {0}, 0, 0, 0},
       {"three rows, 8 parts", RLM_DTYPE_F16, 128, 32, 8, 512, 0, 0, 0, 3, {450, 200, 10}, 3, {0, 1, 2}, {0},
        0, 0, 0},
-      /* 16 parts of 63-64 keys: every block of the cluster path's cluster */
-      {"decode at 1000 positions, 16 parts", RLM_DTYPE_BF16, 128, 32, 8, 1024, 0, 0, 0, 1, {999}, 1, {0}, {0},
-       0, 0, 0},
   };
   /* clang-format on */
-  int clustered = 0;
-  for (int i = 0; i < N_OF(cases); i++) clustered += check_attend(&cases[i], false);
-  test_note("the cluster path ran for %d of %d cases", clustered, (int)N_OF(cases));
-  CHECK(clustered >= 10); /* the dense f16/bf16 decodes of dims 33-256 */
+  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], false);
 }
 
 /* The tensor-core prefill kernel: one row's chunk, dense f16/bf16, head
