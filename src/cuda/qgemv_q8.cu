@@ -427,6 +427,35 @@ __device__ __forceinline__ float xreg_dot(const XregUnit<BITS> &u, float s, floa
   return fmaf(b, x.xs[p], acc);
 }
 
+/* The lane's unit of each pass (32 columns; past the last, unit 0,
+ * weighed by nothing: xreg_x) and its weight group. */
+template <int PP>
+__device__ __forceinline__ void xreg_lanes(int (&vec)[PP], int (&gi)[PP], int warp, int W, int lane, int n_vec, int g) {
+#pragma unroll
+  for (int p = 0; p < PP; p++) {
+    const int v = (warp + p * W) * kWarp + lane;
+    vec[p] = v < n_vec ? v : 0;
+    gi[p] = vec[p] * 32 / g;
+  }
+}
+
+/* The warp's sums of the row group cur over its columns (xreg_dot),
+ * folded (fold_rows) into red[warp][row] for the block to add up. */
+template <int BITS, int PP, int R, typename T>
+__device__ __forceinline__ void xreg_fold(const XregRows<BITS, PP, R, T> &cur, const XregX<BITS, PP> &xr, int lane,
+                                          int warp, float (&red)[8][R]) {
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) {
+    acc[r] = 0.f;
+#pragma unroll
+    for (int p = 0; p < PP; p++) acc[r] = xreg_dot(cur.w[r][p], cur.s[r][p], cur.b[r][p], xr, p, acc[r]);
+  }
+  int row;
+  const float part = fold_rows(acc, lane, &row);
+  if (lane % (kWarp / R) == 0) red[warp][row] = part;
+}
+
 template <int BITS, int PP, int R, typename T>
 __global__ void __launch_bounds__(kWarp * 8)
     qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
@@ -435,12 +464,7 @@ __global__ void __launch_bounds__(kWarp * 8)
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
   const int64_t total = segs.first_block[segs.n];
   int vec[PP], gi[PP];
-#pragma unroll
-  for (int p = 0; p < PP; p++) {
-    const int v = (warp + p * W) * kWarp + lane;
-    vec[p] = v < n_vec ? v : 0;
-    gi[p] = vec[p] * 32 / g;
-  }
+  xreg_lanes(vec, gi, warp, W, lane, n_vec, g);
   int64_t blk = blockIdx.x;
   XregRows<BITS, PP, R, T> cur;
   xreg_load(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
@@ -450,16 +474,7 @@ __global__ void __launch_bounds__(kWarp * 8)
   for (; blk < total; blk += gridDim.x) {
     XregRows<BITS, PP, R, T> nxt;
     xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; r++) {
-      acc[r] = 0.f;
-#pragma unroll
-      for (int p = 0; p < PP; p++) acc[r] = xreg_dot(cur.w[r][p], cur.s[r][p], cur.b[r][p], xr, p, acc[r]);
-    }
-    int row;
-    const float part = fold_rows(acc, lane, &row);
-    if (lane % (kWarp / R) == 0) red[warp][row] = part;
+    xreg_fold(cur, xr, lane, warp, red);
     __syncthreads();
     if (threadIdx.x < R) {
       int64_t b = blk;
@@ -474,6 +489,78 @@ __global__ void __launch_bounds__(kWarp * 8)
     __syncthreads(); /* red is rewritten next group */
     cur = nxt;
   }
+}
+
+/* THE GATED ACTIVATION IN THE GATE AND UP PRODUCT'S EPILOGUE (decode, 4
+ * bits). Between gate+up and down, the activation kernel costs about 3 us
+ * a layer (docs/cuda-notes.md, what each small kernel costs): it waits
+ * for the product, reads g and u back from the L2 and writes the down
+ * product's int8 activations. Element i of those needs only gate row i
+ * and up row i, and its int8 group of E = G32 x 32 elements only those E
+ * rows of each; so block u here takes the E gate rows and then the E up
+ * rows of unit u (E / R row groups of each, in turn, the next group's
+ * loads in flight as in qgemv_xreg_kernel), keeps their sums in shared
+ * memory, and one warp makes the unit's activations and int8 group
+ * itself: no other block's output is read, so no fence and no counter
+ * (the last-block form of 2026-12-05 waited on both inside the loop).
+ * Each row's sum is qgemv_xreg_kernel's, the activation and the int8
+ * group act_mul_q8_kernel's (ops.cu): the same bits as the two launches
+ * (test_cuda_qgemv compares them). The gate and up outputs are not
+ * written; y (the activation, f32) is. RINGLM_CUDA_ACT_FUSE=1, until it
+ * has been timed on a GPU. */
+struct GatedOut {
+  float *y;     /* [n] the activation                       */
+  uint8_t *q8;  /* its int8 activations (common.cuh's row)   */
+  int bits;     /* the down product's bits (the codes' order) */
+  int64_t n;    /* gate's and up's rows                      */
+};
+
+template <int G32, bool GELU>
+__device__ __forceinline__ void gated_unit(const float (&sums)[2][128], const GatedOut &go, int64_t u, int lane) {
+  constexpr int E = G32 * kWarp;
+  float v[G32];
+#pragma unroll
+  for (int jj = 0; jj < G32; jj++) {
+    const int e = jj * kWarp + lane;
+    v[jj] = __fmul_rn(GELU ? gelu_tanh(sums[0][e]) : silu(sums[0][e]), sums[1][e]);
+    go.y[u * E + e] = v[jj];
+  }
+  q8_group(v, go.bits, go.n, u, go.q8, lane);
+}
+
+template <int PP, int R, typename T, int G32, bool GELU>
+__global__ void __launch_bounds__(kWarp * 8)
+    qgemv_gated_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g, GatedOut go) {
+  constexpr int BITS = 4, E = G32 * kWarp, kHalf = E / R; /* row groups of gate (of up) a unit */
+  static_assert(E % R == 0, "a unit is whole row groups");
+  __shared__ float red[8][R];
+  __shared__ float sums[2][128]; /* the unit's gate and up rows */
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
+  const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
+  int vec[PP], gi[PP];
+  xreg_lanes(vec, gi, warp, W, lane, n_vec, g);
+  /* step i's row group: gate's (segment 0) for i < kHalf, then up's */
+  const int64_t first = (int64_t)blockIdx.x * kHalf, jump = segs.first_block[1] - kHalf;
+  auto at = [&](int i) { return first + i + (i >= kHalf ? jump : 0); };
+  XregRows<BITS, PP, R, T> cur;
+  xreg_load(segs, at(0), vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
+  pdl_enter();
+  XregX<BITS, PP> xr;
+  xreg_x(xr, scratch, cols, g, warp, W, lane);
+  for (int i = 0; i < 2 * kHalf; i++) {
+    XregRows<BITS, PP, R, T> nxt;
+    xreg_load(segs, at(i + 1), vec, gi, n_vec, n_groups, nxt, i + 1 < 2 * kHalf);
+    xreg_fold(cur, xr, lane, warp, red);
+    __syncthreads();
+    if (threadIdx.x < R) {
+      float sum = 0.f;
+      for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
+      sums[i >= kHalf][(i % kHalf) * R + threadIdx.x] = sum;
+    }
+    __syncthreads(); /* red is rewritten next group; sums are read below */
+    cur = nxt;
+  }
+  if (warp == 0) gated_unit<G32, GELU>(sums, go, blockIdx.x, lane);
 }
 
 /* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
@@ -628,7 +715,58 @@ rlm_status check_w(const rlm_cuda_qmat *w, int m, const char *fn, rlm_error *err
   return RLM_OK;
 }
 
+/* Whether qgemv_gated_kernel takes gate and up with q8's output: 4-bit
+ * weights of f16 or bf16 scales, one pass a warp (cols up to 8192), the
+ * default 4 rows a group, units of the output's group that divide the
+ * rows. */
+bool gated_ok(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const rlm_cuda_q8out *q8) {
+  if (!gate || !up || !q8 || !q8->scratch || check_w(gate, 1, "", NULL) || check_w(up, 1, "", NULL)) return false;
+  const int E = q8->group_size;
+  return gate->bits == 4 && up->bits == 4 && gate->rows == up->rows && gate->cols == up->cols &&
+         gate->group_size == up->group_size && gate->sdtype == up->sdtype &&
+         (gate->sdtype == RLM_DTYPE_F16 || gate->sdtype == RLM_DTYPE_BF16) && xreg_passes(gate, 1) == 1 &&
+         xreg_rows(4, 1) == 4 && (E == 32 || E == 64 || E == 128) && gate->rows % E == 0 &&
+         (q8->bits == 4 || q8->bits == 6 || q8->bits == 8);
+}
+
+template <typename T, int G32>
+void launch_gated(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const uint8_t *x, bool gelu, const GatedOut &go,
+                  cudaStream_t st) {
+  const rlm_cuda_qmat ws[2] = {*gate, *up};
+  float *ys[2] = {NULL, NULL}; /* not written */
+  const Segs p = make_segs(ws, ys, 2, 4);
+  const int threads = (int)(kWarp * ((gate->cols + 1023) / 1024));
+  const unsigned grid = (unsigned)(gate->rows / (G32 * kWarp));
+  if (gelu) launch_k(qgemv_gated_kernel<1, 4, T, G32, true>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
+  else launch_k(qgemv_gated_kernel<1, 4, T, G32, false>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
+}
+
 } // namespace
+
+extern "C" bool rlm__cuda_gated_takes(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const rlm_cuda_q8out *q8) {
+  return gated_ok(gate, up, q8);
+}
+
+extern "C" rlm_status rlm__cuda_qgemv_gated(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const void *x,
+                                           bool gelu, float *y, const rlm_cuda_q8out *q8, rlm_cuda_stream stream,
+                                           rlm_error *err) {
+  const char *fn = "rlm__cuda_qgemv_gated";
+  if (!x || !y) return fail(err, RLM_ERR_INVALID, fn, "NULL argument");
+  if (!gated_ok(gate, up, q8))
+    return fail(err, RLM_ERR_UNSUPPORTED, fn, "gate and up of one shape, 4 bits, f16/bf16 scales, cols up to 8192, "
+                "and an int8 output whose group divides their rows are needed");
+  if (static_cast<const void *>(q8->scratch) == x)
+    return fail(err, RLM_ERR_INVALID, fn, "the int8 output must not be the input's scratch: blocks still read it");
+  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+  const GatedOut go = {y, static_cast<uint8_t *>(q8->scratch), q8->bits, gate->rows};
+  const uint8_t *xq = static_cast<const uint8_t *>(x);
+#define RLM_G(G32)                                                                           \
+  (gate->sdtype == RLM_DTYPE_BF16 ? launch_gated<__nv_bfloat16, G32>(gate, up, xq, gelu, go, st) \
+                                  : launch_gated<__half, G32>(gate, up, xq, gelu, go, st))
+  RLM_CUDA_FOR_G32(q8->group_size, RLM_G)
+#undef RLM_G
+  return cuda_status(cudaGetLastError(), fn, err);
+}
 
 extern "C" size_t rlm__cuda_q8act_bytes(int64_t cols, int group_size, int m) {
   return (size_t)m * row_bytes(cols, group_size);

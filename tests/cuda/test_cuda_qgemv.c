@@ -519,6 +519,77 @@ TEST(multi_equals_single) {
   CHECK_EQ(rlm__cuda_qgemv_q8_multi(w, ys, 4, (const void *)16, 1, NULL, &err), RLM_ERR_INVALID);
 }
 
+/* The gate and up products and the gated activation in one launch
+ * (rlm__cuda_qgemv_gated): the activation and its int8 activations bit
+ * for bit those of rlm__cuda_qgemv_q8_multi then rlm__cuda_act_mul. */
+static void check_gated_case(int64_t rows, int64_t cols, int g, int out_g, int out_bits, rlm_dtype sd, bool gelu) {
+  qm gate, up;
+  qm_make(&gate, rows, cols, 4, g, sd);
+  qm_make(&up, rows, cols, 4, g, sd);
+  float *x = malloc((size_t)cols * 4);
+  for (int64_t i = 0; i < cols; i++) x[i] = 2.0f * rndf();
+  float *dx = dev_copy(x, (size_t)cols * 4, cudaMemcpyHostToDevice);
+  void *dsc = dev_poisoned(rlm__cuda_q8act_bytes(cols, g, 1));
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_q8act_quantize(dx, 1, cols, 4, g, dsc, NULL, &err), RLM_OK);
+  const size_t yb = (size_t)rows * 4, qb = rlm__cuda_q8act_bytes(rows, out_g, 1);
+  float *dg = dev_poisoned(yb), *du = dev_poisoned(yb), *ya = dev_poisoned(yb), *yf = dev_poisoned(yb);
+  void *qa = dev_poisoned(qb), *qf = dev_poisoned(qb);
+  CU(cudaMemset(qa, 0, qb));
+  CU(cudaMemset(qf, 0, qb));
+  const rlm_cuda_qmat ws[2] = {gate.d, up.d};
+  float *ys[2] = {dg, du};
+  const rlm_cuda_q8out q8a = {qa, out_bits, out_g}, q8f = {qf, out_bits, out_g};
+  CHECK_EQ(rlm__cuda_qgemv_q8_multi(ws, ys, 2, dsc, 1, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_act_mul(gelu, ya, dg, du, 1, (int)rows, rows, &q8a, NULL, &err), RLM_OK);
+  CHECK(rlm__cuda_gated_takes(&gate.d, &up.d, &q8f));
+  const rlm_status rc = rlm__cuda_qgemv_gated(&gate.d, &up.d, dsc, gelu, yf, &q8f, NULL, &err);
+  test_note("gated %lld x %lld g%d, out g%d %d-bit, %s scales, %s: %s", (long long)rows, (long long)cols, g, out_g,
+            out_bits, rlm_dtype_name(sd), gelu ? "gelu" : "silu", err.msg);
+  CHECK_EQ(rc, RLM_OK);
+  unsigned char *a = malloc(yb > qb ? yb : qb), *b = malloc(yb > qb ? yb : qb);
+  CU(cudaDeviceSynchronize());
+  CU(cudaMemcpy(a, ya, yb, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(b, yf, yb, cudaMemcpyDeviceToHost));
+  CHECK(memcmp(a, b, yb) == 0);
+  CU(cudaMemcpy(a, qa, qb, cudaMemcpyDeviceToHost));
+  CU(cudaMemcpy(b, qf, qb, cudaMemcpyDeviceToHost));
+  CHECK(memcmp(a, b, qb) == 0);
+  free(a), free(b), free(x);
+  cudaFree(dx), cudaFree(dsc), cudaFree(dg), cudaFree(du), cudaFree(ya), cudaFree(yf), cudaFree(qa), cudaFree(qf);
+  qm_free(&gate), qm_free(&up);
+}
+
+TEST(gated_equals_two_launches) {
+  check_gated_case(6912, 1152, 64, 64, 4, RLM_DTYPE_BF16, true);  /* Gemma-1B's MLP */
+  check_gated_case(2048, 4096, 64, 64, 4, RLM_DTYPE_F16, false);  /* Llama's widths, fewer rows */
+  check_gated_case(1024, 1152, 32, 32, 8, RLM_DTYPE_BF16, false); /* an 8-bit down product */
+  check_gated_case(1536, 2048, 128, 128, 4, RLM_DTYPE_BF16, true);
+  check_gated_case(768, 8192, 64, 32, 4, RLM_DTYPE_F16, false);   /* the widest cols it takes */
+  /* what it refuses: rows no multiple of the output's group, 8-bit or
+   * f32-scaled weights, cols past 8192, the input's scratch as output */
+  qm a, b;
+  qm_make(&a, 96, 1152, 4, 64, RLM_DTYPE_BF16);
+  qm_make(&b, 96, 1152, 4, 64, RLM_DTYPE_BF16);
+  rlm_cuda_q8out q8 = {(void *)16, 4, 64};
+  rlm_error err = {0};
+  CHECK(!rlm__cuda_gated_takes(&a.d, &b.d, &q8)); /* 96 rows, groups of 64 */
+  CHECK_EQ(rlm__cuda_qgemv_gated(&a.d, &b.d, (const void *)32, false, (float *)16, &q8, NULL, &err),
+           RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "rlm__cuda_qgemv_gated");
+  q8.group_size = 32;
+  CHECK(rlm__cuda_gated_takes(&a.d, &b.d, &q8));
+  CHECK_EQ(rlm__cuda_qgemv_gated(&a.d, &b.d, (const void *)16, false, (float *)16, &q8, NULL, &err),
+           RLM_ERR_INVALID); /* q8's scratch is x's */
+  rlm_cuda_qmat w8 = a.d;
+  w8.bits = 8;
+  CHECK(!rlm__cuda_gated_takes(&w8, &b.d, &q8));
+  rlm_cuda_qmat wide = a.d, wide2 = b.d;
+  wide.cols = wide2.cols = 9216;
+  CHECK(!rlm__cuda_gated_takes(&wide, &wide2, &q8));
+  qm_free(&a), qm_free(&b);
+}
+
 TEST(refuses_what_it_lacks) {
   rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 7, 64};
   rlm_error err = {0};
