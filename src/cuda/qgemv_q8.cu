@@ -498,9 +498,9 @@ __global__ void __launch_bounds__(kWarp * 8)
  * product's int8 activations. Element i of those needs only gate row i
  * and up row i, and its int8 group of E = G32 x 32 elements only those E
  * rows of each; so block u here takes the E gate rows and then the E up
- * rows of unit u (E / R row groups of each, in turn, the next group's
- * loads in flight as in qgemv_xreg_kernel), keeps their sums in shared
- * memory, and one warp makes the unit's activations and int8 group
+ * rows of unit u (E / R row groups of each, R = gated_rows(), in turn,
+ * the next group's loads in flight as in qgemv_xreg_kernel), keeps their
+ * sums in shared memory, and one warp makes the unit's activations and int8 group
  * itself: no other block's output is read, so no fence and no counter
  * (the last-block form of 2026-12-05 waited on both inside the loop).
  * Each row's sum is qgemv_xreg_kernel's, the activation and the int8
@@ -716,29 +716,52 @@ rlm_status check_w(const rlm_cuda_qmat *w, int m, const char *fn, rlm_error *err
 }
 
 /* Whether qgemv_gated_kernel takes gate and up with q8's output: 4-bit
- * weights of f16 or bf16 scales, one pass a warp (cols up to 8192), the
- * default 4 rows a group, units of the output's group that divide the
- * rows. */
+ * weights of f16 or bf16 scales, one pass a warp (cols up to 8192),
+ * units of the output's group that divide the rows. */
 bool gated_ok(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const rlm_cuda_q8out *q8) {
   if (!gate || !up || !q8 || !q8->scratch || check_w(gate, 1, "", NULL) || check_w(up, 1, "", NULL)) return false;
   const int E = q8->group_size;
   return gate->bits == 4 && up->bits == 4 && gate->rows == up->rows && gate->cols == up->cols &&
          gate->group_size == up->group_size && gate->sdtype == up->sdtype &&
          (gate->sdtype == RLM_DTYPE_F16 || gate->sdtype == RLM_DTYPE_BF16) && xreg_passes(gate, 1) == 1 &&
-         xreg_rows(4, 1) == 4 && (E == 32 || E == 64 || E == 128) && gate->rows % E == 0 &&
+         (E == 32 || E == 64 || E == 128) && gate->rows % E == 0 &&
          (q8->bits == 4 || q8->bits == 6 || q8->bits == 8);
+}
+
+/* Rows a row group of the gated kernel: 16, or RINGLM_CUDA_ACT_ROWS=4 or
+ * 8 to compare. A block walks 2 E / R groups in turn, one ahead in
+ * flight: at 4 rows (qgemv_xreg_kernel's) Llama-8B's 224 blocks would
+ * hold ~3.6 MB in flight in 32 steps each, at 16 ~14 MB in 8. */
+int gated_rows() {
+  static const int rows = [] {
+    const int r = env_int("RINGLM_CUDA_ACT_ROWS", 16, 4, 16);
+    return r == 4 || r == 8 ? r : 16;
+  }();
+  return rows;
+}
+
+template <int R, typename T, int G32>
+void launch_gated_r(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const uint8_t *x, bool gelu,
+                    const GatedOut &go, cudaStream_t st) {
+  const rlm_cuda_qmat ws[2] = {*gate, *up};
+  float *ys[2] = {NULL, NULL}; /* not written */
+  const Segs p = make_segs(ws, ys, 2, R);
+  const int threads = (int)(kWarp * ((gate->cols + 1023) / 1024));
+  const unsigned grid = (unsigned)(gate->rows / (G32 * kWarp));
+  if constexpr (G32 * kWarp >= R) {
+    if (gelu) launch_k(qgemv_gated_kernel<1, R, T, G32, true>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
+    else launch_k(qgemv_gated_kernel<1, R, T, G32, false>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
+  }
 }
 
 template <typename T, int G32>
 void launch_gated(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const uint8_t *x, bool gelu, const GatedOut &go,
                   cudaStream_t st) {
-  const rlm_cuda_qmat ws[2] = {*gate, *up};
-  float *ys[2] = {NULL, NULL}; /* not written */
-  const Segs p = make_segs(ws, ys, 2, 4);
-  const int threads = (int)(kWarp * ((gate->cols + 1023) / 1024));
-  const unsigned grid = (unsigned)(gate->rows / (G32 * kWarp));
-  if (gelu) launch_k(qgemv_gated_kernel<1, 4, T, G32, true>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
-  else launch_k(qgemv_gated_kernel<1, 4, T, G32, false>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
+  switch (gated_rows()) {
+  case 4: launch_gated_r<4, T, G32>(gate, up, x, gelu, go, st); break;
+  case 8: launch_gated_r<8, T, G32>(gate, up, x, gelu, go, st); break;
+  default: launch_gated_r<16, T, G32>(gate, up, x, gelu, go, st); break;
+  }
 }
 
 } // namespace
