@@ -21,18 +21,11 @@
  *
  * Build (bench/cuda.sh does): nvcc -O3 -arch=sm_90 -o /tmp/read_floor bench/cuda_read_floor.cu
  * Run:   /tmp/read_floor          (prints a table; nothing is written) */
+#include "cuda_bench.cuh"
+
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-#define CU(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
 
 template <int U>
 __global__ void __launch_bounds__(256) read_kernel(const uint4 *__restrict__ p, long n, unsigned *out) {
@@ -83,21 +76,9 @@ static double chain_us(uint4 *const *bufs, const long *sizes, int n, bool pdl, c
   for (int i = 0; i < n; i++) launch(bufs[i], sizes[i], pdl, st);
   CU(cudaStreamEndCapture(st, &g));
   CU(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CU(cudaEventCreate(&a));
-  CU(cudaEventCreate(&b));
-  float ms[20];
-  for (int r = -3; r < 20; r++) {
-    CU(cudaEventRecord(a, st));
-    CU(cudaGraphLaunch(ge, st));
-    CU(cudaEventRecord(b, st));
-    CU(cudaEventSynchronize(b));
-    if (r >= 0) CU(cudaEventElapsedTime(&ms[r], a, b));
-  }
-  for (int i = 1; i < 20; i++)
-    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float x = ms[j]; ms[j] = ms[j - 1], ms[j - 1] = x; }
-  cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaEventDestroy(a), cudaEventDestroy(b);
-  return 0.5 * (ms[9] + ms[10]) * 1e3;
+  const double ms = median_ms([&] { CU(cudaGraphLaunch(ge, st)); }, st, 20);
+  cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
+  return ms * 1e3;
 }
 
 static double copy_gbps(cudaStream_t st) {

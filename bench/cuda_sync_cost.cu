@@ -31,21 +31,14 @@
  *
  * Build: nvcc -O3 -arch=sm_90 -o /tmp/sync_cost bench/cuda_sync_cost.cu
  * Run:   /tmp/sync_cost          (prints a table; nothing is written) */
+#include "cuda_bench.cuh"
+
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 namespace cg = cooperative_groups;
-
-#define CU(x)                                                                                   \
-  do {                                                                                          \
-    cudaError_t e_ = (x);                                                                       \
-    if (e_ != cudaSuccess) {                                                                    \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));       \
-      exit(1);                                                                                  \
-    }                                                                                           \
-  } while (0)
 
 constexpr int kThreads = 256, kU = 4, kSlice = 1024; /* floats a block's small slice */
 constexpr int kMaxPhases = 512;
@@ -169,29 +162,6 @@ __global__ void __launch_bounds__(kThreads) persistent_kernel(const Plan *plan) 
 
 static int g_grid;
 
-/* The median of 15 runs of launch() on st (after 3 unrecorded), in ms. */
-template <typename F>
-static double median_ms(F launch, cudaStream_t st) {
-  cudaEvent_t a, b;
-  CU(cudaEventCreate(&a));
-  CU(cudaEventCreate(&b));
-  float ms[15];
-  for (int r = -3; r < 15; r++) {
-    CU(cudaEventRecord(a, st));
-    launch();
-    CU(cudaEventRecord(b, st));
-    CU(cudaEventSynchronize(b));
-    if (r >= 0) CU(cudaEventElapsedTime(&ms[r], a, b));
-  }
-  for (int i = 1; i < 15; i++)
-    for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) {
-      const float x = ms[j];
-      ms[j] = ms[j - 1], ms[j - 1] = x;
-    }
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return ms[7];
-}
-
 /* The plan as one kernel a phase, PDL, in a graph: us per replay. */
 static double as_kernels(const Plan &h, cudaStream_t st) {
   cudaGraph_t g;
@@ -207,7 +177,7 @@ static double as_kernels(const Plan &h, cudaStream_t st) {
   }
   CU(cudaStreamEndCapture(st, &g));
   CU(cudaGraphInstantiate(&ge, g, 0));
-  const double ms = median_ms([&] { CU(cudaGraphLaunch(ge, st)); }, st);
+  const double ms = median_ms([&] { CU(cudaGraphLaunch(ge, st)); }, st, 15);
   cudaGraphExecDestroy(ge), cudaGraphDestroy(g);
   return ms * 1e3;
 }
@@ -218,7 +188,7 @@ static double as_one_kernel(const Plan &h, Plan *dplan, cudaStream_t st, bool fl
   CU(cudaMemcpy(dplan, &h, sizeof h, cudaMemcpyHostToDevice));
   void *args[] = {&dplan};
   void *fn = flag ? (void *)persistent_kernel<true> : (void *)persistent_kernel<false>;
-  return 1e3 * median_ms([&] { CU(cudaLaunchCooperativeKernel(fn, grid, kThreads, args, 0, st)); }, st);
+  return 1e3 * median_ms([&] { CU(cudaLaunchCooperativeKernel(fn, grid, kThreads, args, 0, st)); }, st, 15);
 }
 
 /* Llama-8B's decode layer pattern x 32 at num / den bytes a weight, each
