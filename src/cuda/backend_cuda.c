@@ -1404,7 +1404,8 @@ static void cuda_fini(rlm_session *s) {
   if (!cs) return;
   if (cs->st) cudaStreamSynchronize(cs->st);
   for (int i = 0; i < cs->n_graphs; i++) cudaGraphExecDestroy(cs->graphs[i].exec);
-  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->q8_alt), cudaFree(cs->att_scratch), cudaFree(cs->i8_part);
+  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->q8_alt), cudaFree(cs->att_scratch);
+  cudaFree(cs->i8_part);
   cudaFree(cs->gemm_scratch);
   if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
   cudaFreeHost(cs->h_plan), cudaFreeHost(cs->moe_logit), cudaFree(cs->moe_dev);

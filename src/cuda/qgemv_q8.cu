@@ -748,8 +748,10 @@ void launch_gated_r(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const ui
   const Segs p = make_segs(ws, ys, 2, R);
   const int threads = (int)(kWarp * ((gate->cols + 1023) / 1024));
   const unsigned grid = (unsigned)(gate->rows / (G32 * kWarp));
-  if (gelu) launch_k(qgemv_gated_kernel<1, R, T, G32, true>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
-  else launch_k(qgemv_gated_kernel<1, R, T, G32, false>, grid, threads, 0, st, p, x, gate->cols, gate->group_size, go);
+  const int64_t cols = gate->cols;
+  const int g = gate->group_size;
+  if (gelu) launch_k(qgemv_gated_kernel<1, R, T, G32, true>, grid, threads, 0, st, p, x, cols, g, go);
+  else launch_k(qgemv_gated_kernel<1, R, T, G32, false>, grid, threads, 0, st, p, x, cols, g, go);
 }
 
 template <typename T, int G32>
