@@ -80,9 +80,7 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   MERGE_KEEP=0     the merge loads the parts' outputs after m and l
   #   ACT_FUSE=1       decode's gated activation in the gate and up
   #                    product's epilogue (off until it has run on a GPU)
-  #   ACT_EB=4|128     that kernel's elements a block (clusters of up
-  #                    to 8 blocks, or one block an int8 group), not 16
-  #   ACT_ROWS=16      its row groups of 16 rows, not 4
+  #   ACT_ROWS=4       that kernel's row groups of 4 rows, not 16
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -114,9 +112,7 @@ HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model
 MERGE_KEEP=0 test_cuda_ops test_cuda_model
 ACT_FUSE=1 test_cuda_model
-ACT_EB=4 test_cuda_qgemv
-ACT_EB=128 test_cuda_qgemv
-ACT_ROWS=16 test_cuda_qgemv
+ACT_ROWS=4 test_cuda_qgemv
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -24,12 +24,10 @@
  */
 #include "common.cuh"
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
 
 namespace {
-namespace cg = cooperative_groups;
 
 /* The shape of the work; RLM_CUDA_Q8_* override them to compare variants
  * (docs/cuda-notes.md). */
@@ -498,88 +496,71 @@ __global__ void __launch_bounds__(kWarp * 8)
  * a layer (docs/cuda-notes.md, what each small kernel costs): it waits
  * for the product, reads g and u back from the L2 and writes the down
  * product's int8 activations. Element i of those needs only gate row i
- * and up row i; its int8 group of E = G32 x 32 elements needs those E
- * elements together (the group's xsum is one fixed tree over them).
- *
- * So block b takes the EB (elements a block) gate rows and then the same
- * EB up rows of elements [b EB, (b + 1) EB), EB / R row groups of each in
- * turn, the next group's loads in flight as in qgemv_xreg_kernel, and
- * keeps their sums in shared memory. One warp makes the EB activations,
- * writes y, and puts them into the shared memory of rank 0 of its
- * cluster of C = E / EB blocks (one cluster an int8 group); after the
- * cluster's barrier rank 0 writes the group's int8 activations. No block
- * reads another's global output: no fence, no counter (the last-block
- * form of 2026-12-05 waited on both inside the loop).
- *
- * Why clusters: with one block a group (EB = E, the first form) Llama-8B's
- * gate+up was 224 blocks walking 8-32 row groups each, and lost 1-10% on
- * the 8B and 17-35% on Gemma-1B (108 blocks) against the persistent grid
- * of ~924 blocks; at EB = 16 it is 896 (Gemma 432) blocks of 8 groups.
- * Each row's sum is qgemv_xreg_kernel's (xreg_fold), the activation and
- * the int8 group act_mul_q8_kernel's (ops.cu): the same bits as the two
- * launches (test_cuda_qgemv compares them). The gate and up outputs are
- * not written; y (the activation, f32) is. RINGLM_CUDA_ACT_FUSE=1 turns
- * it on until it has been timed. */
+ * and up row i, and its int8 group of E = G32 x 32 elements only those E
+ * rows of each; so block u here takes the E gate rows and then the E up
+ * rows of unit u (E / R row groups of each, R = gated_rows(), in turn,
+ * the next group's loads in flight as in qgemv_xreg_kernel), keeps their
+ * sums in shared memory, and one warp makes the unit's activations and int8 group
+ * itself: no other block's output is read, so no fence and no counter
+ * (the last-block form of 2026-12-05 waited on both inside the loop).
+ * Each row's sum is qgemv_xreg_kernel's, the activation and the int8
+ * group act_mul_q8_kernel's (ops.cu): the same bits as the two launches
+ * (test_cuda_qgemv compares them). The gate and up outputs are not
+ * written; y (the activation, f32) is. RINGLM_CUDA_ACT_FUSE=1, until it
+ * has been timed on a GPU. */
 struct GatedOut {
   float *y;     /* [n] the activation                       */
   uint8_t *q8;  /* its int8 activations (common.cuh's row)   */
   int bits;     /* the down product's bits (the codes' order) */
   int64_t n;    /* gate's and up's rows                      */
-  int eb;       /* elements a block, a divisor of E           */
 };
+
+template <int G32, bool GELU>
+__device__ __forceinline__ void gated_unit(const float (&sums)[2][128], const GatedOut &go, int64_t u, int lane) {
+  constexpr int E = G32 * kWarp;
+  float v[G32];
+#pragma unroll
+  for (int jj = 0; jj < G32; jj++) {
+    const int e = jj * kWarp + lane;
+    v[jj] = __fmul_rn(GELU ? gelu_tanh(sums[0][e]) : silu(sums[0][e]), sums[1][e]);
+    go.y[u * E + e] = v[jj];
+  }
+  q8_group(v, go.bits, go.n, u, go.q8, lane);
+}
 
 template <int PP, int R, typename T, int G32, bool GELU>
 __global__ void __launch_bounds__(kWarp * 8)
     qgemv_gated_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g, GatedOut go) {
-  constexpr int BITS = 4, E = G32 * kWarp;
+  constexpr int BITS = 4, E = G32 * kWarp, kHalf = E / R; /* row groups of gate (of up) a unit */
+  static_assert(E % R == 0, "a unit is whole row groups");
   __shared__ float red[8][R];
-  __shared__ float sums[2][E]; /* the block's gate and up rows */
-  __shared__ float vals[E];    /* rank 0's: the group's activations */
+  __shared__ float sums[2][128]; /* the unit's gate and up rows */
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
-  const int eb = go.eb, half = eb / R; /* row groups of gate (of up) a block */
   int vec[PP], gi[PP];
   xreg_lanes(vec, gi, warp, W, lane, n_vec, g);
-  /* step i's row group: gate's (segment 0) for i < half, then up's */
-  const int64_t first = (int64_t)blockIdx.x * half, jump = segs.first_block[1] - half;
-  auto at = [&](int i) { return first + i + (i >= half ? jump : 0); };
+  /* step i's row group: gate's (segment 0) for i < kHalf, then up's */
+  const int64_t first = (int64_t)blockIdx.x * kHalf, jump = segs.first_block[1] - kHalf;
+  auto at = [&](int i) { return first + i + (i >= kHalf ? jump : 0); };
   XregRows<BITS, PP, R, T> cur;
   xreg_load(segs, at(0), vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
   pdl_enter();
   XregX<BITS, PP> xr;
   xreg_x(xr, scratch, cols, g, warp, W, lane);
-  for (int i = 0; i < 2 * half; i++) {
+  for (int i = 0; i < 2 * kHalf; i++) {
     XregRows<BITS, PP, R, T> nxt;
-    xreg_load(segs, at(i + 1), vec, gi, n_vec, n_groups, nxt, i + 1 < 2 * half);
+    xreg_load(segs, at(i + 1), vec, gi, n_vec, n_groups, nxt, i + 1 < 2 * kHalf);
     xreg_fold(cur, xr, lane, warp, red);
     __syncthreads();
     if (threadIdx.x < R) {
       float sum = 0.f;
       for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
-      sums[i >= half][(i % half) * R + threadIdx.x] = sum;
+      sums[i >= kHalf][(i % kHalf) * R + threadIdx.x] = sum;
     }
     __syncthreads(); /* red is rewritten next group; sums are read below */
     cur = nxt;
   }
-  const int n_rank = E / eb, rank = (int)(blockIdx.x % n_rank);
-  const int64_t e0 = (int64_t)blockIdx.x * eb;
-  cg::cluster_group cluster = cg::this_cluster();
-  if (warp == 0) {
-    float *to = n_rank > 1 ? cluster.map_shared_rank(vals, 0) : vals;
-    for (int e = lane; e < eb; e += kWarp) {
-      const float v = __fmul_rn(GELU ? gelu_tanh(sums[0][e]) : silu(sums[0][e]), sums[1][e]);
-      go.y[e0 + e] = v;
-      to[rank * eb + e] = v;
-    }
-  }
-  if (n_rank > 1) cluster.sync(); /* release and acquire: rank 0 sees every rank's vals */
-  else __syncthreads();
-  if (rank == 0 && warp == 0) {
-    float v[G32];
-#pragma unroll
-    for (int jj = 0; jj < G32; jj++) v[jj] = vals[jj * kWarp + lane];
-    q8_group(v, go.bits, go.n, e0 / E, go.q8, lane);
-  }
+  if (warp == 0) gated_unit<G32, GELU>(sums, go, blockIdx.x, lane);
 }
 
 /* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
@@ -747,51 +728,39 @@ bool gated_ok(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const rlm_cuda
          (q8->bits == 4 || q8->bits == 6 || q8->bits == 8);
 }
 
-/* The gated kernel's shape: rows a row group (RINGLM_CUDA_ACT_ROWS, 4, 8
- * or 16; 4 as qgemv_xreg_kernel's) and elements a block
- * (RINGLM_CUDA_ACT_EB, a power of two from 4 to 128; 16), clamped so
- * that a block is whole row groups, within one int8 group of E, and a
- * cluster at most 8 blocks (the portable size). */
+/* Rows a row group of the gated kernel: 16, or RINGLM_CUDA_ACT_ROWS=4 or
+ * 8 to compare. A block walks 2 E / R groups in turn, one ahead in
+ * flight: at 4 rows (qgemv_xreg_kernel's) Llama-8B's 224 blocks would
+ * hold ~3.6 MB in flight in 32 steps each, at 16 ~14 MB in 8. */
 int gated_rows() {
   static const int rows = [] {
-    const int r = env_int("RINGLM_CUDA_ACT_ROWS", 4, 4, 16);
-    return r == 8 || r == 16 ? r : 4;
+    const int r = env_int("RINGLM_CUDA_ACT_ROWS", 16, 4, 16);
+    return r == 4 || r == 8 ? r : 16;
   }();
   return rows;
 }
 
-int gated_eb(int E, int R) {
-  static const int want = env_int("RINGLM_CUDA_ACT_EB", 16, 4, 128);
-  int eb = 4;
-  while (eb * 2 <= want) eb *= 2;
-  if (eb < R) eb = R;
-  if (eb < E / 8) eb = E / 8;
-  return eb < E ? eb : E;
-}
-
 template <int R, typename T, int G32>
 void launch_gated_r(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const uint8_t *x, bool gelu,
-                    GatedOut go, cudaStream_t st) {
+                    const GatedOut &go, cudaStream_t st) {
   const rlm_cuda_qmat ws[2] = {*gate, *up};
   float *ys[2] = {NULL, NULL}; /* not written */
   const Segs p = make_segs(ws, ys, 2, R);
   const int threads = (int)(kWarp * ((gate->cols + 1023) / 1024));
-  go.eb = gated_eb(G32 * kWarp, R);
-  const unsigned grid = (unsigned)(gate->rows / go.eb);
-  const dim3 cluster((unsigned)(G32 * kWarp / go.eb));
+  const unsigned grid = (unsigned)(gate->rows / (G32 * kWarp));
   const int64_t cols = gate->cols;
   const int g = gate->group_size;
-  if (gelu) launch_kc(qgemv_gated_kernel<1, R, T, G32, true>, grid, &cluster, threads, 0, st, p, x, cols, g, go);
-  else launch_kc(qgemv_gated_kernel<1, R, T, G32, false>, grid, &cluster, threads, 0, st, p, x, cols, g, go);
+  if (gelu) launch_k(qgemv_gated_kernel<1, R, T, G32, true>, grid, threads, 0, st, p, x, cols, g, go);
+  else launch_k(qgemv_gated_kernel<1, R, T, G32, false>, grid, threads, 0, st, p, x, cols, g, go);
 }
 
 template <typename T, int G32>
 void launch_gated(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const uint8_t *x, bool gelu, const GatedOut &go,
                   cudaStream_t st) {
   switch (gated_rows()) {
-  case 16: launch_gated_r<16, T, G32>(gate, up, x, gelu, go, st); break;
+  case 4: launch_gated_r<4, T, G32>(gate, up, x, gelu, go, st); break;
   case 8: launch_gated_r<8, T, G32>(gate, up, x, gelu, go, st); break;
-  default: launch_gated_r<4, T, G32>(gate, up, x, gelu, go, st); break;
+  default: launch_gated_r<16, T, G32>(gate, up, x, gelu, go, st); break;
   }
 }
 
@@ -812,7 +781,7 @@ extern "C" rlm_status rlm__cuda_qgemv_gated(const rlm_cuda_qmat *gate, const rlm
   if (static_cast<const void *>(q8->scratch) == x)
     return fail(err, RLM_ERR_INVALID, fn, "the int8 output must not be the input's scratch: blocks still read it");
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  const GatedOut go = {y, static_cast<uint8_t *>(q8->scratch), q8->bits, gate->rows, 0};
+  const GatedOut go = {y, static_cast<uint8_t *>(q8->scratch), q8->bits, gate->rows};
   const uint8_t *xq = static_cast<const uint8_t *>(x);
 #define RLM_G(G32)                                                                           \
   (gate->sdtype == RLM_DTYPE_BF16 ? launch_gated<__nv_bfloat16, G32>(gate, up, xq, gelu, go, st) \

@@ -1273,7 +1273,6 @@ int main(int argc, char **argv) {
   RUN(matches_reference);
   RUN(q8_matches_reference);
   RUN(multi_equals_single);
-  RUN(gated_equals_two_launches);
   RUN(qgemm_i8_matches_reference);
   RUN(qgemm_i8_multi_matches_reference);
   RUN(widened_codes_take_int8_products);
