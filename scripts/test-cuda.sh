@@ -78,9 +78,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   #   ATTN_SHORT_PARTS=0 decode's attention parts by 64 keys alone
   #   MERGE_KEEP=0     the merge loads the parts' outputs after m and l
-  #   ACT_FUSE=1       decode's gated activation in the gate and up
-  #                    product's epilogue (off until it has run on a GPU)
-  #   ACT_ROWS=4       that kernel's row groups of 4 rows, not 16
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -111,8 +108,6 @@ DENSE_AHEAD=0 test_cuda_ops test_cuda_model
 HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model
 MERGE_KEEP=0 test_cuda_ops test_cuda_model
-ACT_FUSE=1 test_cuda_model
-ACT_ROWS=4 test_cuda_qgemv
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -280,8 +280,6 @@ typedef struct cuda_sess {
   int64_t *d_pos;
   size_t plan_bytes;
   void *q8, *att_scratch;
-  void *q8_alt;               /* q8's size: the gated op's output (cuda_gated),
-                                 swapped with q8 after it; NULL: none */
   rlm_cuda_blas blas;         /* cuBLAS, for passes past GEMM_MIN tokens  */
   void *gemm_scratch;         /* NULL when prefill_chunk <= GEMM_MIN      */
   size_t gemm_bytes;          /* its size                                 */
@@ -440,9 +438,6 @@ typedef struct cuda_switches {
   bool head8;       /* RINGLM_CUDA_HEAD8=0: a 2-6-bit lm_head past one row
                        on the f32 unit kernel, not its codes at 8 bits
                        (make_head8) */
-  bool act_fuse;    /* RINGLM_CUDA_ACT_FUSE=1: decode's gated activation in
-                       the gate and up product's epilogue (cuda_gated); off
-                       until it has been timed on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -469,8 +464,6 @@ static void read_switches(void) {
   e = getenv("RINGLM_CUDA_QGEMM_MULTI");
   g_switches.qgemm_multi = e && e[0] == '1';
   g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
-  e = getenv("RINGLM_CUDA_ACT_FUSE");
-  g_switches.act_fuse = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -815,37 +808,6 @@ static void cuda_act_mul(rlm_session *s, bool gelu, float *y, const float *g, co
   q8_made(s, q8, y, rows, n);
 }
 
-/* The gate and up products of one row and the gated activation in one
- * launch (rlm__cuda_qgemv_gated), under RINGLM_CUDA_ACT_FUSE=1: decode
- * under --act-bits 8 where the kernel takes the weights and the
- * activation writes the down product's int8 activations. Its kernel's
- * blocks read x's activations (q8) while others write y's, so y's go to
- * q8_alt, which then becomes q8 (the swap done whether or not the pass
- * enqueues, so that a capture and its replays agree on the buffers). */
-static bool cuda_gated(rlm_session *s, const rlm_linear *gate, const rlm_linear *up, const float *x, int64_t n,
-                       bool gelu, float *y) {
-  cuda_sess *cs = cs_of(s);
-  if (!switches()->act_fuse || n != 1 || s->p.act_bits != 8 || !cs->q8_alt) return false;
-  const rlm_cuda_weight wg = weight_of(s, gate), wu = weight_of(s, up);
-  rlm_cuda_q8out buf;
-  const rlm_cuda_q8out *q8 = q8_out(s, 1, (int)wg.q.rows, &buf);
-  if (!q8) return false;
-  const rlm_cuda_q8out out = {cs->q8_alt, q8->bits, q8->group_size};
-  if (!rlm__cuda_gated_takes(&wg.q, &wu.q, &out)) return false;
-  if (!enqueues_nothing(s)) {
-    settle(s);
-    rlm_error er;
-    rlm_status rc = q8_of(s, &wg.q, x, 1, &er);
-    if (!rc) rc = rlm__cuda_qgemv_gated(&wg.q, &wu.q, cs->q8, gelu, y, &out, cs->st, &er);
-    note(s, rc, &er);
-  }
-  void *t = cs->q8;
-  cs->q8 = cs->q8_alt, cs->q8_alt = t;
-  cs->q8_x = NULL;
-  q8_made(s, q8, y, 1, (int)wg.q.rows);
-  return true;
-}
-
 static void cuda_rope_angles(rlm_session *s, const rlm_pass *ps, float *cs, int64_t stride, const float *inv_freq,
                              int half) {
   if (skip(s)) return;
@@ -1129,7 +1091,6 @@ static const rlm_backend backend_cuda = {
     .softcap = cuda_softcap,
     .copy = cuda_copy,
     .act_mul = cuda_act_mul,
-    .gated = cuda_gated,
     .rope_angles = cuda_rope_angles,
     .rope = cuda_rope,
     .qkv_norm_rope = cuda_qkv_norm_rope,
@@ -1317,7 +1278,6 @@ static rlm_status make_scratch(rlm_session *s, rlm_error *err) {
   size_t att = 0; /* the split count depends on the pass's tokens: the most any pass needs */
   for (int n = 1; n <= (int)N; n++) att = RLM_MAX(att, rlm__cuda_attend_scratch_bytes(n, c->n_heads, c->max_head_dim));
   e = cudaMalloc(&cs->q8, q8);
-  if (e == cudaSuccess && s->p.act_bits == 8) e = cudaMalloc(&cs->q8_alt, q8);
   if (e == cudaSuccess) e = cudaMalloc(&cs->att_scratch, att);
   if (e == cudaSuccess && q8_rows > MAX_M) e = cudaMalloc((void **)&cs->i8_part, rlm__cuda_qgemm_i8_part_bytes(q8_rows));
   if (e == cudaSuccess && c->n_experts) {
@@ -1404,8 +1364,7 @@ static void cuda_fini(rlm_session *s) {
   if (!cs) return;
   if (cs->st) cudaStreamSynchronize(cs->st);
   for (int i = 0; i < cs->n_graphs; i++) cudaGraphExecDestroy(cs->graphs[i].exec);
-  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->q8_alt), cudaFree(cs->att_scratch);
-  cudaFree(cs->i8_part);
+  cudaFree(cs->kv_block), cudaFree(cs->d_plan), cudaFree(cs->q8), cudaFree(cs->att_scratch), cudaFree(cs->i8_part);
   cudaFree(cs->gemm_scratch);
   if (cs->blas) cublasDestroy((cublasHandle_t)cs->blas);
   cudaFreeHost(cs->h_plan), cudaFreeHost(cs->moe_logit), cudaFree(cs->moe_dev);

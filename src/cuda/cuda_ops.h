@@ -65,19 +65,6 @@ rlm_status rlm__cuda_act_mul(bool gelu, float *y, const float *g, const float *u
  * u_stride n), int8 activations (q8) required. */
 rlm_status rlm__cuda_act_mul_sum(bool gelu, float *y, const rlm_cuda_sum *gs, const rlm_cuda_sum *us, int rows, int n,
                                  const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
-
-/* Decode's gate and up products of one row of int8 activations x (the
- * rlm__cuda_qgemv_q8 scratch) and the gated activation after them, in
- * one launch (qgemv_q8.cu): y[i] = act(x . gate_i) * (x . up_i)
- * (gelu_tanh or silu), and y's int8 activations into q8, which must not
- * be x's scratch; the same bits as rlm__cuda_qgemv_q8_multi then
- * rlm__cuda_act_mul. The gate and up outputs are not written.
- * RLM_ERR_UNSUPPORTED where rlm__cuda_gated_takes says no: 4-bit weights
- * of f16/bf16 scales, cols up to 8192, an output group that divides the
- * rows. */
-bool rlm__cuda_gated_takes(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const rlm_cuda_q8out *q8);
-rlm_status rlm__cuda_qgemv_gated(const rlm_cuda_qmat *gate, const rlm_cuda_qmat *up, const void *x, bool gelu,
-                                 float *y, const rlm_cuda_q8out *q8, rlm_cuda_stream stream, rlm_error *err);
 /* dst[j] = src[idx[j]] for j < n, rows of `width` floats. */
 rlm_status rlm__cuda_gather_rows(float *dst, const float *src, const int32_t *idx, int n, int64_t width,
                                  rlm_cuda_stream st, rlm_error *err);

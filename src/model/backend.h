@@ -51,12 +51,6 @@ struct rlm_backend {
   void (*scale)(rlm_session *s, float *x, float a, size_t n);                 /* x *= a     */
   void (*softcap)(rlm_session *s, float *x, float cap, size_t n);             /* tanh(x/c)c */
   void (*copy)(rlm_session *s, float *dst, const float *src, size_t n);
-  /* Optional (NULL, or false returned: linears then act_mul): the gate
-   * and up products of x [n][in] and the gated activation after them,
-   * y [n][out] = act(x gate^T) * (x up^T), as one op; the products'
-   * own outputs need not be written. */
-  bool (*gated)(rlm_session *s, const rlm_linear *gate, const rlm_linear *up, const float *x, int64_t n, bool gelu,
-                float *y);
   /* y[r][i] = act(g[r][i]) * u[r * u_stride + i]; gelu_tanh or silu. */
   void (*act_mul)(rlm_session *s, bool gelu, float *y, const float *g, const float *u, int rows, int n,
                   int64_t u_stride);

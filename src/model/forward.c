@@ -111,10 +111,8 @@ static bool mlp_block(rlm_session *s, int li, int n) {
   const int H = c->hidden, I = c->layer_inter[li];
   const rlm_linear *gu[2] = {&L->gate, &L->up};
   float *gu_out[2] = {s->g, s->u};
-  if (!s->be->gated || !s->be->gated(s, &L->gate, &L->up, s->h, n, c->gemma, s->g)) {
-    lins(s, gu, gu_out, 2, s->h, n);
-    s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
-  }
+  lins(s, gu, gu_out, 2, s->h, n);
+  s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) s->be->moe(s, li, n);
   if (c->arch != RLM_ARCH_GEMMA4 && li + 1 < c->n_layers) {
