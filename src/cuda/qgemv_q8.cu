@@ -493,13 +493,18 @@ __global__ void __launch_bounds__(kWarp * 8)
 
 /* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
  * of them, split over at most 8 warps), or 0 where it does not apply: one
- * row of x, 4- or 6-bit weights. */
+ * row of x, 4- or 6-bit weights. The fewest, unless at 4 bits
+ * RINGLM_CUDA_XREG_PP=2|4 allows that many: fewer warps a block, each
+ * owning more of a row's columns (at PP = P, whole rows: no fold across
+ * warps), to compare; off until it has run on a GPU. */
 int xreg_passes(const rlm_cuda_qmat *w, int m) {
   if (m != 1 || (w->bits != 4 && w->bits != 6)) return 0;
+  static const int most = env_int("RINGLM_CUDA_XREG_PP", 1, 1, 4);
   const int64_t P = (w->cols + 1023) / 1024;
+  int pp_ok = 0; /* the fewest passes that fit, or at 4 bits up to `most` */
   for (int pp = 1; pp <= 4; pp *= 2)
-    if (P % pp == 0 && P / pp <= 8) return pp;
-  return 0;
+    if (P % pp == 0 && P / pp <= 8 && (!pp_ok || (w->bits == 4 && pp <= most))) pp_ok = pp;
+  return pp_ok;
 }
 
 /* The segments of k products of one x, rows_per_block rows a block. */
@@ -514,7 +519,7 @@ Segs make_segs(const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t rows_pe
 }
 
 /* Rows a block of the x-in-registers kernel. At 4 bits 4, unless
- * RINGLM_CUDA_XREG_ROWS says 8 or 16 (to compare: docs/cuda-notes.md),
+ * RINGLM_CUDA_XREG_ROWS says 1, 2, 8 or 16 (to compare: docs/cuda-notes.md),
  * capped so that R * PP <= 16 (the registers). Once the next group's
  * loads really were issued before the current group's sums (ldcs_if),
  * 4 rows beat 8 in the decode step, 461.6-461.9 against 444.97-447.49
@@ -528,7 +533,7 @@ int xreg_rows(int bits, int pp) {
   if (!rows) {
     const char *e = getenv("RINGLM_CUDA_XREG_ROWS");
     const int r = e ? atoi(e) : 4;
-    rows = r == 8 || r == 16 ? r : 4;
+    rows = r == 1 || r == 2 || r == 8 || r == 16 ? r : 4;
   }
   int r = rows;
   while (r * pp > 16) r /= 2;
@@ -585,6 +590,8 @@ void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const
   if constexpr (BITS == 4) {
     if (r == 16) launch_xreg_r<4, 16, T>(ws, ys, k, pp, x, st);
     else if (r == 8) launch_xreg_r<4, 8, T>(ws, ys, k, pp, x, st);
+    else if (r == 2) launch_xreg_r<4, 2, T>(ws, ys, k, pp, x, st);
+    else if (r == 1) launch_xreg_r<4, 1, T>(ws, ys, k, pp, x, st);
     else launch_xreg_r<4, 4, T>(ws, ys, k, pp, x, st);
   } else {
     if (r == 4) launch_xreg_r<6, 4, T>(ws, ys, k, pp, x, st);
