@@ -117,18 +117,6 @@ __device__ __forceinline__ void q8_group(const float (&v)[G32], int bits, int64_
   if (lane == 0) xsum[grp] = sum;
 }
 
-/* rlm__gelu_tanh: 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))),
- * in C's left-to-right order, each operation rounded. */
-__device__ __forceinline__ float gelu_tanh(float x) {
-  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-  const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
-  const float t = tanhf(__fmul_rn(k, __fadd_rn(x, x3)));
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
-}
-
-/* rlm__silu_mul_ref's g / (1.0f + expf(-g)). */
-__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
-
 /* CALL(G32) for a weight group of g = 32, 64 or 128 elements. */
 #define RLM_CUDA_FOR_G32(g, CALL) \
   switch (g) {                    \

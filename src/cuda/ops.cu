@@ -71,6 +71,18 @@ __global__ void softcap_kernel(float *x, float cap, int64_t n) {
   RLM_GRID_STRIDE(i, n) x[i] = __fmul_rn(tanhf(__fdiv_rn(x[i], cap)), cap);
 }
 
+/* rlm__gelu_tanh: 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))),
+ * in C's left-to-right order, each operation rounded. */
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  const float x3 = __fmul_rn(__fmul_rn(__fmul_rn(0.044715f, x), x), x);
+  const float t = tanhf(__fmul_rn(k, __fadd_rn(x, x3)));
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, t));
+}
+
+/* rlm__silu_mul_ref's g / (1.0f + expf(-g)). */
+__device__ __forceinline__ float silu(float g) { return __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))); }
+
 /* Rows in grid.y (strided past kMaxGrid), columns in grid.x. */
 template <bool GELU>
 __global__ void act_mul_kernel(float *y, const float *g, const float *u, int rows, int n, int64_t u_stride) {
