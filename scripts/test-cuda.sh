@@ -82,6 +82,8 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #                    each taking up to 4 passes of a row's columns (off
   #                    until it has run on a GPU)
   #   XREG_ROWS=1|2    that product's row groups of 1 or 2 rows, not 4
+  #   XREG_HALF=1      that product at 2 passes a warp and 2 rows a block
+  #                    where a block keeps 2 warps or more
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -115,6 +117,7 @@ MERGE_KEEP=0 test_cuda_ops test_cuda_model
 XREG_PP=4 test_cuda_qgemv test_cuda_model
 XREG_ROWS=1 test_cuda_qgemv
 XREG_ROWS=2 test_cuda_qgemv
+XREG_HALF=1 test_cuda_qgemv test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -497,10 +497,19 @@ __global__ void __launch_bounds__(kWarp * 8)
  * RINGLM_CUDA_XREG_PP=2|4 allows that many: fewer warps a block, each
  * owning more of a row's columns (at PP = P, whole rows: no fold across
  * warps), to compare; off until it has run on a GPU. */
+bool xreg_half() {
+  static const bool on = env_switch("RINGLM_CUDA_XREG_HALF", false);
+  return on;
+}
+
 int xreg_passes(const rlm_cuda_qmat *w, int m) {
   if (m != 1 || (w->bits != 4 && w->bits != 6)) return 0;
   static const int most = env_int("RINGLM_CUDA_XREG_PP", 1, 1, 4);
   const int64_t P = (w->cols + 1023) / 1024;
+  /* RINGLM_CUDA_XREG_HALF=1: 2 passes a warp where that leaves at least 2
+   * warps a block (4-bit, P even and >= 4), with 2 rows a block
+   * (xreg_rows); other shapes as by default */
+  if (w->bits == 4 && xreg_half() && P % 2 == 0 && P >= 4 && P / 2 <= 8) return 2;
   int pp_ok = 0; /* the fewest passes that fit, or at 4 bits up to `most` */
   for (int pp = 1; pp <= 4; pp *= 2)
     if (P % pp == 0 && P / pp <= 8 && (!pp_ok || (w->bits == 4 && pp <= most))) pp_ok = pp;
@@ -536,6 +545,7 @@ int xreg_rows(int bits, int pp) {
     rows = r == 1 || r == 2 || r == 8 || r == 16 ? r : 4;
   }
   int r = rows;
+  if (xreg_half() && pp == 2) r = 2;
   while (r * pp > 16) r /= 2;
   return r;
 }
