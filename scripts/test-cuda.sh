@@ -78,12 +78,9 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   #   ATTN_SHORT_PARTS=0 decode's attention parts by 64 keys alone
   #   MERGE_KEEP=0     the merge loads the parts' outputs after m and l
-  #   XREG_PP=4        decode's 4-bit product with fewer warps a block,
-  #                    each taking up to 4 passes of a row's columns (off
-  #                    until it has run on a GPU)
-  #   XREG_ROWS=1|2    that product's row groups of 1 or 2 rows, not 4
-  #   XREG_HALF=1      that product at 2 passes a warp and 2 rows a block
-  #                    where a block keeps 2 warps or more
+  #   XREG_ROWS=1|2    decode's 4-bit product's row groups of 1 or 2 rows
+  #   XREG_HALF=0      that product at the fewest passes a warp and 4 rows
+  #                    a block everywhere (not half-width blocks)
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -114,10 +111,9 @@ DENSE_AHEAD=0 test_cuda_ops test_cuda_model
 HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model
 MERGE_KEEP=0 test_cuda_ops test_cuda_model
-XREG_PP=4 test_cuda_qgemv test_cuda_model
 XREG_ROWS=1 test_cuda_qgemv
 XREG_ROWS=2 test_cuda_qgemv
-XREG_HALF=1 test_cuda_qgemv test_cuda_model
+XREG_HALF=0 test_cuda_qgemv test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

@@ -491,29 +491,34 @@ __global__ void __launch_bounds__(kWarp * 8)
   }
 }
 
-/* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
- * of them, split over at most 8 warps), or 0 where it does not apply: one
- * row of x, 4- or 6-bit weights. The fewest, unless at 4 bits
- * RINGLM_CUDA_XREG_PP=2|4 allows that many: fewer warps a block, each
- * owning more of a row's columns (at PP = P, whole rows: no fold across
- * warps), to compare; off until it has run on a GPU. */
+/* HALF-WIDTH BLOCKS: at 4 bits a product of P = cols / 1024 passes, P
+ * even and at least 4 (Llama-8B's 4096 and 14336 columns; not Gemma-1B's
+ * 1152 or 6912), takes 2 passes a warp, P / 2 warps a block, and 2 rows a
+ * block (xreg_rows): half the warps of the fewest passes, so half the
+ * fold across warps in shared memory a row group, and twice the row
+ * groups to spread over the persistent grid. H100, tg128, two rounds
+ * alternating (docs/cuda-notes.md, 2026-12-06, seventh): Llama-8B 4-bit
+ * 479.1 / 481.0 against 475.9 / 475.5 tok/s, its token's products in a
+ * graph 1,581 against 1,603 us (92.0 to 93.3% of the floor); 2 passes
+ * with 4 rows, 4 passes a warp (whole rows) or 2 rows alone were each
+ * slower. RINGLM_CUDA_XREG_HALF=0: the fewest passes and 4 rows, to
+ * compare. */
 bool xreg_half() {
-  static const bool on = env_switch("RINGLM_CUDA_XREG_HALF", false);
+  static const bool on = env_switch("RINGLM_CUDA_XREG_HALF", true);
   return on;
 }
 
+/* Passes a warp of the x-in-registers kernel takes (P = ceil(cols / 1024)
+ * of them, split over at most 8 warps), or 0 where it does not apply: one
+ * row of x, 4- or 6-bit weights. The fewest that fit, or half-width
+ * blocks (xreg_half). */
 int xreg_passes(const rlm_cuda_qmat *w, int m) {
   if (m != 1 || (w->bits != 4 && w->bits != 6)) return 0;
-  static const int most = env_int("RINGLM_CUDA_XREG_PP", 1, 1, 4);
   const int64_t P = (w->cols + 1023) / 1024;
-  /* RINGLM_CUDA_XREG_HALF=1: 2 passes a warp where that leaves at least 2
-   * warps a block (4-bit, P even and >= 4), with 2 rows a block
-   * (xreg_rows); other shapes as by default */
   if (w->bits == 4 && xreg_half() && P % 2 == 0 && P >= 4 && P / 2 <= 8) return 2;
-  int pp_ok = 0; /* the fewest passes that fit, or at 4 bits up to `most` */
   for (int pp = 1; pp <= 4; pp *= 2)
-    if (P % pp == 0 && P / pp <= 8 && (!pp_ok || (w->bits == 4 && pp <= most))) pp_ok = pp;
-  return pp_ok;
+    if (P % pp == 0 && P / pp <= 8) return pp;
+  return 0;
 }
 
 /* The segments of k products of one x, rows_per_block rows a block. */
@@ -527,25 +532,24 @@ Segs make_segs(const rlm_cuda_qmat *ws, float *const *ys, int k, int64_t rows_pe
   return p;
 }
 
-/* Rows a block of the x-in-registers kernel. At 4 bits 4, unless
- * RINGLM_CUDA_XREG_ROWS says 1, 2, 8 or 16 (to compare: docs/cuda-notes.md),
- * capped so that R * PP <= 16 (the registers). Once the next group's
- * loads really were issued before the current group's sums (ldcs_if),
- * 4 rows beat 8 in the decode step, 461.6-461.9 against 444.97-447.49
- * tok/s on Llama-8B 4-bit: at 8 rows down's two passes a lane took 168
- * registers, one block of 7 warps an SM, and every product's blocks fit
- * fewer to an SM beside the kernels that overlap them (PDL). At 6 bits a
- * unit is 6 words, not 4: R * PP = 4 (xreg_fits). */
+/* Rows a block of the x-in-registers kernel. At 4 bits 4, or 2 where a
+ * warp takes 2 passes under xreg_half, unless RINGLM_CUDA_XREG_ROWS says
+ * 1, 2, 8 or 16 (to compare: docs/cuda-notes.md); capped so that R * PP
+ * <= 16 (the registers). Once the next group's loads really were issued
+ * before the current group's sums (ldcs_if), 4 rows beat 8 in the decode
+ * step, 461.6-461.9 against 444.97-447.49 tok/s on Llama-8B 4-bit: at 8
+ * rows down's two passes a lane took 168 registers, one block of 7 warps
+ * an SM, and every product's blocks fit fewer to an SM beside the kernels
+ * that overlap them (PDL). At 6 bits a unit is 6 words, not 4: R * PP = 4
+ * (xreg_fits). */
 int xreg_rows(int bits, int pp) {
-  static int rows = 0;
-  if (bits == 6) return 4 / pp;
-  if (!rows) {
+  static const int forced = [] {
     const char *e = getenv("RINGLM_CUDA_XREG_ROWS");
-    const int r = e ? atoi(e) : 4;
-    rows = r == 1 || r == 2 || r == 8 || r == 16 ? r : 4;
-  }
-  int r = rows;
-  if (xreg_half() && pp == 2) r = 2;
+    const int r = e ? atoi(e) : 0;
+    return r == 1 || r == 2 || r == 4 || r == 8 || r == 16 ? r : 0;
+  }();
+  if (bits == 6) return 4 / pp;
+  int r = forced ? forced : xreg_half() && pp == 2 ? 2 : 4;
   while (r * pp > 16) r /= 2;
   return r;
 }
