@@ -74,6 +74,10 @@ using namespace rlm_cuda;
 #endif
 constexpr int kAttnWarps = RLM_CUDA_ATTN_WARPS; /* warps per block                          */
 constexpr int kUnroll = RLM_CUDA_ATTN_UNROLL;   /* keys per lane group in flight            */
+/* A short context's whole attention in one block a query head
+ * (attend_kernel's WHOLE, ATTN_WHOLE below): wider blocks, more keys in
+ * flight a lane group. */
+constexpr int kWholeWarps = 16, kWholeUnroll = 4;
 constexpr int kMaxDim = 512;
 constexpr int kMaxSplits = 128;
 /* (token, head, part) triples to aim for: with one token of 32 heads,
@@ -499,6 +503,32 @@ __device__ __forceinline__ bool part_span(const rlm_cuda_kv &c, const int32_t *t
   return true;
 }
 
+/* Head g's weights of the block's NG partial states (exp2 of m less
+ * their max, 0 where nothing was seen) into sm_w; *mx their max. Returns
+ * the sum of l times weight. */
+template <int NG, int GQ>
+__device__ __forceinline__ float state_weights(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
+                                               float (&sm_w)[NG][GQ], int g, float *mx) {
+  float m = -INFINITY, ls = 0.f;
+  for (int i = 0; i < NG; i++) m = fmaxf(m, sm_m[i][g]);
+  for (int i = 0; i < NG; i++) {
+    const float w = m == -INFINITY ? 0.f : exp2f(sm_m[i][g] - m);
+    sm_w[i][g] = w;
+    ls = fmaf(sm_l[i][g], w, ls);
+  }
+  *mx = m;
+  return ls;
+}
+
+/* Element d of head g's states' outputs, weighed by sm_w, in state order. */
+template <int NG, int GQ, int DIM>
+__device__ __forceinline__ float weighted_o(const float (&sm_o)[NG][GQ][DIM], const float (&sm_w)[NG][GQ], int g,
+                                            int d) {
+  float a = 0.f;
+  for (int i = 0; i < NG; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
+  return a;
+}
+
 /* The block's NG partial states (a lane group's or a warp's m, l and
  * unnormalised o per head, in shared memory) merged into the part's
  * entry of scratch: (token j, head h0 + g, part), heads n_parts apart. */
@@ -508,33 +538,64 @@ __device__ __forceinline__ void write_part(const float (&sm_m)[NG][GQ], const fl
                                            int64_t first, int n_parts, float *part_o, float *part_ml) {
   if (threadIdx.x < GQ) {
     const int g = threadIdx.x;
-    float mx = -INFINITY, ls = 0.f;
-    for (int i = 0; i < NG; i++) mx = fmaxf(mx, sm_m[i][g]);
-    for (int i = 0; i < NG; i++) {
-      const float w = mx == -INFINITY ? 0.f : exp2f(sm_m[i][g] - mx);
-      sm_w[i][g] = w;
-      ls = fmaf(sm_l[i][g], w, ls);
-    }
+    float mx;
+    const float ls = state_weights(sm_m, sm_l, sm_w, g, &mx);
     if (g < ng) part_ml[(first + (int64_t)g * n_parts) * 2] = mx, part_ml[(first + (int64_t)g * n_parts) * 2 + 1] = ls;
   }
   __syncthreads();
   for (int idx = threadIdx.x; idx < GQ * DIM; idx += blockDim.x) {
     const int g = idx / DIM, d = idx % DIM;
     if (g >= ng || d >= dim) continue;
-    float a = 0.f;
-    for (int i = 0; i < NG; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
-    part_o[(first + (int64_t)g * n_parts) * dim + d] = a;
+    part_o[(first + (int64_t)g * n_parts) * dim + d] = weighted_o(sm_o, sm_w, g, d);
   }
 }
 
-/* Rows of keys t = tb + u * kGroups (u < kUnroll) of this lane's group
+/* WHOLE's end (the block saw all of its query's keys): the NG partial
+ * states merged as write_part merges them, then divided by the sum and
+ * written to out (token j, heads h0 + g), as merge_kernel writes a query
+ * of one part, and with G32 > 0 their int8 activations (the o
+ * projection's x), a warp a weight group of G32 x 32 elements. */
+template <int G32, int NG, int GQ, int DIM>
+__device__ __forceinline__ void write_whole(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
+                                            float (&sm_w)[NG][GQ], float (&sm_o)[NG][GQ][DIM], int ng, int dim,
+                                            int64_t j, int n_heads, int h0, float *out, uint8_t *q8, int q8_bits) {
+  __shared__ float l_sh[GQ];
+  if (threadIdx.x < GQ) {
+    float mx;
+    l_sh[threadIdx.x] = state_weights(sm_m, sm_l, sm_w, threadIdx.x, &mx);
+  }
+  __syncthreads();
+  /* each (g, d) is read and then rewritten by one thread: row 0 of sm_o
+   * ends holding the outputs */
+  for (int idx = threadIdx.x; idx < GQ * DIM; idx += blockDim.x) {
+    const int g = idx / DIM, d = idx % DIM;
+    if (g >= ng || d >= dim) continue;
+    const float a = weighted_o(sm_o, sm_w, g, d);
+    const float o = l_sh[g] > 0.f ? __fdiv_rn(a, l_sh[g]) : 0.f; /* sees nothing: zeros */
+    out[(j * n_heads + h0 + g) * dim + d] = o;
+    sm_o[0][g][d] = o;
+  }
+  if constexpr (G32 > 0) {
+    __syncthreads();
+    const int lane = threadIdx.x % kWarp, per = dim / (G32 * 32), cols = n_heads * dim;
+    for (int u = threadIdx.x / kWarp; u < ng * per; u += blockDim.x / kWarp) {
+      const int g = u / per, gi = u % per;
+      float v[G32];
+#pragma unroll
+      for (int jj = 0; jj < G32; jj++) v[jj] = sm_o[0][g][(gi * G32 + jj) * 32 + lane];
+      q8_group(v, q8_bits, cols, (int64_t)(h0 + g) * per + gi, q8 + j * q8_row_bytes(cols, G32 * 32), lane);
+    }
+  }
+}
+
+/* Rows of keys t = tb + u * kGroups (u < U) of this lane's group
  * (K's or V's, by P), as vectors sub + k * kLanes of each row; zeros past
  * t1 (no load) and past the row's nv vectors. */
-template <typename P, int kPer, int kLanes, int kGroups>
-__device__ __forceinline__ void load_rows(typename P::Raw (&x)[kUnroll][kPer], const P &rows, const Runs &r,
+template <typename P, int kPer, int kLanes, int kGroups, int U = kUnroll>
+__device__ __forceinline__ void load_rows(typename P::Raw (&x)[U][kPer], const P &rows, const Runs &r,
                                           const rlm_cuda_kv &c, int64_t tb, int64_t t1, int sub, int nv) {
 #pragma unroll
-  for (int u = 0; u < kUnroll; u++) {
+  for (int u = 0; u < U; u++) {
     const int64_t t = tb + (int64_t)u * kGroups;
     const int64_t slot = t < t1 ? slot_at(r, c, t) : 0;
 #pragma unroll
@@ -548,18 +609,19 @@ __device__ __forceinline__ void load_rows(typename P::Raw (&x)[kUnroll][kPer], c
 /* The per-shape constants of attend_kernel: a key row of DIM (the bucket;
  * the cache's dim <= DIM, the vectors past it masked) in vectors of VE
  * elements (16 bytes dense, 8 codes quantized). */
-template <int VE, int DIM>
+template <int VE, int DIM, int WARPS = kAttnWarps, int U = kUnroll>
 struct Shape {
+  static constexpr int kU = U;                                 /* keys a lane group has in flight */
   static constexpr int kVe = VE;                               /* elements per vector   */
   static constexpr int kVecs = DIM / kVe;                      /* vectors per key row   */
   static constexpr int kLanes = kVecs < kWarp ? kVecs : kWarp; /* lanes per key         */
   static constexpr int kPer = kVecs / kLanes;                  /* vectors per lane      */
   static constexpr int kEl = kPer * kVe;                       /* elements per lane     */
-  static constexpr int kGroups = kWarp / kLanes * kAttnWarps;  /* lane groups per block */
+  static constexpr int kGroups = kWarp / kLanes * WARPS;       /* lane groups per block */
   /* q and o of GQ heads stay in registers: 2 * GQ * kEl floats, so the
    * widest rows (16 elements a lane) take at most 4 heads a block. */
   static constexpr int kMaxGq = kEl >= 16 ? 4 : 8;
-  static constexpr int kStepKeys = kGroups * kUnroll;          /* keys a block takes a round */
+  static constexpr int kStepKeys = kGroups * U;                /* keys a block takes a round */
 };
 
 /* The row width a kernel instance is built for, the smallest of 32, 64,
@@ -591,11 +653,12 @@ int step_keys(const rlm_cuda_kv &c) {
 
 /* See the header. q_per_kv query heads share a kv head; `chunks` blocks of
  * up to GQ of them cover it (blockIdx.y = kv head * chunks + chunk). */
-template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY>
-__global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
+template <typename KP, typename VP, int DIM, int GQ, int MINB, bool EARLY, int G32 = 0, bool WHOLE = false>
+__global__ void __launch_bounds__(kWarp *(WHOLE ? kWholeWarps : kAttnWarps), MINB)
     attend_kernel(rlm_cuda_kv c, const float *__restrict__ q, int n_heads, int q_per_kv, int chunks, float scale2,
                   const int32_t *__restrict__ tok_row, const int64_t *__restrict__ tok_pos, int n_parts,
-                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml) {
+                  PartRule pr, int64_t prefetch_keys, float *__restrict__ part_o, float *__restrict__ part_ml,
+                  float *__restrict__ out, uint8_t *__restrict__ q8, int q8_bits) {
   Span early_sp;
   bool early_live = true;
   if constexpr (EARLY) /* the pass plan: written by no kernel (merge_kernel's EARLY) */
@@ -603,8 +666,8 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
                            &early_sp);
   pdl_enter();
   static_assert(KP::kVe == VP::kVe, "K and V vectors of one width");
-  using S = Shape<KP::kVe, DIM>;
-  constexpr int kVe = S::kVe, kLanes = S::kLanes, kPer = S::kPer, kEl = S::kEl, kGroups = S::kGroups;
+  using S = Shape<KP::kVe, DIM, WHOLE ? kWholeWarps : kAttnWarps, WHOLE ? kWholeUnroll : kUnroll>;
+  constexpr int kU = S::kU, kVe = S::kVe, kLanes = S::kLanes, kPer = S::kPer, kEl = S::kEl, kGroups = S::kGroups;
   __shared__ float sm_o[kGroups][GQ][DIM];
   __shared__ float sm_m[kGroups][GQ], sm_l[kGroups][GQ], sm_w[kGroups][GQ];
   const int64_t j = blockIdx.x;
@@ -646,21 +709,21 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
    * loads are issued before the previous step's arithmetic (two steps of
    * K and V in registers), so the lanes always have bytes in flight. */
   constexpr int64_t kStep = S::kStepKeys; /* the step PartRule counts */
-  typename KP::Raw kr[kUnroll][kPer];
-  typename VP::Raw vr[kUnroll][kPer];
-  load_rows<KP, kPer, kLanes, kGroups>(kr, kp, r, c, t0 + grp, t1, sub, nv);
-  load_rows<VP, kPer, kLanes, kGroups>(vr, vp, r, c, t0 + grp, t1, sub, nv);
+  typename KP::Raw kr[kU][kPer];
+  typename VP::Raw vr[kU][kPer];
+  load_rows<KP, kPer, kLanes, kGroups, kU>(kr, kp, r, c, t0 + grp, t1, sub, nv);
+  load_rows<VP, kPer, kLanes, kGroups, kU>(vr, vp, r, c, t0 + grp, t1, sub, nv);
   for (int64_t base = t0; base < t1; base += kStep) {
     const int64_t tb = base + grp;
-    typename KP::Raw kn[kUnroll][kPer];
-    typename VP::Raw vn[kUnroll][kPer];
-    load_rows<KP, kPer, kLanes, kGroups>(kn, kp, r, c, tb + kStep, t1, sub, nv);
-    load_rows<VP, kPer, kLanes, kGroups>(vn, vp, r, c, tb + kStep, t1, sub, nv);
+    typename KP::Raw kn[kU][kPer];
+    typename VP::Raw vn[kU][kPer];
+    load_rows<KP, kPer, kLanes, kGroups, kU>(kn, kp, r, c, tb + kStep, t1, sub, nv);
+    load_rows<VP, kPer, kLanes, kGroups, kU>(vn, vp, r, c, tb + kStep, t1, sub, nv);
     /* Scores: this lane's part of each dot, summed over the key's lanes
      * (xor offsets below kLanes stay inside the lane group). */
-    float sc[kUnroll][GQ];
+    float sc[kU][GQ];
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
+    for (int u = 0; u < kU; u++) {
       float kf[kEl];
 #pragma unroll
       for (int k = 0; k < kPer; k++) kp.widen(kr[u][k], kf + k * kVe);
@@ -675,12 +738,12 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
 #pragma unroll
     for (int off = kLanes / 2; off > 0; off /= 2)
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++)
+      for (int u = 0; u < kU; u++)
 #pragma unroll
         for (int g = 0; g < GQ; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], off);
-    float vf[kUnroll][kEl];
+    float vf[kU][kEl];
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
+    for (int u = 0; u < kU; u++) {
       const bool live = tb + (int64_t)u * kGroups < t1;
 #pragma unroll
       for (int g = 0; g < GQ; g++) sc[u][g] = live ? sc[u][g] * scale2 : -INFINITY;
@@ -691,11 +754,11 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
     for (int g = 0; g < GQ; g++) {
       float mx = m[g];
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++) mx = fmaxf(mx, sc[u][g]);
+      for (int u = 0; u < kU; u++) mx = fmaxf(mx, sc[u][g]);
       if (mx == -INFINITY) continue; /* nothing live yet: keep -inf, 0, 0 (no inf - inf) */
-      float p[kUnroll], ps = 0.f;
+      float p[kU], ps = 0.f;
 #pragma unroll
-      for (int u = 0; u < kUnroll; u++) p[u] = exp2f(sc[u][g] - mx), ps += p[u];
+      for (int u = 0; u < kU; u++) p[u] = exp2f(sc[u][g] - mx), ps += p[u];
       /* A new running max rescales what was summed under the old one. The
        * max rarely moves after the first keys, and when it does not the
        * factor is exp2f(0) = 1: skipping the multiplies changes no bit. */
@@ -712,12 +775,12 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
       for (int e = 0; e < kEl; e++) {
         float a = o[g][e];
 #pragma unroll
-        for (int u = 0; u < kUnroll; u++) a = fmaf(p[u], vf[u][e], a);
+        for (int u = 0; u < kU; u++) a = fmaf(p[u], vf[u][e], a);
         o[g][e] = a;
       }
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++)
+    for (int u = 0; u < kU; u++)
 #pragma unroll
       for (int k = 0; k < kPer; k++) kr[u][k] = kn[u][k], vr[u][k] = vn[u][k];
   }
@@ -732,7 +795,10 @@ __global__ void __launch_bounds__(kWarp *kAttnWarps, MINB)
       for (int e = 0; e < kVe; e++) sm_o[grp][g][(sub + k * kLanes) * kVe + e] = o[g][k * kVe + e];
   }
   __syncthreads();
-  write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
+  if constexpr (WHOLE)
+    write_whole<G32>(sm_m, sm_l, sm_w, sm_o, ng, dim, j, n_heads, h0, out, q8, q8_bits);
+  else
+    write_part(sm_m, sm_l, sm_w, sm_o, ng, dim, (j * n_heads + h0) * n_parts + part, n_parts, part_o, part_ml);
 }
 
 /* ---- attention over 4-bit K and V: a key a lane ----------------------------- */
@@ -1121,7 +1187,7 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
 #define RLM_ATTEND(MINB, E)                                                                                         \
   launch_k(attend_kernel<KP, VP, DIM, GQ, MINB, E>, grid, kWarp * kAttnWarps, 0, st, a.c, a.q, a.n_heads,            \
            a.q_per_kv, chunks, a.scale2, a.tok_row, a.tok_pos, a.n_parts, a.pr, prefetch_keys(),         \
-           a.part_o, a.part_ml)
+           a.part_o, a.part_ml, (float *)nullptr, (uint8_t *)nullptr, 0)
   if constexpr (KP::kVe == 16)
     if (q4_blocks() == 3) {
       RLM_ATTEND(3, false);
@@ -1134,6 +1200,58 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
     }
   RLM_ATTEND(1, false);
 #undef RLM_ATTEND
+}
+
+/* ---- a short context's whole attention in one block ---------------------------
+ * WHY. At tg128's depths a decode token's attention is a few parts of one
+ * round each, and merge_kernel after them costs a kernel boundary and a
+ * round trip (3.0 us a layer of Llama-8B 4-bit on an H100, by leaving it
+ * out: docs/cuda-notes.md); the merge done inside a thread-block cluster
+ * instead cost as much (a barrier across SMs and reads of other blocks'
+ * shared memory). Here, where the backend promises that no query of a
+ * one-token pass sees more than RINGLM_CUDA_ATTN_WHOLE positions (0, the
+ * default: never, until a GPU has timed it), each query head is one block
+ * of kWholeWarps warps whose lane groups hold kWholeUnroll keys each in
+ * flight (128 keys a round at head dim 128, 64 at 256): its lane groups'
+ * states merge in its own shared memory, and it writes the outputs and
+ * their int8 activations itself; no parts, no merge kernel. Dense f16 and
+ * bf16 caches, head dims 33 to 256. The sums are added in another order
+ * than the two-kernel path's, so the bits differ from it. */
+int64_t g_whole = -1; /* rlm__cuda_attend_whole_force's limit; -1: the variable's */
+
+int64_t whole_positions() {
+  static const int64_t env = env_int("RINGLM_CUDA_ATTN_WHOLE", 0, 0, 1 << 20);
+  return g_whole >= 0 ? g_whole : env;
+}
+
+bool whole_ok(const rlm_cuda_kv &c, int n, int64_t seen) {
+  return seen > 0 && seen <= whole_positions() && n == 1 && !c.k_bits && !c.v_bits &&
+         (c.dtype == RLM_DTYPE_F16 || c.dtype == RLM_DTYPE_BF16) && c.dim > 32 && c.dim <= 256;
+}
+
+template <typename T, int DIM, int G32>
+void launch_whole_g(const AttendArgs &a, float *out, uint8_t *q8, int bits, cudaStream_t st) {
+  using S = Shape<DenseRows<T>::kVe, DIM, kWholeWarps, kWholeUnroll>;
+  static_assert(S::kMaxGq >= 1 && S::kPer == 1, "one head a block, a vector a lane (the registers)");
+  const dim3 grid((unsigned)a.n, (unsigned)a.n_heads, 1u); /* GQ 1: q_per_kv chunks a kv head */
+  launch_k(attend_kernel<DenseRows<T>, DenseRows<T>, DIM, 1, 1, true, G32, true>, grid, kWarp * kWholeWarps, 0, st,
+           a.c, a.q, a.n_heads, a.q_per_kv, a.q_per_kv, a.scale2, a.tok_row, a.tok_pos, 1, a.pr, (int64_t)0,
+           a.part_o, a.part_ml, out, q8, bits);
+}
+
+template <typename T>
+void launch_whole(const AttendArgs &a, float *out, const rlm_cuda_q8out *q8, cudaStream_t st) {
+  uint8_t *q = q8_scratch(q8);
+  const int bits = q8 ? q8->bits : 0;
+  with_dim_bucket(a.c.dim, [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    if constexpr (D >= 64 && D <= 256) {
+#define RLM_W(G32) launch_whole_g<T, D, G32>(a, out, q, bits, st)
+      if (!q8) RLM_W(0);
+      else RLM_CUDA_FOR_G32(q8->group_size, RLM_W)
+#undef RLM_W
+    }
+  });
 }
 
 /* Query heads per block: the kv head's q_per_kv rounded up to a power of
@@ -1357,9 +1475,20 @@ extern "C" size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim) {
   return (size_t)n * (size_t)n_heads * (size_t)n_splits(n, n_heads) * ((size_t)dim + 2) * sizeof(float);
 }
 
+extern "C" int64_t rlm__cuda_attend_whole_positions(void) { return whole_positions(); }
+
+extern "C" void rlm__cuda_attend_whole_force(int64_t limit) { g_whole = limit < 0 ? -1 : limit; }
+
 extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
                                        const int32_t *tok_row, const int64_t *tok_pos, int n, float *out, void *scratch,
                                        const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err) {
+  return rlm__cuda_attend_seen(c, q, n_heads, scale, tok_row, tok_pos, n, 0, out, scratch, q8, st, err);
+}
+
+extern "C" rlm_status rlm__cuda_attend_seen(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
+                                            const int32_t *tok_row, const int64_t *tok_pos, int n, int64_t seen,
+                                            float *out, void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st,
+                                            rlm_error *err) {
   const char *fn = "rlm__cuda_attend";
   if (!c || !q || !tok_row || !tok_pos || !out || !scratch || n < 0 || !cache_ok(c))
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, n < 0 or a bad cache (cap, ring, keep, window, bits, group)");
@@ -1387,6 +1516,11 @@ extern "C" rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int
   float *part_ml = part_o + (size_t)n * (size_t)n_heads * (size_t)parts * (size_t)c->dim;
   const AttendArgs a = {*c, q, n_heads, q_per_kv, n, scale * kLog2e, tok_row, tok_pos, parts, pr, part_o, part_ml};
   cudaStream_t s = reinterpret_cast<cudaStream_t>(st);
+  if (whole_ok(*c, n, seen)) {
+    if (c->dtype == RLM_DTYPE_F16) launch_whole<__half>(a, out, q8, s);
+    else launch_whole<__nv_bfloat16>(a, out, q8, s);
+    return launched("rlm__cuda_attend (attend_kernel, whole)", err);
+  }
   switch (c->dtype) {
   case RLM_DTYPE_F16: launch_cache<__half>(a, s); break;
   case RLM_DTYPE_BF16: launch_cache<__nv_bfloat16>(a, s); break;

@@ -69,7 +69,7 @@
  * GEMM_MIN are never captured in a graph (graph_shape), so a replayed
  * step runs the kernels the same step without a graph runs. */
 enum {
-  LOGIT_ROWS = 64, MAX_GRAPHS = 16, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
+  LOGIT_ROWS = 64, MAX_GRAPHS = 32, MAX_M = 8, GEMM_MIN = 16, QGEMM_MAX = 128,
   I8_MAX = 128, I8_DEFAULT = 64, I8_NARROW_MAX = 64, I8_NARROW_ROWS = 8192
 };
 
@@ -265,6 +265,7 @@ typedef enum pass_mode { MODE_DIRECT, MODE_CAPTURE, MODE_REPLAY } pass_mode;
 
 typedef struct graph {
   int n, n_want;
+  bool short_ctx; /* captured under the short-context promise (cs->seen) */
   cudaGraphExec_t exec;
 } graph;
 
@@ -317,6 +318,10 @@ typedef struct cuda_sess {
   rlm_status first;           /* the first error an op met this pass      */
   rlm_error first_err;
   pass_mode mode;
+  /* the pass's promise to the attention (rlm__cuda_attend_seen): no
+   * query sees more positions than this; 0: none. A graph is captured
+   * and replayed under one promise (graph.short_ctx). */
+  int64_t seen;
   graph graphs[MAX_GRAPHS];
   int n_graphs, cur;          /* cur: the graph this pass captures/replays */
 } cuda_sess;
@@ -893,8 +898,8 @@ static rlm_status cuda_attend(rlm_session *s, const rlm_pass *ps, int li, rlm_er
     rc = rlm__cuda_attend_prefill(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
                                   cs->st, &er);
   else if (!rc)
-    rc = rlm__cuda_attend(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, s->att,
-                          cs->att_scratch, q8, cs->st, &er);
+    rc = rlm__cuda_attend_seen(kv, s->q, c->n_heads, (float)c->attn_scale, cs->d_rows, cs->d_pos, ps->n, cs->seen,
+                               s->att, cs->att_scratch, q8, cs->st, &er);
   note(s, rc, &er);
   q8_made(s, q8, s->att, ps->n, c->n_heads * kv->dim);
   return RLM_OK; /* the pass's first error comes back from end_pass */
@@ -968,8 +973,24 @@ static bool graph_shape(const rlm_session *s, const rlm_pass *ps) {
 
 static int find_graph(const cuda_sess *cs, const rlm_pass *ps) {
   for (int i = 0; i < cs->n_graphs; i++)
-    if (cs->graphs[i].n == ps->n && cs->graphs[i].n_want == ps->n_want) return i;
+    if (cs->graphs[i].n == ps->n && cs->graphs[i].n_want == ps->n_want && cs->graphs[i].short_ctx == (cs->seen > 0))
+      return i;
   return -1;
+}
+
+/* The attention's short-context promise for the pass (cs->seen): the
+ * attention's limit (rlm__cuda_attend_whole_positions) where every
+ * token's position is below it (a query at p sees at most p + 1
+ * positions), else none. The limit itself, not the pass's most, so that
+ * a graph captured under it holds for every pass that keeps it: a step's
+ * graph is captured once, replayed until the context outgrows the limit,
+ * then captured again without it. */
+static int64_t short_promise(const rlm_pass *ps) {
+  const int64_t limit = rlm__cuda_attend_whole_positions();
+  if (limit <= 0) return 0;
+  for (int j = 0; j < ps->n; j++)
+    if (ps->tok_pos[j] + 1 > limit) return 0;
+  return limit;
 }
 
 /* The plan into pinned staging, one copy to the device (before any capture:
@@ -996,6 +1017,7 @@ static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err)
     if (p0 == 0) cs->top[u->row] = 0; /* a fresh (or cleared) row */
     cs->top[u->row] = RLM_MAX(cs->top[u->row], p0 + u->n);
   }
+  cs->seen = short_promise(ps);
   rlm_status rc = upload_plan(s, ps, err);
   if (rc || !graph_shape(s, ps)) return rc;
   cs->cur = find_graph(cs, ps);
@@ -1007,7 +1029,7 @@ static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err)
   cudaError_t e = cudaStreamBeginCapture(cs->st, cudaStreamCaptureModeThreadLocal);
   if (e != cudaSuccess) return cuda_fail(err, e, "starting a graph capture");
   cs->mode = MODE_CAPTURE;
-  cs->graphs[cs->n_graphs] = (graph){ps->n, ps->n_want, NULL};
+  cs->graphs[cs->n_graphs] = (graph){ps->n, ps->n_want, cs->seen > 0, NULL};
   return RLM_OK;
 }
 

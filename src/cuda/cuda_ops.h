@@ -210,6 +210,19 @@ rlm_status rlm__cuda_attend(const rlm_cuda_kv *c, const float *q, int n_heads, f
                             const int32_t *tok_row, const int64_t *tok_pos, int n, float *out,
                             void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
 
+/* rlm__cuda_attend under the caller's promise that no token of the pass
+ * sees more than `seen` positions (0: no promise). Where seen is at most
+ * rlm__cuda_attend_whole_positions() (RINGLM_CUDA_ATTN_WHOLE; 0: never),
+ * the pass one token and the cache dense f16/bf16 of head dim 33-256,
+ * each query head takes all its keys in one block, with no parts and no
+ * merge (scratch untouched); the sums then come in another order. */
+rlm_status rlm__cuda_attend_seen(const rlm_cuda_kv *c, const float *q, int n_heads, float scale,
+                                 const int32_t *tok_row, const int64_t *tok_pos, int n, int64_t seen, float *out,
+                                 void *scratch, const rlm_cuda_q8out *q8, rlm_cuda_stream st, rlm_error *err);
+int64_t rlm__cuda_attend_whole_positions(void);
+/* Tests only: that limit forced (-1: the variable's again). */
+void rlm__cuda_attend_whole_force(int64_t limit);
+
 /* Tests only: rlm__cuda_attend's merge reads its parts' outputs with m
  * and l (keep 1) or after them (0); -1: as RINGLM_CUDA_MERGE_KEEP says.
  * Both paths give the same bits. Not for use while another thread

@@ -1099,8 +1099,57 @@ static void check_merge_paths(const rlm_cuda_kv *c, const float *dq, int H, floa
   cudaFree(dout), free(other);
 }
 
-/* tc: through rlm__cuda_attend_prefill (the case is one row) */
-static void check_attend(attn_case *a, bool tc) {
+/* The whole-context path (rlm__cuda_attend_seen, its limit forced past
+ * every case's positions): its output into *whole (host; the caller
+ * compares it with the reference: its sums come in another order than
+ * the default's), its int8 activations bit for bit
+ * rlm__cuda_q8act_quantize's of that output. Returns whether the path
+ * ran, seen from the parts' scratch: it writes none, so the poison is
+ * still there; where it does not apply, the two kernels must have run. */
+static bool check_whole_path(const rlm_cuda_kv *c, const float *dq, int H, float scale, const int32_t *drow,
+                             const int64_t *dpos, const int64_t *pos, int n, int dim, float **whole) {
+  int64_t seen = 1;
+  for (int j = 0; j < n; j++)
+    if (pos[j] + 1 > seen) seen = pos[j] + 1;
+  rlm__cuda_attend_whole_force(1 << 20);
+  const int64_t cols = (int64_t)H * dim;
+  const int g = dim % 128 == 0 ? 128 : dim % 64 == 0 ? 64 : 32;
+  const bool q8on = cols % 128 == 0 && dim % g == 0;
+  const size_t fb = (size_t)n * cols * 4, qb = q8on ? rlm__cuda_q8act_bytes(cols, g, n) : 1;
+  const size_t sb = rlm__cuda_attend_scratch_bytes(n, H, dim);
+  float *dout = dev_poisoned(fb);
+  void *scratch = dev_poisoned(sb), *made = dev_poisoned(qb), *want = dev_poisoned(qb);
+  CU(cudaMemset(made, 0, qb));
+  CU(cudaMemset(want, 0, qb));
+  rlm_cuda_q8out q8 = {made, 4, g};
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_attend_seen(c, dq, H, scale, drow, dpos, n, seen, dout, scratch, q8on ? &q8 : NULL, NULL, &err),
+           RLM_OK);
+  rlm__cuda_attend_whole_force(-1);
+  *whole = xmalloc(fb);
+  uint8_t *sc = xmalloc(sb), *q0 = xmalloc(qb), *q1 = xmalloc(qb);
+  download(*whole, dout, fb);
+  download(sc, scratch, sb);
+  bool untouched = true;
+  for (size_t i = 0; i < sb && untouched; i++) untouched = sc[i] == 0xff;
+  if (q8on) {
+    CHECK_EQ(rlm__cuda_q8act_quantize(dout, n, cols, 4, g, want, NULL, &err), RLM_OK);
+    download(q0, want, qb), download(q1, made, qb);
+    CHECK(memcmp(q0, q1, qb) == 0);
+  }
+  /* the path's cases: one token over a dense f16/bf16 cache of head dim
+   * 33 to 256 (the kernel's buckets 64, 128, 256) */
+  const bool applies = !c->k_bits && (c->dtype == RLM_DTYPE_F16 || c->dtype == RLM_DTYPE_BF16) && dim > 32 &&
+                       dim <= 256 && n == 1;
+  CHECK(untouched == applies);
+  cudaFree(dout), cudaFree(scratch), cudaFree(made), cudaFree(want);
+  free(sc), free(q0), free(q1);
+  return untouched;
+}
+
+/* tc: through rlm__cuda_attend_prefill (the case is one row). Returns
+ * whether the whole-context path ran (check_whole_path). */
+static bool check_attend(attn_case *a, bool tc) {
   fill_positions(a);
   const int dim = a->dim, H = a->n_heads, n = a->n, q_per_kv = H / a->n_kv;
   const size_t tok = (size_t)a->n_kv * dim;
@@ -1145,6 +1194,8 @@ static void check_attend(attn_case *a, bool tc) {
   download(got, dout, (size_t)n * H * dim * 4);
   if (!tc) check_attend_q8(&c, dq, H, scale, drow, dpos, n, dim, got);
   if (!tc) check_merge_paths(&c, dq, H, scale, drow, dpos, n, dim, scratch, got);
+  float *whole = NULL;
+  const bool wholed = !tc && check_whole_path(&c, dq, H, scale, drow, dpos, a->pos, n, dim, &whole);
   /* The reference, in double over the stored (rounded) values. */
   const int64_t max_end = end[0] > end[1] ? (end[0] > end[2] ? end[0] : end[2]) : (end[1] > end[2] ? end[1] : end[2]);
   double *s = xmalloc((size_t)max_end * 8), *o = xmalloc((size_t)dim * 8);
@@ -1181,10 +1232,16 @@ static void check_attend(attn_case *a, bool tc) {
   expect_close(what, got, ref, (int64_t)n * H * dim, !tc ? 1e-4 : a->dt == RLM_DTYPE_BF16 ? 1e-2 : 1e-3);
   for (int j = 0; j < n; j++) /* a padded token: exactly zeros */
     for (int i = 0; a->pos[j] < 0 && i < H * dim; i++) CHECK(got[(size_t)j * H * dim + i] == 0.0f);
+  if (wholed) {
+    char w2[200];
+    snprintf(w2, sizeof w2, "%s, whole-context path", what);
+    expect_close(w2, whole, ref, (int64_t)n * H * dim, 1e-4);
+  }
   kv_free(&c);
   cudaFree(dk), cudaFree(dv), cudaFree(dq), cudaFree(drow), cudaFree(dpos), cudaFree(dout), cudaFree(scratch);
   for (int r = 0; r < a->n_rows; r++) free(hk[r]), free(hv[r]), free(sk[r]), free(sv[r]);
-  free(pk), free(pv), free(q), free(got), free(ref), free(s), free(o);
+  free(pk), free(pv), free(q), free(got), free(ref), free(s), free(o), free(whole);
+  return wholed;
 }
 
 /* A ring's slack (cap - window) covers each pass's tokens of a row. */
@@ -1220,7 +1277,10 @@ TEST(attend_matches_reference) {
        0, 0, 0},
   };
   /* clang-format on */
-  for (int i = 0; i < N_OF(cases); i++) check_attend(&cases[i], false);
+  int wholed = 0;
+  for (int i = 0; i < N_OF(cases); i++) wholed += check_attend(&cases[i], false);
+  test_note("the whole-context path ran for %d of %d cases", wholed, (int)N_OF(cases));
+  CHECK(wholed >= 6); /* the one-token dense f16/bf16 decodes of dims 33-256 */
 }
 
 /* The tensor-core prefill kernel: one row's chunk, dense f16/bf16, head
