@@ -250,6 +250,11 @@ TEST(q8_matches_reference) {
   check_q8_case(1031, 6912, 4, 64, RLM_DTYPE_BF16, 1);
   check_q8_case(5, 640, 4, 32, RLM_DTYPE_F16, 1);
   check_q8_case(33, 8192, 4, 128, RLM_DTYPE_F32, 1);
+  /* half-width blocks (P even, >= 4: 2 passes a warp, 2 rows a block)
+   * whose last pass is partial: 3200 columns (P = 4, 4 of its 32 lanes
+   * busy) and 7680 (P = 8, 16 busy); odd row counts */
+  check_q8_case(37, 3200, 4, 64, RLM_DTYPE_BF16, 1);
+  check_q8_case(67, 7680, 4, 128, RLM_DTYPE_F16, 1);
   /* m = 1 at 8 bits (decode's output heads): Gemma's head width (72
    * vectors a row: a last round with 8 lanes busy), Llama's, one round,
    * rows not a multiple of a block's */
