@@ -81,9 +81,12 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   XREG_ROWS=1|2    decode's 4-bit product's row groups of 1 or 2 rows
   #   XREG_HALF=0      that product at the fewest passes a warp and 4 rows
   #                    a block everywhere (not half-width blocks)
-  #   ATTN_WHOLE=256   a one-token pass's attention in one block a query
-  #                    head while no query sees past 256 positions (off
-  #                    until it has run on a GPU; test_cuda_ops forces it)
+  #   ATTN_WHOLE=0     a one-token pass's attention always in parts and
+  #                    a merge (not in one block a query head while no
+  #                    query sees past 128 positions; test_cuda_ops forces
+  #                    the one-block path on every case it takes)
+  #   ATTN_WHOLE=4096  that one-block path up to 4096 positions (many
+  #                    rounds a block)
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
   while read -r sw progs_sw; do
@@ -117,7 +120,8 @@ MERGE_KEEP=0 test_cuda_ops test_cuda_model
 XREG_ROWS=1 test_cuda_qgemv
 XREG_ROWS=2 test_cuda_qgemv
 XREG_HALF=0 test_cuda_qgemv test_cuda_model
-ATTN_WHOLE=256 test_cuda_model
+ATTN_WHOLE=0 test_cuda_model
+ATTN_WHOLE=4096 test_cuda_model
 SWITCHES
   [ -z "$failed" ] || { echo "test-cuda: failed:$failed"; exit 1; }
 fi

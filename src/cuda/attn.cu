@@ -1209,8 +1209,8 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
  * out: docs/cuda-notes.md); the merge done inside a thread-block cluster
  * instead cost as much (a barrier across SMs and reads of other blocks'
  * shared memory). Here, where the backend promises that no query of a
- * one-token pass sees more than RINGLM_CUDA_ATTN_WHOLE positions (0, the
- * default: never, until a GPU has timed it), each query head is one block
+ * one-token pass sees more than RINGLM_CUDA_ATTN_WHOLE positions (128 by
+ * default; 0: never), each query head is one block
  * of kWholeWarps warps whose lane groups hold kWholeUnroll keys each in
  * flight (128 keys a round at head dim 128, 64 at 256): its lane groups'
  * states merge in its own shared memory, and it writes the outputs and
@@ -1220,7 +1220,13 @@ void launch_attend(const AttendArgs &a, cudaStream_t st) {
 int64_t g_whole = -1; /* rlm__cuda_attend_whole_force's limit; -1: the variable's */
 
 int64_t whole_positions() {
-  static const int64_t env = env_int("RINGLM_CUDA_ATTN_WHOLE", 0, 0, 1 << 20);
+  /* 128: one round of the block's keys at head dim 128. Timed on an H100
+   * (docs/cuda-notes.md, 2026-12-06, eighth): Llama-8B 4-bit +2% a step
+   * while positions stay below 128 and -1% to -4.5% past them (a second,
+   * third... round runs on 32 blocks where the parts had hundreds);
+   * Gemma-1B (head dim 256, 64 keys a round) +4% below 64, level at
+   * 64-128, slower past. */
+  static const int64_t env = env_int("RINGLM_CUDA_ATTN_WHOLE", 128, 0, 1 << 20);
   return g_whole >= 0 ? g_whole : env;
 }
 
