@@ -1223,9 +1223,11 @@ int64_t whole_positions() {
   /* 128: one round of the block's keys at head dim 128. Timed on an H100
    * (docs/cuda-notes.md, 2026-12-06, eighth): Llama-8B 4-bit +2% a step
    * while positions stay below 128 and -1% to -4.5% past them (a second,
-   * third... round runs on 32 blocks where the parts had hundreds);
-   * Gemma-1B (head dim 256, 64 keys a round) +4% below 64, level at
-   * 64-128, slower past. */
+   * third... round runs on 32 blocks where the parts had several times
+   * more); Gemma-1B (head dim 256, 64 keys a round) +4% below 64, level
+   * at 64-128, slower past. On an H200 the 8B's steps gain +1.9% too, but
+   * a session that outgrows the limit captures its step's graph again
+   * (about 3.8 ms there), which 128 faster steps about repay. */
   static const int64_t env = env_int("RINGLM_CUDA_ATTN_WHOLE", 128, 0, 1 << 20);
   return g_whole >= 0 ? g_whole : env;
 }
