@@ -562,9 +562,31 @@ bool xreg_loop_on() {
   return on;
 }
 
+/* BALANCED GRID (RINGLM_CUDA_XREG_BALANCE=1; off until a GPU has timed
+ * it). The grid below walks the row groups in rounds of the whole grid,
+ * so where the groups are not a multiple of it the last round runs on
+ * part of the grid. Llama-8B at half-width blocks (<4, 2, 2, bf16>, 79
+ * registers, so 12 two-warp or 3 seven-warp blocks an SM): gate and up
+ * are 14,336 groups on 1,584 blocks, a tenth round on 80 of them; down
+ * 2,048 on 396, a sixth round on 68; o 2,048 on 1,584, a second round on
+ * 464. The blocks of such a round asked for its bytes during the round
+ * before, alongside everyone's, and the launch ends a fold and a store
+ * after the rest of the grid is idle: what that costs is the question
+ * this switch asks. On an H200 the 8B's products in a graph reach 84%
+ * of their floor against 93% on an H100 (docs/cuda-notes.md, 2026-12-06,
+ * eighth): what is fixed a launch weighs more where the bytes take less
+ * time. Balanced, the grid is ceil(groups / rounds) for the same number
+ * of rounds, so every block takes that many groups (the grid's last few
+ * one fewer) and no round runs on a sliver of the grid. Every row is
+ * summed the same way whichever block takes it: the bits do not change. */
+bool xreg_balance_on() {
+  static const bool on = env_switch("RINGLM_CUDA_XREG_BALANCE", false);
+  return on;
+}
+
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
- * a row group. */
+ * a row group; balanced (above), as few as take the same rounds. */
 template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
@@ -574,7 +596,10 @@ unsigned loop_grid(int threads, int64_t groups) {
           cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
-  return (unsigned)(groups < n ? groups : n);
+  if (groups <= n) return (unsigned)groups;
+  if (!xreg_balance_on()) return (unsigned)n;
+  const int64_t rounds = (groups + n - 1) / n;
+  return (unsigned)((groups + rounds - 1) / rounds);
 }
 
 template <int BITS, int PP, int R, typename T>
