@@ -984,10 +984,12 @@ static int find_graph(const cuda_sess *cs, const rlm_pass *ps) {
  * positions), else none. The limit itself, not the pass's most, so that
  * a graph captured under it holds for every pass that keeps it: a step's
  * graph is captured once, replayed until the context outgrows the limit,
- * then captured again without it. */
+ * then captured again without it. One-token passes only: the attention
+ * takes the promise for no other (rlm__cuda_attend_seen), so a batch's
+ * or a draft's graph keyed by it would only be captured twice. */
 static int64_t short_promise(const rlm_pass *ps) {
   const int64_t limit = rlm__cuda_attend_whole_positions();
-  if (limit <= 0) return 0;
+  if (limit <= 0 || ps->n != 1) return 0;
   for (int j = 0; j < ps->n; j++)
     if (ps->tok_pos[j] + 1 > limit) return 0;
   return limit;
