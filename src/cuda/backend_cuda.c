@@ -979,8 +979,8 @@ static int find_graph(const cuda_sess *cs, const rlm_pass *ps) {
 }
 
 /* The attention's short-context promise for the pass (cs->seen): the
- * attention's limit (rlm__cuda_attend_whole_positions) where every
- * token's position is below it (a query at p sees at most p + 1
+ * attention's limit (rlm__cuda_attend_whole_positions) where the pass is
+ * one token whose position is below it (a query at p sees at most p + 1
  * positions), else none. The limit itself, not the pass's most, so that
  * a graph captured under it holds for every pass that keeps it: a step's
  * graph is captured once, replayed until the context outgrows the limit,
@@ -989,10 +989,7 @@ static int find_graph(const cuda_sess *cs, const rlm_pass *ps) {
  * or a draft's graph keyed by it would only be captured twice. */
 static int64_t short_promise(const rlm_pass *ps) {
   const int64_t limit = rlm__cuda_attend_whole_positions();
-  if (limit <= 0 || ps->n != 1) return 0;
-  for (int j = 0; j < ps->n; j++)
-    if (ps->tok_pos[j] + 1 > limit) return 0;
-  return limit;
+  return limit > 0 && ps->n == 1 && ps->tok_pos[0] + 1 <= limit ? limit : 0;
 }
 
 /* The plan into pinned staging, one copy to the device (before any capture:
