@@ -456,7 +456,31 @@ __device__ __forceinline__ void xreg_fold(const XregRows<BITS, PP, R, T> &cur, c
   if (lane % (kWarp / R) == 0) red[warp][row] = part;
 }
 
-template <int BITS, int PP, int R, typename T>
+/* STEADY PREFETCH (RINGLM_CUDA_XREG_PF=d, 1 or 2; off by default until
+ * a GPU has timed it). The loop keeps one row group in flight a warp (the
+ * next group's registers), about 48 KB an SM at 12 two-warp blocks; the
+ * read-only kernel that reaches the floor (bench/cuda_read_floor.cu)
+ * keeps about 128 KB. An H200 needs ~40% more bytes in flight than an
+ * H100 for its bandwidth, and there the products reach 84% of their
+ * floor against 93%. So each round three threads of the block also ask
+ * the L2 for group blk + (1 + d) gridDim.x (codes, scales, biases: one
+ * bulk prefetch each, no registers), and its register loads d rounds
+ * later meet the L2 rather than HBM. Unlike XREG_AHEAD (removed, slower:
+ * groups asked for once, before the PDL wait, all of them at once) this
+ * keeps the extra depth through the loop. Bits unchanged: only the
+ * caches' contents differ. */
+template <int BITS, int R, typename T>
+__device__ __forceinline__ void xreg_pf(const Segs &segs, int64_t b, int n_vec, int n_groups, int64_t total) {
+  const int a = threadIdx.x;
+  if (a >= 3 || b >= total) return;
+  const Seg &sg = seg_of(segs, &b);
+  const int64_t row0 = b * R, end = sg.rows - row0 < R ? sg.rows : row0 + R;
+  constexpr int64_t kUnit = BITS == 4 ? 16 : 24; /* bytes of a lane's 32 codes */
+  if (a == 0) prefetch_l2(sg.wq, row0 * n_vec * kUnit, end * n_vec * kUnit);
+  else prefetch_l2(a == 1 ? sg.sc : sg.bi, row0 * n_groups * (int64_t)sizeof(T), end * n_groups * (int64_t)sizeof(T));
+}
+
+template <int BITS, int PP, int R, typename T, int PF>
 __global__ void __launch_bounds__(kWarp * 8)
     qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
@@ -475,6 +499,8 @@ __global__ void __launch_bounds__(kWarp * 8)
     XregRows<BITS, PP, R, T> nxt;
     xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
     xreg_fold(cur, xr, lane, warp, red);
+    /* after the fold, where cur's registers are free */
+    if constexpr (PF > 0) xreg_pf<BITS, R, T>(segs, blk + (int64_t)(1 + PF) * gridDim.x, n_vec, n_groups, total);
     __syncthreads();
     if (threadIdx.x < R) {
       int64_t b = blk;
@@ -587,12 +613,12 @@ bool xreg_balance_on() {
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group; balanced (above), as few as take the same rounds. */
-template <int BITS, int PP, int R, typename T>
+template <int BITS, int PP, int R, typename T, int PF>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
   const int wi = threads / kWarp, sms = sm_count();
   if (!per_sm[wi] &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, PF>, threads, 0) !=
           cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
@@ -602,11 +628,30 @@ unsigned loop_grid(int threads, int64_t groups) {
   return (unsigned)((groups + rounds - 1) / rounds);
 }
 
+/* xreg_pf's distance in rounds: RINGLM_CUDA_XREG_PF (0 to 2), default 0;
+ * each distance is its own instance, so the default kernel keeps its
+ * registers. */
+int xreg_pf_rounds() {
+  static const int d = env_int("RINGLM_CUDA_XREG_PF", 0, 0, 2);
+  return d;
+}
+
+template <int BITS, int PP, int R, typename T, int PF>
+void launch_xreg_pf(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
+  const int64_t groups = p.first_block[p.n];
+  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, PF>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T, PF>, grid, threads, 0, st, p, x, cols, g);
+}
+
 template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
-  const int64_t groups = p.first_block[p.n];
-  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
+  /* prefetch instances at 4 bits only, and only for the persistent grid */
+  const int pf = BITS == 4 && xreg_loop_on() ? xreg_pf_rounds() : 0;
+  if constexpr (BITS == 4) {
+    if (pf == 1) return launch_xreg_pf<BITS, PP, R, T, 1>(p, x, cols, g, threads, st);
+    if (pf == 2) return launch_xreg_pf<BITS, PP, R, T, 2>(p, x, cols, g, threads, st);
+  }
+  launch_xreg_pf<BITS, PP, R, T, 0>(p, x, cols, g, threads, st);
 }
 
 template <int BITS, int R, typename T>
