@@ -8,7 +8,8 @@
 #   bench/cuda.sh [MODELS_DIR]     (default /tmp/ringlm-bench)
 #
 # Models: random weights with the shapes of Gemma 3 1B and Llama 3.1 8B
-# (scripts/make_bench_models.py, bf16), quantized to MLX 4-bit g64 with the
+# (scripts/make_bench_models.py --parallel, bf16: each matrix its own seed,
+# drawn on every core), quantized to MLX 4-bit g64 with the
 # tied embedding/head as llama-quantize's Q4_0 has it: Gemma's at 8 bits
 # (Q8_0), Llama's at 6 bits g64 (Q6_K; 6.5 against 6.56 bits a weight).
 # RINGLM (default build-cuda/ringlm) and QGEMV (build-cuda/tests/
@@ -35,7 +36,7 @@ mkdir -p "$dir"
 # (4.35 GB against the anchor's 4.36).
 for shape in gemma3-1b:8 llama3.1-8b:6; do
   head=${shape#*:} shape=${shape%:*}
-  [ -f "$dir/$shape/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" "$shape" --no-gguf
+  [ -f "$dir/$shape/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" "$shape" --no-gguf --parallel
   [ -f "$dir/$shape-4bit/model.safetensors" ] ||
     "$bin" quantize "$dir/$shape" "$dir/$shape-4bit" --bits 4 --group-size 64 --quantize-embeddings \
       --override embed_tokens=$head >/dev/null

@@ -37,7 +37,7 @@ kv_bits=${KV_BITS:+--kv-bits $KV_BITS}
 [ -d build-cuda/devlib ] && export LD_LIBRARY_PATH=$PWD/build-cuda/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 model=$dir/llama3.1-8b-4bit-h$head
 mkdir -p "$dir"
-[ -f "$dir/llama3.1-8b/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" llama3.1-8b --no-gguf
+[ -f "$dir/llama3.1-8b/model.safetensors" ] || python3 scripts/make_bench_models.py "$dir" llama3.1-8b --no-gguf --parallel
 [ -f "$model/model.safetensors" ] ||
   "$bin" quantize "$dir/llama3.1-8b" "$model" --bits 4 --group-size 64 --quantize-embeddings \
     --override embed_tokens="$head" >/dev/null

@@ -17,7 +17,9 @@ of both (it does not change the work). A llama GGUF's q/k rows are
 interleaved per head as convert_hf_to_gguf.py interleaves them (the same
 function for llama.cpp; ringlm's GGUF loader puts them back). Weights are
 N(0, 0.02) from a fixed
-seed, so every run writes the same bytes; norms are 1 (for Gemma, whose
+seed, so every run writes the same bytes (--parallel N: each matrix from
+its own seed, drawn by N processes, other bytes but again the same every
+run); norms are 1 (for Gemma, whose
 norms scale by 1 + w, the stored w is 0 and GGUF holds 1 + w, as
 llama.cpp's converter writes it).
 
@@ -92,40 +94,103 @@ def bf16_to_f32(b):
     return (b.astype(np.uint32) << 16).view(np.float32)
 
 
-def tensors(s, seed=1234):
-    """(hf_name, gguf_name, bf16 array) in a fixed order; gemma norms as w."""
-    rng = np.random.default_rng(seed)
+SEED = 1234
+
+
+def layout(s):
+    """(hf_name, gguf_name, shape) of every tensor, in the file's order;
+    2-D shapes are matrices of N(0, 0.02), 1-D ones norms."""
     H, I, D, V = s["hidden"], s["inter"], s["head_dim"], s["vocab"]
     gemma = s["arch"] == "gemma3_text"
-
-    def w(rows, cols):
-        return to_bf16(rng.standard_normal((rows, cols), dtype=np.float32) * 0.02)
-
-    def norm(n):
-        return to_bf16(np.zeros(n, np.float32) if gemma else np.ones(n, np.float32))
-
-    out = [("model.embed_tokens.weight", "token_embd.weight", w(V, H))]
+    out = [("model.embed_tokens.weight", "token_embd.weight", (V, H))]
     for i in range(s["layers"]):
         p, g = f"model.layers.{i}.", f"blk.{i}."
-        out += [(p + "input_layernorm.weight", g + "attn_norm.weight", norm(H)),
-                (p + "self_attn.q_proj.weight", g + "attn_q.weight", w(s["heads"] * D, H)),
-                (p + "self_attn.k_proj.weight", g + "attn_k.weight", w(s["kv"] * D, H)),
-                (p + "self_attn.v_proj.weight", g + "attn_v.weight", w(s["kv"] * D, H)),
-                (p + "self_attn.o_proj.weight", g + "attn_output.weight", w(H, s["heads"] * D))]
+        out += [(p + "input_layernorm.weight", g + "attn_norm.weight", (H,)),
+                (p + "self_attn.q_proj.weight", g + "attn_q.weight", (s["heads"] * D, H)),
+                (p + "self_attn.k_proj.weight", g + "attn_k.weight", (s["kv"] * D, H)),
+                (p + "self_attn.v_proj.weight", g + "attn_v.weight", (s["kv"] * D, H)),
+                (p + "self_attn.o_proj.weight", g + "attn_output.weight", (H, s["heads"] * D))]
         if s["qk_norm"]:
-            out += [(p + "self_attn.q_norm.weight", g + "attn_q_norm.weight", norm(D)),
-                    (p + "self_attn.k_norm.weight", g + "attn_k_norm.weight", norm(D))]
+            out += [(p + "self_attn.q_norm.weight", g + "attn_q_norm.weight", (D,)),
+                    (p + "self_attn.k_norm.weight", g + "attn_k_norm.weight", (D,))]
         if gemma:
-            out += [(p + "post_attention_layernorm.weight", g + "post_attention_norm.weight", norm(H)),
-                    (p + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", norm(H)),
-                    (p + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", norm(H))]
+            out += [(p + "post_attention_layernorm.weight", g + "post_attention_norm.weight", (H,)),
+                    (p + "pre_feedforward_layernorm.weight", g + "ffn_norm.weight", (H,)),
+                    (p + "post_feedforward_layernorm.weight", g + "post_ffw_norm.weight", (H,))]
         else:
-            out += [(p + "post_attention_layernorm.weight", g + "ffn_norm.weight", norm(H))]
-        out += [(p + "mlp.gate_proj.weight", g + "ffn_gate.weight", w(I, H)),
-                (p + "mlp.up_proj.weight", g + "ffn_up.weight", w(I, H)),
-                (p + "mlp.down_proj.weight", g + "ffn_down.weight", w(H, I))]
-    out.append(("model.norm.weight", "output_norm.weight", norm(H)))
+            out += [(p + "post_attention_layernorm.weight", g + "ffn_norm.weight", (H,))]
+        out += [(p + "mlp.gate_proj.weight", g + "ffn_gate.weight", (I, H)),
+                (p + "mlp.up_proj.weight", g + "ffn_up.weight", (I, H)),
+                (p + "mlp.down_proj.weight", g + "ffn_down.weight", (H, I))]
+    out.append(("model.norm.weight", "output_norm.weight", (H,)))
     return out
+
+
+def norm_weight(s, n):
+    """A norm's stored weight: 1, or Gemma's w = 0 (it scales by 1 + w)."""
+    gemma = s["arch"] == "gemma3_text"
+    return to_bf16(np.zeros(n, np.float32) if gemma else np.ones(n, np.float32))
+
+
+def tensors(s, seed=SEED):
+    """(hf_name, gguf_name, bf16 array) in layout's order, every matrix
+    drawn in turn from one generator (the default: the same bytes as
+    every earlier run)."""
+    rng = np.random.default_rng(seed)
+    return [(h, g, to_bf16(rng.standard_normal(shape, dtype=np.float32) * 0.02) if len(shape) == 2
+             else norm_weight(s, shape[0])) for h, g, shape in layout(s)]
+
+
+def fill_matrix(task):
+    """One matrix of a --parallel model, written in place: its own
+    generator (SEED, spawn key = its index), rows drawn in chunks of about
+    16 M values so a worker holds little."""
+    path, offset, rows, cols, key = task
+    rng = np.random.default_rng(np.random.SeedSequence(SEED, spawn_key=(key,)))
+    m = np.memmap(path, dtype=np.uint16, mode="r+", offset=offset, shape=(rows, cols))
+    step = max(1, (1 << 24) // cols)
+    for r in range(0, rows, step):
+        e = min(rows, r + step)
+        m[r:e] = to_bf16(rng.standard_normal((e - r, cols), dtype=np.float32) * 0.02)
+    m.flush()
+    del m
+
+
+def write_parallel(path, s, jobs):
+    """--parallel: model.safetensors written straight to disk, each matrix
+    from its own seed by `jobs` processes (the bytes do not depend on
+    jobs, but differ from the default's single stream: same shapes, same
+    distribution). Returns (hf_name, gguf_name, read-only view) as
+    tensors() does, for the GGUF writer."""
+    import multiprocessing
+    spec = layout(s)
+    header, off, offs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, _, shape in spec:
+        n = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        offs.append(off)
+        off += n
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    base = 8 + len(h)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h)
+        f.truncate(base + off)
+    tasks = []
+    for i, ((_, _, shape), o) in enumerate(zip(spec, offs)):
+        if len(shape) == 2:
+            tasks.append((path, base + o, shape[0], shape[1], i))
+        else:
+            m = np.memmap(path, dtype=np.uint16, mode="r+", offset=base + o, shape=shape)
+            m[:] = norm_weight(s, shape[0])
+            m.flush()
+            del m
+    tasks.sort(key=lambda t: -t[2] * t[3])  # the largest first, so the pool ends together
+    with multiprocessing.Pool(jobs) as pool:
+        for _ in pool.imap_unordered(fill_matrix, tasks):
+            pass
+    return [(hn, gn, np.memmap(path, dtype=np.uint16, mode="r", offset=base + o, shape=shape))
+            for (hn, gn, shape), o in zip(spec, offs)]
 
 
 def hf_config(s):
@@ -373,6 +438,10 @@ def main():
     ap.add_argument("names", nargs="*", metavar="name",
                     help=f"models among {' '.join(SHAPES)} (default: {' '.join(DEFAULT)})")
     ap.add_argument("--no-gguf", action="store_true", help="write only the Hugging Face folders")
+    ap.add_argument("--parallel", type=int, nargs="?", const=0, metavar="N",
+                    help="each matrix from its own seed, drawn by N processes (default: every core) and "
+                         "written straight to disk: for the 8B on a device machine. Other weights than "
+                         "without it (same shapes and distribution), the same whatever N")
     ap.add_argument("--tokenizer", metavar="DIR", help="a tokenizer folder (tokenizer.json, "
                     "tokenizer_config.json) that gives the models a vocabulary (default: none)")
     args = ap.parse_args()
@@ -387,12 +456,15 @@ def main():
               for n in names}  # every name checked before anything is written
     for name in names:
         s, vocab_kv = SHAPES[name], vocabs[name]
-        items = tensors(s)
         d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         json.dump(hf_config(s), open(os.path.join(d, "config.json"), "w"), indent=1)
         json.dump({"bos_token_id": 2, "eos_token_id": 1}, open(os.path.join(d, "generation_config.json"), "w"))
-        write_safetensors(os.path.join(d, "model.safetensors"), [(h, a) for h, _, a in items])
+        if args.parallel is not None:
+            items = write_parallel(os.path.join(d, "model.safetensors"), s, args.parallel or os.cpu_count())
+        else:
+            items = tensors(s)
+            write_safetensors(os.path.join(d, "model.safetensors"), [(h, a) for h, _, a in items])
         if args.tokenizer:
             copy_tokenizer(args.tokenizer, d)
         if not args.no_gguf:
