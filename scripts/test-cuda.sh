@@ -86,6 +86,8 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #                    it has run on a GPU)
   #   XREG_PF=2        that product also asks the L2 for the row group
   #                    three rounds ahead (off until it has run on a GPU)
+  #   XREG_CAP=1       that product's instances held to 64 registers, so
+  #                    more blocks fit an SM (off until it has run on a GPU)
   #   ATTN_WHOLE=0     a one-token pass's attention always in parts and
   #                    a merge (not in one block a query head while no
   #                    query sees past 128 positions; test_cuda_ops forces
@@ -127,6 +129,7 @@ XREG_ROWS=2 test_cuda_qgemv
 XREG_HALF=0 test_cuda_qgemv test_cuda_model
 XREG_BALANCE=1 test_cuda_qgemv test_cuda_model
 XREG_PF=2 test_cuda_qgemv test_cuda_model
+XREG_CAP=1 test_cuda_qgemv test_cuda_model
 ATTN_WHOLE=0 test_cuda_model
 ATTN_WHOLE=4096 test_cuda_model
 SWITCHES

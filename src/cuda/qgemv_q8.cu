@@ -480,8 +480,10 @@ __device__ __forceinline__ void xreg_pf(const Segs &segs, int64_t b, int n_vec, 
   else prefetch_l2(a == 1 ? sg.sc : sg.bi, row0 * n_groups * (int64_t)sizeof(T), end * n_groups * (int64_t)sizeof(T));
 }
 
-template <int BITS, int PP, int R, typename T, int PF>
-__global__ void __launch_bounds__(kWarp * 8)
+/* MINB: blocks of 8 warps an SM the instance must fit (0: no bound, as
+ * ptxas likes; 4: at most 64 registers, xreg_cap_on). */
+template <int BITS, int PP, int R, typename T, int PF, int MINB>
+__global__ void __launch_bounds__(kWarp * 8, MINB)
     qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
@@ -613,12 +615,12 @@ bool xreg_balance_on() {
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group; balanced (above), as few as take the same rounds. */
-template <int BITS, int PP, int R, typename T, int PF>
+template <int BITS, int PP, int R, typename T, int PF, int MINB>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
   const int wi = threads / kWarp, sms = sm_count();
   if (!per_sm[wi] &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, PF>, threads, 0) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, PF, MINB>, threads, 0) !=
           cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
@@ -636,22 +638,44 @@ int xreg_pf_rounds() {
   return d;
 }
 
-template <int BITS, int PP, int R, typename T, int PF>
+/* REGISTER CAP (RINGLM_CUDA_XREG_CAP=1; off until a GPU has timed it).
+ * The same question as the prefetch above from the other side: more
+ * blocks resident, so more row groups in flight an SM. Held to 64
+ * registers, Llama-8B's half-width instance <4, 2, 2, bf16> (79 by
+ * default) fits 16 two-warp blocks an SM against 12, and down's seven-
+ * warp blocks 4 against 3; Gemma-1B's <4, 1, 4> (95) likewise. ptxas
+ * -v (sm_90): no spills for the pairs xreg_cap_fits names; the others
+ * (2 passes of 4 or more rows, 4 passes) spill 120-1,124 bytes at 64,
+ * so they keep their registers. Same instructions, same bits. */
+bool xreg_cap_on() {
+  static const bool on = env_switch("RINGLM_CUDA_XREG_CAP", false);
+  return on;
+}
+constexpr bool xreg_cap_fits(int bits, int pp, int r) { return bits == 4 && (pp == 1 ? r <= 4 : pp == 2 && r <= 2); }
+
+template <int BITS, int PP, int R, typename T, int PF, int MINB>
 void launch_xreg_pf(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
   const int64_t groups = p.first_block[p.n];
-  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, PF>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T, PF>, grid, threads, 0, st, p, x, cols, g);
+  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, PF, MINB>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T, PF, MINB>, grid, threads, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
-  /* prefetch instances at 4 bits only, and only for the persistent grid */
+  /* prefetch and capped instances at 4 bits only, and only for the
+   * persistent grid; the cap with no prefetch or with d = 2 */
   const int pf = BITS == 4 && xreg_loop_on() ? xreg_pf_rounds() : 0;
-  if constexpr (BITS == 4) {
-    if (pf == 1) return launch_xreg_pf<BITS, PP, R, T, 1>(p, x, cols, g, threads, st);
-    if (pf == 2) return launch_xreg_pf<BITS, PP, R, T, 2>(p, x, cols, g, threads, st);
+  if constexpr (xreg_cap_fits(BITS, PP, R)) {
+    if (xreg_loop_on() && xreg_cap_on()) {
+      if (pf == 0) return launch_xreg_pf<BITS, PP, R, T, 0, 4>(p, x, cols, g, threads, st);
+      if (pf == 2) return launch_xreg_pf<BITS, PP, R, T, 2, 4>(p, x, cols, g, threads, st);
+    }
   }
-  launch_xreg_pf<BITS, PP, R, T, 0>(p, x, cols, g, threads, st);
+  if constexpr (BITS == 4) {
+    if (pf == 1) return launch_xreg_pf<BITS, PP, R, T, 1, 0>(p, x, cols, g, threads, st);
+    if (pf == 2) return launch_xreg_pf<BITS, PP, R, T, 2, 0>(p, x, cols, g, threads, st);
+  }
+  launch_xreg_pf<BITS, PP, R, T, 0, 0>(p, x, cols, g, threads, st);
 }
 
 template <int BITS, int R, typename T>
