@@ -643,8 +643,9 @@ int xreg_pf_rounds() {
  * blocks resident, so more row groups in flight an SM. Held to 64
  * registers, Llama-8B's half-width instance <4, 2, 2, bf16> (79 by
  * default) fits 16 two-warp blocks an SM against 12, and down's seven-
- * warp blocks 4 against 3; Gemma-1B's <4, 1, 4> (95) likewise. ptxas
- * -v (sm_90): no spills for the pairs xreg_cap_fits names; the others
+ * warp blocks 4 against 3 (Gemma-1B's <4, 1, 4> takes 59 already; its
+ * prefetch instances 94, 64 capped). ptxas -v (sm_90): no spills for
+ * the pairs xreg_cap_fits names; the others
  * (2 passes of 4 or more rows, 4 passes) spill 120-1,124 bytes at 64,
  * so they keep their registers. Same instructions, same bits. */
 bool xreg_cap_on() {
