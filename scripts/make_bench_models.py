@@ -9,7 +9,7 @@ python3-numpy, so /usr/bin/python3; the vocabulary needs only the
 standard library).
 
     python3 scripts/make_bench_models.py OUT_DIR [gemma3-1b llama3.2-1b qwen3-0.6b]
-        [--tokenizer DIR]
+        [--tokenizer DIR] [--no-gguf] [--parallel [N]]
 
 Writes OUT_DIR/<name>/ (config.json, generation_config.json,
 model.safetensors) and OUT_DIR/<name>-f16.gguf. RoPE scaling is left out
