@@ -87,7 +87,8 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   XREG_PF=2        that product also asks the L2 for the row group
   #                    three rounds ahead (off until it has run on a GPU)
   #   XREG_CAP=1       that product's instances held to 64 registers, so
-  #                    more blocks fit an SM (off until it has run on a GPU)
+  #                    more blocks fit an SM (off until it has run on a GPU);
+  #                    with XREG_PF=2 too (switches joined by '+')
   #   ATTN_WHOLE=0     a one-token pass's attention always in parts and
   #                    a merge (not in one block a query head while no
   #                    query sees past 128 positions; test_cuda_ops forces
@@ -98,13 +99,16 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   # tested here before any default changes.
   while read -r sw progs_sw; do
     [[ "$sw $progs_sw" =~ ${SWITCHES:-.} ]] || continue
+    IFS=+ read -ra parts <<<"$sw" # A=1+B=2: both switches at once
+    envs=()
+    for x in "${parts[@]}"; do envs+=("RINGLM_CUDA_$x"); done
     for p in $progs_sw; do
-      log=build-cuda/switch-$p-${sw%%=*}.log
-      if env "RINGLM_CUDA_$sw" build-cuda/tests/$p >"$log" 2>&1; then
-        echo "test-cuda: $p with RINGLM_CUDA_$sw: passed"
+      log=build-cuda/switch-$p-${sw//[=+]/_}.log
+      if env "${envs[@]}" build-cuda/tests/$p >"$log" 2>&1; then
+        echo "test-cuda: $p with ${envs[*]}: passed"
       else
         tail -30 "$log"
-        echo "test-cuda: $p with RINGLM_CUDA_$sw: FAILED ($log)"
+        echo "test-cuda: $p with ${envs[*]}: FAILED ($log)"
         failed="$failed $p:$sw"
       fi
     done
@@ -130,6 +134,7 @@ XREG_HALF=0 test_cuda_qgemv test_cuda_model
 XREG_BALANCE=1 test_cuda_qgemv test_cuda_model
 XREG_PF=2 test_cuda_qgemv test_cuda_model
 XREG_CAP=1 test_cuda_qgemv test_cuda_model
+XREG_CAP=1+XREG_PF=2 test_cuda_qgemv test_cuda_model
 ATTN_WHOLE=0 test_cuda_model
 ATTN_WHOLE=4096 test_cuda_model
 SWITCHES
