@@ -164,18 +164,11 @@ def write_parallel(path, s, jobs):
     tensors() does, for the GGUF writer."""
     import multiprocessing
     spec = layout(s)
-    header, off, offs = {"__metadata__": {"format": "pt"}}, 0, []
-    for name, _, shape in spec:
-        n = 2 * int(np.prod(shape))
-        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
-        offs.append(off)
-        off += n
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    base = 8 + len(h)
+    head, offs, end = safetensors_head([(name, shape) for name, _, shape in spec])
+    base = len(head)
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        f.truncate(base + off)
+        f.write(head)
+        f.truncate(base + end)
     tasks = []
     for i, ((_, _, shape), o) in enumerate(zip(spec, offs)):
         if len(shape) == 2:
@@ -208,16 +201,24 @@ def hf_config(s):
     return c
 
 
-def write_safetensors(path, items):
-    header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name, arr in items:
-        n = arr.nbytes
-        header[name] = {"dtype": "BF16", "shape": list(arr.shape), "data_offsets": [off, off + n]}
+def safetensors_head(entries):
+    """The header of a safetensors file of bf16 tensors (name, shape), in
+    order: (its bytes, each tensor's offset past it, the data's length)."""
+    header, off, offs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, shape in entries:
+        n = 2 * int(np.prod(shape))
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        offs.append(off)
         off += n
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h, offs, off
+
+
+def write_safetensors(path, items):
+    head, _, _ = safetensors_head([(name, arr.shape) for name, arr in items])
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
+        f.write(head)
         for _, arr in items:
             f.write(np.ascontiguousarray(arr).tobytes())
 
