@@ -1065,7 +1065,8 @@ typedef struct token_ops {
   float *y[3];
 } token_ops;
 
-static void token_enqueue(const token_shape *ts, const token_ops *o, cudaStream_t st) {
+static void token_enqueue(const token_shape *ts, const void *ops, cudaStream_t st) {
+  const token_ops *o = ops;
   rlm_error err;
   rlm_status rc = RLM_OK;
   for (int l = 0; l < ts->layers && !rc; l++) {
@@ -1092,6 +1093,34 @@ static void *token_x(int64_t cols, int bits) {
   return q8;
 }
 
+/* Median microseconds of one replay (of 20, after 3 warm-ups) of the graph
+ * that `enqueue` captures. */
+static double replay_us(const token_shape *ts, const void *ops,
+                        void (*enqueue)(const token_shape *, const void *, cudaStream_t)) {
+  cudaStream_t st;
+  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  enqueue(ts, ops, st);
+  CU(cudaStreamEndCapture(st, &g));
+  CU(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CU(cudaEventCreate(&e0));
+  CU(cudaEventCreate(&e1));
+  float ms[20];
+  for (int i = 0; i < 23; i++) {
+    CU(cudaEventRecord(e0, st));
+    CU(cudaGraphLaunch(ge, st));
+    CU(cudaEventRecord(e1, st));
+    CU(cudaEventSynchronize(e1));
+    if (i >= 3) CU(cudaEventElapsedTime(&ms[i - 3], e0, e1));
+  }
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaStreamDestroy(st);
+  return median_ms_as_us(ms, 20);
+}
+
 /* Median microseconds of one replay of the token's graph (of 20, after 3
  * warm-ups); *bytes its weights' bytes. */
 static double token_graph_us(const token_shape *ts, double *bytes) {
@@ -1113,31 +1142,68 @@ static double token_graph_us(const token_shape *ts, double *bytes) {
   o.xh = token_x(ts->hidden, 4), o.xq = token_x(ts->q, 4), o.xf = token_x(ts->ffn, 4), o.xv = token_x(ts->hidden, 8);
   const int64_t ymax = ts->vocab > ts->ffn ? ts->vocab : ts->ffn;
   for (int k = 0; k < 3; k++) o.y[k] = dev_poisoned((size_t)ymax * 4);
-  cudaStream_t st;
-  CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  token_enqueue(ts, &o, st);
-  CU(cudaStreamEndCapture(st, &g));
-  CU(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t e0, e1;
-  CU(cudaEventCreate(&e0));
-  CU(cudaEventCreate(&e1));
-  float ms[20];
-  for (int i = 0; i < 23; i++) {
-    CU(cudaEventRecord(e0, st));
-    CU(cudaGraphLaunch(ge, st));
-    CU(cudaEventRecord(e1, st));
-    CU(cudaEventSynchronize(e1));
-    if (i >= 3) CU(cudaEventElapsedTime(&ms[i - 3], e0, e1));
-  }
-  cudaEventDestroy(e0), cudaEventDestroy(e1);
-  cudaGraphExecDestroy(ge), cudaGraphDestroy(g), cudaStreamDestroy(st);
+  const double us = replay_us(ts, &o, token_enqueue);
   for (int i = 0; i < n; i++) cudaFree((void *)o.w[i].wq), cudaFree((void *)o.w[i].scales), cudaFree((void *)o.w[i].biases);
   for (int k = 0; k < 3; k++) cudaFree(o.y[k]);
   cudaFree(o.xh), cudaFree(o.xq), cudaFree(o.xf), cudaFree(o.xv), free(o.w);
-  return median_ms_as_us(ms, 20);
+  return us;
+}
+
+/* The same token with bf16 weights (dense products, f32 x, as the bf16
+ * decode step runs them: q, k, v and gate, up as one launch each). */
+typedef struct dense_token_ops {
+  rlm_cuda_weight *w; /* per layer: q, k, v, o, gate, up, down; then the head */
+  float *xh, *xq, *xf;
+  float *y[3];
+} dense_token_ops;
+
+static void dense_token_enqueue(const token_shape *ts, const void *ops, cudaStream_t st) {
+  const dense_token_ops *o = ops;
+  rlm_error err;
+  rlm_status rc = RLM_OK;
+  const rlm_cuda_stream s = (rlm_cuda_stream)st;
+  for (int l = 0; l < ts->layers && !rc; l++) {
+    const rlm_cuda_weight *w = &o->w[l * 7];
+    rc = rlm__cuda_dense_gemv_multi(w, o->y, 3, o->xh, 1, s, &err);
+    if (!rc) rc = rlm__cuda_dense_gemv(&w[3], o->xq, 1, o->y[0], s, &err);
+    if (!rc) rc = rlm__cuda_dense_gemv_multi(&w[4], o->y, 2, o->xh, 1, s, &err);
+    if (!rc) rc = rlm__cuda_dense_gemv(&w[6], o->xf, 1, o->y[2], s, &err);
+  }
+  if (!rc) rc = rlm__cuda_dense_gemv(&o->w[ts->layers * 7], o->xh, 1, o->y[0], s, &err);
+  if (rc) fprintf(stderr, "%s\n", err.msg), exit(1);
+}
+
+/* Median microseconds of one replay of the bf16 token's graph; *bytes its
+ * weights' bytes. The weights are one bf16 pattern (the speed does not
+ * depend on the values), a matrix a layer and shape. */
+static double dense_token_graph_us(const token_shape *ts, double *bytes) {
+  const int64_t shp[8][2] = {{ts->q, ts->hidden},   {ts->kv, ts->hidden},  {ts->kv, ts->hidden},
+                             {ts->hidden, ts->q},   {ts->ffn, ts->hidden}, {ts->ffn, ts->hidden},
+                             {ts->hidden, ts->ffn}, {ts->vocab, ts->hidden}};
+  const int n = ts->layers * 7 + 1;
+  dense_token_ops o = {calloc((size_t)n, sizeof(rlm_cuda_weight)), NULL, NULL, NULL, {NULL, NULL, NULL}};
+  *bytes = 0;
+  for (int j = 0; j < n; j++) {
+    const int i = j == n - 1 ? 7 : j % 7;
+    const size_t b = (size_t)shp[i][0] * (size_t)shp[i][1] * 2;
+    void *d;
+    CU(cudaMalloc(&d, b));
+    CU(cudaMemset(d, 0x3c, b)); /* bf16 0x3c3c, about 0.0115 */
+    o.w[j] = (rlm_cuda_weight){.w = d, .dtype = RLM_DTYPE_BF16, .rows = shp[i][0], .cols = shp[i][1]};
+    *bytes += (double)b;
+  }
+  o.xh = dev_poisoned((size_t)ts->hidden * 4), o.xq = dev_poisoned((size_t)ts->q * 4);
+  o.xf = dev_poisoned((size_t)ts->ffn * 4);
+  CU(cudaMemset(o.xh, 0, (size_t)ts->hidden * 4));
+  CU(cudaMemset(o.xq, 0, (size_t)ts->q * 4));
+  CU(cudaMemset(o.xf, 0, (size_t)ts->ffn * 4));
+  const int64_t ymax = ts->vocab > ts->ffn ? ts->vocab : ts->ffn;
+  for (int k = 0; k < 3; k++) o.y[k] = dev_poisoned((size_t)ymax * 4);
+  const double us = replay_us(ts, &o, dense_token_enqueue);
+  for (int i = 0; i < n; i++) cudaFree((void *)o.w[i].w);
+  for (int k = 0; k < 3; k++) cudaFree(o.y[k]);
+  cudaFree(o.xh), cudaFree(o.xq), cudaFree(o.xf), free(o.w);
+  return us;
 }
 
 /* `test_cuda_qgemv --bench-token`: each model's token of products in a
@@ -1156,6 +1222,11 @@ static void bench_token(void) {
     printf("%s 4-bit (8-bit head), one token's products in a graph: %.1f us, %.3f GB, %.0f GB/s; floor %.1f us: %.1f%%\n",
            models[i].name, us, bytes / 1e9, bytes / (us * 1e3), floor_us, 100 * floor_us / us);
   }
+  /* bf16: the 8B only (Gemma-1B's bf16 token is latency-bound) */
+  double bytes;
+  const double us = dense_token_graph_us(&models[0], &bytes), floor_us = bytes / (bw * 1e3);
+  printf("%s bf16, one token's products in a graph: %.1f us, %.3f GB, %.0f GB/s; floor %.1f us: %.1f%%\n",
+         models[0].name, us, bytes / 1e9, bytes / (us * 1e3), floor_us, 100 * floor_us / us);
 }
 
 static void bench(void) {
