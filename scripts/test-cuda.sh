@@ -89,10 +89,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   XREG_CAP=1       that product's instances held to 64 registers, so
   #                    more blocks fit an SM (off until it has run on a GPU);
   #                    with XREG_PF=2 too (switches joined by '+')
-  #   L2_BRANCH=8      each decode product of a captured step forks a
-  #                    graph branch asking the L2 for its first 8 MB of
-  #                    weights beside the small kernels before it (off
-  #                    until it has run on a GPU)
   #   ATTN_WHOLE=0     a one-token pass's attention always in parts and
   #                    a merge (not in one block a query head while no
   #                    query sees past 128 positions; test_cuda_ops forces
@@ -139,7 +135,6 @@ XREG_BALANCE=1 test_cuda_qgemv test_cuda_model
 XREG_PF=2 test_cuda_qgemv test_cuda_model
 XREG_CAP=1 test_cuda_qgemv test_cuda_model
 XREG_CAP=1+XREG_PF=2 test_cuda_qgemv test_cuda_model
-L2_BRANCH=8 test_cuda_model
 ATTN_WHOLE=0 test_cuda_model
 ATTN_WHOLE=4096 test_cuda_model
 SWITCHES

@@ -324,12 +324,6 @@ typedef struct cuda_sess {
   int64_t seen;
   graph graphs[MAX_GRAPHS];
   int n_graphs, cur;          /* cur: the graph this pass captures/replays */
-  /* the L2 side branch (RINGLM_CUDA_L2_BRANCH; branch_prefetch): its
-   * stream, the last product's end and the branch's end as events, and
-   * whether this capture marked a product and forked the branch */
-  cudaStream_t side;
-  cudaEvent_t prod_done, side_done;
-  bool prod_marked, side_forked;
 } cuda_sess;
 
 static cuda_sess *cs_of(rlm_session *s) { return s->dev; }
@@ -449,10 +443,6 @@ typedef struct cuda_switches {
   bool head8;       /* RINGLM_CUDA_HEAD8=0: a 2-6-bit lm_head past one row
                        on the f32 unit kernel, not its codes at 8 bits
                        (make_head8) */
-  int64_t l2_branch; /* RINGLM_CUDA_L2_BRANCH=MB: bytes of each decode
-                       product's weights a graph's side branch asks the L2
-                       for ahead (branch_prefetch); 0 (the default): none,
-                       until it has run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -479,88 +469,12 @@ static void read_switches(void) {
   e = getenv("RINGLM_CUDA_QGEMM_MULTI");
   g_switches.qgemm_multi = e && e[0] == '1';
   g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
-  e = getenv("RINGLM_CUDA_L2_BRANCH");
-  g_switches.l2_branch = e ? RLM_MAX(0, RLM_MIN(64, atoll(e))) << 20 : 0;
 }
 
 static const cuda_switches *switches(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, read_switches);
   return &g_switches;
-}
-
-/* THE L2 SIDE BRANCH (RINGLM_CUDA_L2_BRANCH=MB, off by default). Between
- * two products of a decode step run small kernels (norms, RoPE and the
- * cache write, attention and its merge, the gated activation): about
- * 480 us of the Llama-8B 4-bit token on an H200 (docs/cuda-notes.md),
- * in which the memory is nearly idle. In a captured step each product
- * forks a branch off the graph's chain that depends on the product before
- * it only, and asks the L2 for the first MB of its own weights: the
- * branch runs beside the small kernels, so the product finds that part
- * of its rows in the L2 rather than in HBM. The chain keeps its
- * programmatic edges; the branch joins it at the graph's end
- * (join_branch), long after it has finished. A serial prefetch kernel in
- * the chain was tried and lost (a kernel boundary each, ~2 us: "Bulk-copy
- * rings and L2 prefetch ahead"); this one is off the chain. The bits do
- * not change: only what the L2 holds. */
-
-/* Adds the first `left` bytes of w's rows (codes with their scales and
- * biases, or dense rows) to the ranges; returns the bytes it took. */
-static int64_t prefix_ranges(const rlm_cuda_weight *w, int64_t left, const void **p, int64_t *b, int *n) {
-  if (left <= 0 || *n + 3 > RLM_CUDA_PREFETCH_MAX) return 0;
-  if (!w->q.wq) {
-    const int64_t all = w->rows * w->cols * (int64_t)rlm_dtype_size(w->dtype), take = RLM_MIN(all, left);
-    p[*n] = w->w, b[(*n)++] = take;
-    return take;
-  }
-  const rlm_cuda_qmat *q = &w->q;
-  const int64_t code_row = q->cols * q->bits / 8, sb_row = q->cols / q->group_size * (int64_t)rlm_dtype_size(q->sdtype);
-  const int64_t rows = RLM_MIN(q->rows, left / (code_row + 2 * sb_row));
-  if (rows < 1) return 0;
-  p[*n] = q->wq, b[(*n)++] = rows * code_row;
-  p[*n] = q->scales, b[(*n)++] = rows * sb_row;
-  p[*n] = q->biases, b[(*n)++] = rows * sb_row;
-  return rows * (code_row + 2 * sb_row);
-}
-
-/* Before a decode product of the k weights ws is captured: the branch,
- * waiting for the last product only, asks the L2 for the first
- * l2_branch bytes of ws (in launch order: q's rows, then k's, v's). */
-static void branch_prefetch(rlm_session *s, const rlm_cuda_weight *ws, int k) {
-  cuda_sess *cs = cs_of(s);
-  if (!switches()->l2_branch || cs->mode != MODE_CAPTURE || !cs->prod_marked || !cs->side) return;
-  const void *p[RLM_CUDA_PREFETCH_MAX];
-  int64_t b[RLM_CUDA_PREFETCH_MAX], left = switches()->l2_branch;
-  int n = 0;
-  for (int i = 0; i < k; i++) left -= prefix_ranges(&ws[i], left, p, b, &n);
-  rlm_error er;
-  cudaError_t e = cudaStreamWaitEvent(cs->side, cs->prod_done, 0);
-  if (e != cudaSuccess) {
-    note(s, cuda_fail(&er, e, "forking the L2 branch"), &er);
-    return;
-  }
-  cs->side_forked = true;
-  note(s, rlm__cuda_prefetch_l2(p, b, n, cs->side, &er), &er);
-}
-
-/* After a decode product is captured: the point the next product's
- * branch waits for. */
-static void mark_product(rlm_session *s) {
-  cuda_sess *cs = cs_of(s);
-  if (!switches()->l2_branch || cs->mode != MODE_CAPTURE || !cs->side) return;
-  cudaError_t e = cudaEventRecord(cs->prod_done, cs->st);
-  rlm_error er;
-  if (e != cudaSuccess) note(s, cuda_fail(&er, e, "marking a product for the L2 branch"), &er);
-  cs->prod_marked = e == cudaSuccess;
-}
-
-/* Before a capture ends: the branch joins the chain (a capture ends only
- * with every stream it forked joined). */
-static cudaError_t join_branch(cuda_sess *cs) {
-  if (!cs->side_forked) return cudaSuccess;
-  cs->side_forked = false;
-  cudaError_t e = cudaEventRecord(cs->side_done, cs->side);
-  return e == cudaSuccess ? cudaStreamWaitEvent(cs->st, cs->side_done, 0) : e;
 }
 
 /* Whether w takes the int8-activation and tensor-core products: quantized
@@ -670,7 +584,6 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
     return;
   }
   if (!q8 || n > MAX_M) cs->q8_x = NULL; /* the memo covers one group of rows */
-  if (n <= MAX_M) branch_prefetch(s, &w, 1);
   for (int64_t r0 = 0; !rc && r0 < n; r0 += MAX_M) {
     const int m = (int)RLM_MIN((int64_t)MAX_M, n - r0);
     const float *xr = x + r0 * l->in;
@@ -686,7 +599,6 @@ static void cuda_linear(rlm_session *s, const rlm_linear *l, const float *x, int
   }
   if (y == cs->q8_x) cs->q8_x = NULL; /* overwritten */
   note(s, rc, &er);
-  if (n <= MAX_M) mark_product(s);
 }
 
 /* Whether the k weights are 4- or 8-bit MLX matrices of one format that
@@ -771,21 +683,17 @@ static void cuda_linears(rlm_session *s, const rlm_linear *const *ls, float *con
   }
   if (dense) {
     cs->q8_x = NULL; /* as cuda_linear's dense products */
-    branch_prefetch(s, dw, k);
     note(s, rlm__cuda_dense_gemv_multi(dw, ys, k, x, (int)n, cs->st, &er), &er);
-    mark_product(s);
     return;
   }
   /* int8 activations: the tensor-core product past MAX_M rows, else the
    * matrix-vector one */
-  if (!i8) branch_prefetch(s, dw, k);
   rlm_status rc = q8_of(s, &ws[0], x, (int)n, &er);
   if (!rc)
     rc = i8 ? i8_products(s, ws, ys, k, n, &er) : rlm__cuda_qgemv_q8_multi(ws, ys, k, cs->q8, (int)n, cs->st, &er);
   for (int i = 0; i < k; i++)
     if (ys[i] == cs->q8_x) cs->q8_x = NULL; /* overwritten */
   note(s, rc, &er);
-  if (!i8) mark_product(s);
 }
 
 /* FUSED INT8 ACTIVATIONS. Under --act-bits 8 a product quantizes its x
@@ -1102,7 +1010,6 @@ static rlm_status upload_plan(rlm_session *s, const rlm_pass *ps, rlm_error *err
 static rlm_status cuda_begin(rlm_session *s, const rlm_pass *ps, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   cs->first = RLM_OK, cs->mode = MODE_DIRECT, cs->cur = -1, cs->q8_x = NULL, cs->late.k = 0;
-  cs->prod_marked = cs->side_forked = false;
   for (int r = 0; r < ps->n_runs; r++) {
     const rlm_run *u = &ps->runs[r];
     const int64_t p0 = ps->tok_pos[u->j0];
@@ -1131,9 +1038,7 @@ static rlm_status run_graph(rlm_session *s, rlm_error *err) {
   cuda_sess *cs = cs_of(s);
   if (cs->mode == MODE_CAPTURE) {
     cudaGraph_t g = NULL;
-    const cudaError_t ej = join_branch(cs);
     cudaError_t e = cudaStreamEndCapture(cs->st, &g);
-    if (e == cudaSuccess) e = ej;
     cs->mode = MODE_DIRECT;
     if (cs->first) {
       if (g) cudaGraphDestroy(g);
@@ -1469,12 +1374,6 @@ rlm_status rlm__cuda_session_init(rlm_session *s, rlm_error *err) {
     return rlm__err_nomem(err, "cuda rows", (size_t)s->p.n_rows * sizeof *cs->top);
   cudaError_t e = cudaStreamCreateWithFlags(&cs->st, cudaStreamNonBlocking);
   if (e != cudaSuccess) return cuda_fail(err, e, "creating a stream");
-  if (switches()->l2_branch) {
-    e = cudaStreamCreateWithFlags(&cs->side, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&cs->prod_done, cudaEventDisableTiming);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&cs->side_done, cudaEventDisableTiming);
-    if (e != cudaSuccess) return cuda_fail(err, e, "creating the L2 branch's stream and events");
-  }
   rc = make_caches(s, err);
   if (!rc) rc = make_scratch(s, err);
   if (!rc) set_q8_fmt(s);
@@ -1492,9 +1391,6 @@ static void cuda_fini(rlm_session *s) {
   cudaFreeHost(cs->h_plan), cudaFreeHost(cs->moe_logit), cudaFree(cs->moe_dev);
   rlm__free(cs->moe_idx), rlm__free(cs->moe_w);
   if (cs->st) cudaStreamDestroy(cs->st);
-  if (cs->side) cudaStreamDestroy(cs->side);
-  if (cs->prod_done) cudaEventDestroy(cs->prod_done);
-  if (cs->side_done) cudaEventDestroy(cs->side_done);
   rlm__free(cs->kv), rlm__free(cs->top);
   rlm__free(cs);
   s->dev = NULL;

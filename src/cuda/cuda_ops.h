@@ -114,17 +114,6 @@ rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m,
 rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int m,
                                       rlm_cuda_stream st, rlm_error *err);
 
-/* Asks the L2 for n <= RLM_CUDA_PREFETCH_MAX byte ranges of device memory
- * (ptrs[i], bytes[i]), in 4 KB pieces from up to one warp an SM, and
- * returns without waiting for them (cp.async.bulk.prefetch.L2: no
- * registers hold the bytes; a range's unaligned ends are left out). For a
- * decode graph's side branch: the next product's weights asked for while
- * the small kernels before it leave the memory idle (backend_cuda.c,
- * branch_prefetch). Launched without the PDL attribute. */
-#define RLM_CUDA_PREFETCH_MAX 9
-rlm_status rlm__cuda_prefetch_l2(const void *const *ptrs, const int64_t *bytes, int n, rlm_cuda_stream st,
-                                 rlm_error *err);
-
 /* ---- many-token products (gemm.cu) ------------------------------------------ */
 
 typedef struct cublasContext *rlm_cuda_blas; /* cublasHandle_t */

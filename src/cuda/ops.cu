@@ -1055,51 +1055,6 @@ extern "C" rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, floa
   return launched(fn, err);
 }
 
-/* ---- L2 prefetch (a graph's side branch) ------------------------------------ */
-
-constexpr int64_t kPrefetchPiece = 4096; /* bytes a thread asks for at a time */
-
-struct PrefetchRanges {
-  const char *p[RLM_CUDA_PREFETCH_MAX];
-  int64_t start[RLM_CUDA_PREFETCH_MAX + 1]; /* ranges laid end to end: range r is [start[r], start[r+1]) */
-  int n;
-};
-
-/* Piece c of the ranges laid end to end, grid-strided: each range it
- * overlaps asked for by one bulk prefetch. */
-__global__ void prefetch_l2_kernel(const PrefetchRanges rg) {
-  const int64_t total = rg.start[rg.n];
-  for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c * kPrefetchPiece < total;
-       c += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t lo = c * kPrefetchPiece, hi = lo + kPrefetchPiece < total ? lo + kPrefetchPiece : total;
-#pragma unroll
-    for (int r = 0; r < RLM_CUDA_PREFETCH_MAX; r++) {
-      if (r >= rg.n) break;
-      const int64_t a = lo > rg.start[r] ? lo : rg.start[r], b = hi < rg.start[r + 1] ? hi : rg.start[r + 1];
-      if (a < b) prefetch_l2(rg.p[r], a - rg.start[r], b - rg.start[r]);
-    }
-  }
-}
-
-extern "C" rlm_status rlm__cuda_prefetch_l2(const void *const *ptrs, const int64_t *bytes, int n, rlm_cuda_stream st,
-                                            rlm_error *err) {
-  const char *fn = "rlm__cuda_prefetch_l2";
-  if (!ptrs || !bytes || n < 0 || n > RLM_CUDA_PREFETCH_MAX)
-    return fail(err, RLM_ERR_INVALID, fn, "NULL argument or n outside [0, %d]", RLM_CUDA_PREFETCH_MAX);
-  PrefetchRanges rg = {};
-  for (int r = 0; r < n; r++) {
-    if (bytes[r] < 0 || (bytes[r] && !ptrs[r])) return fail(err, RLM_ERR_INVALID, fn, "range %d is NULL or negative", r);
-    rg.p[r] = static_cast<const char *>(ptrs[r]), rg.start[r + 1] = rg.start[r] + bytes[r];
-  }
-  rg.n = n;
-  const int64_t pieces = (rg.start[n] + kPrefetchPiece - 1) / kPrefetchPiece;
-  if (!pieces) return RLM_OK;
-  /* one warp a block; past 132 blocks (an H200's SMs) threads loop */
-  const int64_t blocks = (pieces + kWarp - 1) / kWarp;
-  prefetch_l2_kernel<<<(unsigned)(blocks < 132 ? blocks : 132), kWarp, 0, stream_of(st)>>>(rg);
-  return launched(fn, err);
-}
-
 extern "C" rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m, float *y,
                                            rlm_cuda_stream st, rlm_error *err) {
   if (!w || !y) return fail(err, RLM_ERR_INVALID, "rlm__cuda_dense_gemv", "NULL argument");

@@ -524,34 +524,6 @@ TEST(multi_equals_single) {
   CHECK_EQ(rlm__cuda_qgemv_q8_multi(w, ys, 4, (const void *)16, 1, NULL, &err), RLM_ERR_INVALID);
 }
 
-/* rlm__cuda_prefetch_l2 (the decode graph's L2 branch): ranges with
- * unaligned ends and sizes, pieces that straddle two ranges, more pieces
- * than its grid's threads; under memcheck (test-cuda.sh) nothing outside
- * them is touched. It changes no byte; bad arguments are refused. */
-TEST(l2_prefetch_takes_ranges) {
-  char *a, *b, *c;
-  CU(cudaMalloc((void **)&a, 1 << 20));
-  CU(cudaMalloc((void **)&b, 40000));
-  CU(cudaMalloc((void **)&c, 64u << 20));
-  CU(cudaMemset(b, 0x5a, 40000));
-  const void *p[3] = {a + 3, b + 17, c};
-  const int64_t n[3] = {(1 << 20) - 3, 40000 - 17 - 5, (int64_t)64 << 20};
-  rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_prefetch_l2(p, n, 3, NULL, &err), RLM_OK);
-  CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  char got[64];
-  CU(cudaMemcpy(got, b + 100, sizeof got, cudaMemcpyDeviceToHost));
-  CHECK(got[0] == 0x5a && got[63] == 0x5a);
-  CHECK_EQ(rlm__cuda_prefetch_l2(p, n, 0, NULL, &err), RLM_OK);
-  CHECK_EQ(rlm__cuda_prefetch_l2(p, n, RLM_CUDA_PREFETCH_MAX + 1, NULL, &err), RLM_ERR_INVALID);
-  const int64_t neg[1] = {-16};
-  CHECK_EQ(rlm__cuda_prefetch_l2(p, neg, 1, NULL, &err), RLM_ERR_INVALID);
-  const void *null[1] = {NULL};
-  CHECK_EQ(rlm__cuda_prefetch_l2(null, n, 1, NULL, &err), RLM_ERR_INVALID);
-  CHECK(strstr(err.msg, "range 0") != NULL);
-  cudaFree(a), cudaFree(b), cudaFree(c);
-}
-
 TEST(refuses_what_it_lacks) {
   rlm_cuda_qmat w = {(const uint32_t *)16, (const void *)16, (const void *)16, RLM_DTYPE_BF16, 8, 512, 7, 64};
   rlm_error err = {0};
@@ -1310,7 +1282,6 @@ int main(int argc, char **argv) {
   RUN(qgemm_i8_multi_matches_reference);
   RUN(widened_codes_take_int8_products);
   RUN(refuses_what_it_lacks);
-  RUN(l2_prefetch_takes_ranges);
   RUN(qgemm_matches_reference);
   RUN(qgemm_multi_matches_reference);
   RUN(qgemm_dequantizes_exactly);
