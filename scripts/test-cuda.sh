@@ -81,14 +81,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   XREG_ROWS=1|2    decode's 4-bit product's row groups of 1 or 2 rows
   #   XREG_HALF=0      that product at the fewest passes a warp and 4 rows
   #                    a block everywhere (not half-width blocks)
-  #   XREG_BALANCE=1   the persistent 4-bit product's grid cut to the
-  #                    fewest blocks that take the same rounds (off until
-  #                    it has run on a GPU)
-  #   XREG_PF=2        that product also asks the L2 for the row group
-  #                    three rounds ahead (off until it has run on a GPU)
-  #   XREG_CAP=1       that product's instances held to 64 registers, so
-  #                    more blocks fit an SM (off until it has run on a GPU);
-  #                    with XREG_PF=2 too (switches joined by '+')
   #   ATTN_WHOLE=0     a one-token pass's attention always in parts and
   #                    a merge (not in one block a query head while no
   #                    query sees past 128 positions; test_cuda_ops forces
@@ -131,10 +123,6 @@ MERGE_KEEP=0 test_cuda_ops test_cuda_model
 XREG_ROWS=1 test_cuda_qgemv
 XREG_ROWS=2 test_cuda_qgemv
 XREG_HALF=0 test_cuda_qgemv test_cuda_model
-XREG_BALANCE=1 test_cuda_qgemv test_cuda_model
-XREG_PF=2 test_cuda_qgemv test_cuda_model
-XREG_CAP=1 test_cuda_qgemv test_cuda_model
-XREG_CAP=1+XREG_PF=2 test_cuda_qgemv test_cuda_model
 ATTN_WHOLE=0 test_cuda_model
 ATTN_WHOLE=4096 test_cuda_model
 SWITCHES

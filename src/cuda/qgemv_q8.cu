@@ -456,34 +456,8 @@ __device__ __forceinline__ void xreg_fold(const XregRows<BITS, PP, R, T> &cur, c
   if (lane % (kWarp / R) == 0) red[warp][row] = part;
 }
 
-/* STEADY PREFETCH (RINGLM_CUDA_XREG_PF=d, 1 or 2; off by default until
- * a GPU has timed it). The loop keeps one row group in flight a warp (the
- * next group's registers), about 48 KB an SM at 12 two-warp blocks; the
- * read-only kernel that reaches the floor (bench/cuda_read_floor.cu)
- * keeps about 128 KB. An H200 needs ~40% more bytes in flight than an
- * H100 for its bandwidth, and there the products reach 84% of their
- * floor against 93%. So each round three threads of the block also ask
- * the L2 for group blk + (1 + d) gridDim.x (codes, scales, biases: one
- * bulk prefetch each, no registers), and its register loads d rounds
- * later meet the L2 rather than HBM. Unlike XREG_AHEAD (removed, slower:
- * groups asked for once, before the PDL wait, all of them at once) this
- * keeps the extra depth through the loop. Bits unchanged: only the
- * caches' contents differ. */
-template <int BITS, int R, typename T>
-__device__ __forceinline__ void xreg_pf(const Segs &segs, int64_t b, int n_vec, int n_groups, int64_t total) {
-  const int a = threadIdx.x;
-  if (a >= 3 || b >= total) return;
-  const Seg &sg = seg_of(segs, &b);
-  const int64_t row0 = b * R, end = sg.rows - row0 < R ? sg.rows : row0 + R;
-  constexpr int64_t kUnit = BITS == 4 ? 16 : 24; /* bytes of a lane's 32 codes */
-  if (a == 0) prefetch_l2(sg.wq, row0 * n_vec * kUnit, end * n_vec * kUnit);
-  else prefetch_l2(a == 1 ? sg.sc : sg.bi, row0 * n_groups * (int64_t)sizeof(T), end * n_groups * (int64_t)sizeof(T));
-}
-
-/* MINB: blocks of 8 warps an SM the instance must fit (0: no bound, as
- * ptxas likes; 4: at most 64 registers, xreg_cap_on). */
-template <int BITS, int PP, int R, typename T, int PF, int MINB>
-__global__ void __launch_bounds__(kWarp * 8, MINB)
+template <int BITS, int PP, int R, typename T>
+__global__ void __launch_bounds__(kWarp * 8)
     qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
@@ -501,8 +475,6 @@ __global__ void __launch_bounds__(kWarp * 8, MINB)
     XregRows<BITS, PP, R, T> nxt;
     xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
     xreg_fold(cur, xr, lane, warp, red);
-    /* after the fold, where cur's registers are free */
-    if constexpr (PF > 0) xreg_pf<BITS, R, T>(segs, blk + (int64_t)(1 + PF) * gridDim.x, n_vec, n_groups, total);
     __syncthreads();
     if (threadIdx.x < R) {
       int64_t b = blk;
@@ -590,93 +562,26 @@ bool xreg_loop_on() {
   return on;
 }
 
-/* BALANCED GRID (RINGLM_CUDA_XREG_BALANCE=1; off until a GPU has timed
- * it). The grid below walks the row groups in rounds of the whole grid,
- * so where the groups are not a multiple of it the last round runs on
- * part of the grid. Llama-8B at half-width blocks (<4, 2, 2, bf16>, 79
- * registers, so 12 two-warp or 3 seven-warp blocks an SM): gate and up
- * are 14,336 groups on 1,584 blocks, a tenth round on 80 of them; down
- * 2,048 on 396, a sixth round on 68; o 2,048 on 1,584, a second round on
- * 464. The blocks of such a round asked for its bytes during the round
- * before, alongside everyone's, and the launch ends a fold and a store
- * after the rest of the grid is idle: what that costs is the question
- * this switch asks. On an H200 the 8B's products in a graph reach 84%
- * of their floor against 93% on an H100 (docs/cuda-notes.md, 2026-12-06,
- * eighth): what is fixed a launch weighs more where the bytes take less
- * time. Balanced, the grid is ceil(groups / rounds) for the same number
- * of rounds, so every block takes that many groups (the grid's last few
- * one fewer) and no round runs on a sliver of the grid. Every row is
- * summed the same way whichever block takes it: the bits do not change. */
-bool xreg_balance_on() {
-  static const bool on = env_switch("RINGLM_CUDA_XREG_BALANCE", false);
-  return on;
-}
-
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
- * a row group; balanced (above), as few as take the same rounds. */
-template <int BITS, int PP, int R, typename T, int PF, int MINB>
+ * a row group. */
+template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
   const int wi = threads / kWarp, sms = sm_count();
   if (!per_sm[wi] &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, PF, MINB>, threads, 0) !=
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
           cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
-  if (groups <= n) return (unsigned)groups;
-  if (!xreg_balance_on()) return (unsigned)n;
-  const int64_t rounds = (groups + n - 1) / n;
-  return (unsigned)((groups + rounds - 1) / rounds);
-}
-
-/* xreg_pf's distance in rounds: RINGLM_CUDA_XREG_PF (0 to 2), default 0;
- * each distance is its own instance, so the default kernel keeps its
- * registers. */
-int xreg_pf_rounds() {
-  static const int d = env_int("RINGLM_CUDA_XREG_PF", 0, 0, 2);
-  return d;
-}
-
-/* REGISTER CAP (RINGLM_CUDA_XREG_CAP=1; off until a GPU has timed it).
- * The same question as the prefetch above from the other side: more
- * blocks resident, so more row groups in flight an SM. Held to 64
- * registers, Llama-8B's half-width instance <4, 2, 2, bf16> (79 by
- * default) fits 16 two-warp blocks an SM against 12, and down's seven-
- * warp blocks 4 against 3 (Gemma-1B's <4, 1, 4> takes 59 already; its
- * prefetch instances 94, 64 capped). ptxas -v (sm_90): no spills for
- * the pairs xreg_cap_fits names; the others
- * (2 passes of 4 or more rows, 4 passes) spill 120-1,124 bytes at 64,
- * so they keep their registers. Same instructions, same bits. */
-bool xreg_cap_on() {
-  static const bool on = env_switch("RINGLM_CUDA_XREG_CAP", false);
-  return on;
-}
-constexpr bool xreg_cap_fits(int bits, int pp, int r) { return bits == 4 && (pp == 1 ? r <= 4 : pp == 2 && r <= 2); }
-
-template <int BITS, int PP, int R, typename T, int PF, int MINB>
-void launch_xreg_pf(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
-  const int64_t groups = p.first_block[p.n];
-  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, PF, MINB>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T, PF, MINB>, grid, threads, 0, st, p, x, cols, g);
+  return (unsigned)(groups < n ? groups : n);
 }
 
 template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
-  /* prefetch and capped instances at 4 bits only, and only for the
-   * persistent grid; the cap with no prefetch or with d = 2 */
-  const int pf = BITS == 4 && xreg_loop_on() ? xreg_pf_rounds() : 0;
-  if constexpr (xreg_cap_fits(BITS, PP, R)) {
-    if (xreg_loop_on() && xreg_cap_on()) {
-      if (pf == 0) return launch_xreg_pf<BITS, PP, R, T, 0, 4>(p, x, cols, g, threads, st);
-      if (pf == 2) return launch_xreg_pf<BITS, PP, R, T, 2, 4>(p, x, cols, g, threads, st);
-    }
-  }
-  if constexpr (BITS == 4) {
-    if (pf == 1) return launch_xreg_pf<BITS, PP, R, T, 1, 0>(p, x, cols, g, threads, st);
-    if (pf == 2) return launch_xreg_pf<BITS, PP, R, T, 2, 0>(p, x, cols, g, threads, st);
-  }
-  launch_xreg_pf<BITS, PP, R, T, 0, 0>(p, x, cols, g, threads, st);
+  const int64_t groups = p.first_block[p.n];
+  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int R, typename T>
