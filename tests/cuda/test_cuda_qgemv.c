@@ -1093,6 +1093,15 @@ static void *token_x(int64_t cols, int bits) {
   return q8;
 }
 
+/* The token's matrices [rows, cols]: q, k, v, o, gate, up, down (each
+ * layer's, in launch order), then the head. */
+static void token_shapes(const token_shape *ts, int64_t shp[8][2]) {
+  const int64_t t[8][2] = {{ts->q, ts->hidden},   {ts->kv, ts->hidden},  {ts->kv, ts->hidden},
+                           {ts->hidden, ts->q},   {ts->ffn, ts->hidden}, {ts->ffn, ts->hidden},
+                           {ts->hidden, ts->ffn}, {ts->vocab, ts->hidden}};
+  memcpy(shp, t, sizeof t);
+}
+
 /* Median microseconds of one replay (of 20, after 3 warm-ups) of the graph
  * that `enqueue` captures. */
 static double replay_us(const token_shape *ts, const void *ops,
@@ -1124,14 +1133,14 @@ static double replay_us(const token_shape *ts, const void *ops,
 /* Median microseconds of one replay of the token's graph (of 20, after 3
  * warm-ups); *bytes its weights' bytes. */
 static double token_graph_us(const token_shape *ts, double *bytes) {
-  const int64_t shp[7][2] = {{ts->q, ts->hidden},  {ts->kv, ts->hidden},  {ts->kv, ts->hidden}, {ts->hidden, ts->q},
-                             {ts->ffn, ts->hidden}, {ts->ffn, ts->hidden}, {ts->hidden, ts->ffn}};
+  int64_t shp[8][2];
+  token_shapes(ts, shp);
   const int n = ts->layers * 7 + 1;
   token_ops o = {calloc((size_t)n, sizeof(rlm_cuda_qmat)), NULL, NULL, NULL, NULL, {NULL, NULL, NULL}};
   *bytes = 0;
   for (int i = 0; i < 8; i++) { /* one random matrix a shape, copied on the device for every layer */
     qm q;
-    qm_make(&q, i < 7 ? shp[i][0] : ts->vocab, i < 7 ? shp[i][1] : ts->hidden, i < 7 ? 4 : 8, 64, RLM_DTYPE_BF16);
+    qm_make(&q, shp[i][0], shp[i][1], i < 7 ? 4 : 8, 64, RLM_DTYPE_BF16);
     const rlm_qmat on_dev = {q.d.wq, q.d.scales, q.d.biases, RLM_DTYPE_BF16, q.h.rows, q.h.cols, q.h.bits, 64};
     for (int l = 0; l < (i < 7 ? ts->layers : 1); l++) {
       o.w[i < 7 ? l * 7 + i : n - 1] = qm_device(&on_dev, q.wq_bytes, q.sb_bytes, cudaMemcpyDeviceToDevice);
@@ -1177,9 +1186,8 @@ static void dense_token_enqueue(const token_shape *ts, const void *ops, cudaStre
  * weights' bytes. The weights are one bf16 pattern (the speed does not
  * depend on the values), a matrix a layer and shape. */
 static double dense_token_graph_us(const token_shape *ts, double *bytes) {
-  const int64_t shp[8][2] = {{ts->q, ts->hidden},   {ts->kv, ts->hidden},  {ts->kv, ts->hidden},
-                             {ts->hidden, ts->q},   {ts->ffn, ts->hidden}, {ts->ffn, ts->hidden},
-                             {ts->hidden, ts->ffn}, {ts->vocab, ts->hidden}};
+  int64_t shp[8][2];
+  token_shapes(ts, shp);
   const int n = ts->layers * 7 + 1;
   dense_token_ops o = {calloc((size_t)n, sizeof(rlm_cuda_weight)), NULL, NULL, NULL, {NULL, NULL, NULL}};
   *bytes = 0;
