@@ -348,6 +348,11 @@ void launch_embed_q(const rlm_cuda_weight *e, const int32_t *ids, int n, float s
 constexpr int kDenseWarps = 8;                      /* warps per block                        */
 constexpr int kDenseRows = RLM_CUDA_DENSE_ROWS;     /* weight rows sharing each load of x     */
 constexpr int kDenseUnroll = RLM_CUDA_DENSE_UNROLL; /* 16-byte vectors per row in flight      */
+/* Decode's (m = 1) vectors in flight: RINGLM_CUDA_DENSE_UNROLL8=1 doubles
+ * them, for a card whose bandwidth needs more bytes in flight than the
+ * H100 (where the bf16 token's products reach 97% of the floor at 4:
+ * docs/cuda-notes.md); 4 unless measured better. */
+constexpr int kDenseUnrollWide = 8;
 /* Warps that fill an H200 (132 SMs x 64): below this the row groups are
  * split over more warps, so small matrices still keep the chip busy. */
 constexpr int64_t kDenseTargetWarps = 8192;
@@ -369,10 +374,11 @@ struct DenseSegs {
 /* Vectors v0 + u * step (u < kDenseUnroll) of rows row0 .. row0 + n_rows
  * - 1; zeros (no load) past n_vec or n_rows. Streaming: W is read once a
  * step, keep the L2 for x. */
-__device__ __forceinline__ void dense_load(uint4 (&wv)[kDenseUnroll][kDenseRows], const uint4 *__restrict__ w,
-                                           int64_t row0, int n_rows, int64_t n_vec, int64_t v0, int64_t step) {
+template <int U>
+__device__ __forceinline__ void dense_load(uint4 (&wv)[U][kDenseRows], const uint4 *__restrict__ w, int64_t row0,
+                                           int n_rows, int64_t n_vec, int64_t v0, int64_t step) {
 #pragma unroll
-  for (int u = 0; u < kDenseUnroll; u++)
+  for (int u = 0; u < U; u++)
 #pragma unroll
     for (int i = 0; i < kDenseRows; i++) {
       const int64_t v = v0 + u * step;
@@ -391,7 +397,7 @@ __device__ __forceinline__ void dense_load(uint4 (&wv)[kDenseUnroll][kDenseRows]
  * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
  * serves all the warp's rows. f32 accumulators per lane, then the warp's
  * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
-template <typename T, int M>
+template <typename T, int M, int U>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
     dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
   constexpr int kVe = 16 / sizeof(T);
@@ -406,7 +412,7 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
   const int64_t row0 = (blk * (kDenseWarps / parts) + warp / parts) * kDenseRows;
   const int n_rows = row0 >= rows ? 0 : rows - row0 < kDenseRows ? (int)(rows - row0) : kDenseRows;
-  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * kDenseUnroll;
+  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U;
   float acc[kDenseRows][M];
 #pragma unroll
   for (int i = 0; i < kDenseRows; i++)
@@ -419,10 +425,10 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   }
   pdl_enter();
   for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
-    uint4 wv[kDenseUnroll][kDenseRows];
-    dense_load(wv, w, row0, n_rows, n_vec, v0, step);
+    uint4 wv[U][kDenseRows];
+    dense_load<U>(wv, w, row0, n_rows, n_vec, v0, step);
 #pragma unroll
-    for (int u = 0; u < kDenseUnroll; u++) {
+    for (int u = 0; u < U; u++) {
       const int64_t v = v0 + u * step;
       if (v >= n_vec) continue; /* not break: the unrolled loop keeps wv in registers */
       float wf[kDenseRows][kVe];
@@ -491,11 +497,11 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
 
 /* Warps per row group: doubled while the matrix gives fewer warps than
  * fill the chip and each part keeps two unrolled steps of vectors. */
-int dense_parts(int64_t rows, int64_t n_vec) {
+int dense_parts(int64_t rows, int64_t n_vec, int unroll) {
   const int64_t groups = (rows + kDenseRows - 1) / kDenseRows;
   int parts = 1;
   while (parts < kDenseWarps && groups * parts < kDenseTargetWarps &&
-         n_vec >= (int64_t)kWarp * kDenseUnroll * parts * 2)
+         n_vec >= (int64_t)kWarp * unroll * parts * 2)
     parts *= 2;
   return parts;
 }
@@ -525,7 +531,9 @@ template <typename T, int M>
 void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st) {
   int64_t all = 0;
   for (int i = 0; i < k; i++) all += ws[i].rows;
-  const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)));
+  static const bool wide = env_switch("RINGLM_CUDA_DENSE_UNROLL8", false);
+  const int unroll = M == 1 && wide ? kDenseUnrollWide : kDenseUnroll;
+  const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)), unroll);
   const int64_t per_block = kDenseWarps / parts;
   DenseSegs p = {};
   p.n = k;
@@ -534,8 +542,14 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     p.w[i] = static_cast<const uint4 *>(ws[i].w), p.y[i] = ys[i], p.rows[i] = ws[i].rows;
     p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
-  launch_k(dense_kernel<T, M>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols, parts,
-           dense_ahead_bytes());
+  if constexpr (M == 1) /* the wide instance for decode only */
+    if (unroll == kDenseUnrollWide) {
+      launch_k(dense_kernel<T, M, kDenseUnrollWide>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x,
+               ws[0].cols, parts, dense_ahead_bytes());
+      return;
+    }
+  launch_k(dense_kernel<T, M, kDenseUnroll>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols,
+           parts, dense_ahead_bytes());
 }
 
 template <typename T, int M>
