@@ -520,11 +520,38 @@ __device__ __forceinline__ float state_weights(const float (&sm_m)[NG][GQ], cons
   return ls;
 }
 
-/* Element d of head g's states' outputs, weighed by sm_w, in state order. */
+/* state_weights by a warp, with the same bits: lane i takes states i, i
+ * + 32, ..., so the max (which no order changes) and each state's weight
+ * come in parallel, and lane 0 then adds the weighted sums in state
+ * order, the loads unrolled ahead of the chain of FMAs. One thread
+ * walking the whole block's 32 states (the one-block attention's lane
+ * groups) took a shared-memory trip and an exp2f a state in series: the
+ * merge's two loops cost Llama-8B's tg128 1.2% on an H100, measured by
+ * leaving them out (docs/cuda-notes.md). The sum is lane 0's. */
+template <int NG, int GQ>
+__device__ __forceinline__ float state_weights_warp(const float (&sm_m)[NG][GQ], const float (&sm_l)[NG][GQ],
+                                                    float (&sm_w)[NG][GQ], int g, int lane) {
+  float m = -INFINITY;
+  for (int i = lane; i < NG; i += kWarp) m = fmaxf(m, sm_m[i][g]);
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  for (int i = lane; i < NG; i += kWarp) sm_w[i][g] = m == -INFINITY ? 0.f : exp2f(sm_m[i][g] - m);
+  __syncwarp();
+  float ls = 0.f;
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < NG; i++) ls = fmaf(sm_l[i][g], sm_w[i][g], ls);
+  }
+  return ls;
+}
+
+/* Element d of head g's states' outputs, weighed by sm_w, in state order
+ * (unrolled: the loads go out ahead of the FMAs). */
 template <int NG, int GQ, int DIM>
 __device__ __forceinline__ float weighted_o(const float (&sm_o)[NG][GQ][DIM], const float (&sm_w)[NG][GQ], int g,
                                             int d) {
   float a = 0.f;
+#pragma unroll
   for (int i = 0; i < NG; i++) a = fmaf(sm_o[i][g][d], sm_w[i][g], a);
   return a;
 }
@@ -560,9 +587,11 @@ __device__ __forceinline__ void write_whole(const float (&sm_m)[NG][GQ], const f
                                             float (&sm_w)[NG][GQ], float (&sm_o)[NG][GQ][DIM], int ng, int dim,
                                             int64_t j, int n_heads, int h0, float *out, uint8_t *q8, int q8_bits) {
   __shared__ float l_sh[GQ];
-  if (threadIdx.x < GQ) {
-    float mx;
-    l_sh[threadIdx.x] = state_weights(sm_m, sm_l, sm_w, threadIdx.x, &mx);
+  static_assert(GQ <= kWholeWarps, "a warp a head");
+  if (threadIdx.x / kWarp < GQ) {
+    const int g = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    const float ls = state_weights_warp(sm_m, sm_l, sm_w, g, lane);
+    if (lane == 0) l_sh[g] = ls;
   }
   __syncthreads();
   /* each (g, d) is read and then rewritten by one thread: row 0 of sm_o
