@@ -443,6 +443,9 @@ typedef struct cuda_switches {
   bool head8;       /* RINGLM_CUDA_HEAD8=0: a 2-6-bit lm_head past one row
                        on the f32 unit kernel, not its codes at 8 bits
                        (make_head8) */
+  bool dense_gated; /* RINGLM_CUDA_DENSE_GATED=0: dense gate and up as two
+                       products and an activation launch, not one launch
+                       (cuda_gated) */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -469,6 +472,7 @@ static void read_switches(void) {
   e = getenv("RINGLM_CUDA_QGEMM_MULTI");
   g_switches.qgemm_multi = e && e[0] == '1';
   g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
+  g_switches.dense_gated = env_on("RINGLM_CUDA_DENSE_GATED");
 }
 
 static const cuda_switches *switches(void) {
@@ -813,6 +817,30 @@ static void cuda_act_mul(rlm_session *s, bool gelu, float *y, const float *g, co
   q8_made(s, q8, y, rows, n);
 }
 
+/* The MLP's gated product: one launch where gate and up are dense and no
+ * int8 activations are wanted of its output (the dense down product reads
+ * floats): rlm__cuda_dense_gated, the two steps' bits; else the two
+ * products (cuda_linears) and cuda_act_mul. One H100, tg128 alternating
+ * three rounds (docs/cuda-notes.md, 2026-12-07, third): Llama-8B bf16
+ * 186.0-186.6 tok/s against 184.5-184.8, Gemma-1B bf16 827.9-829.8
+ * against 799.1-803.8. RINGLM_CUDA_DENSE_GATED=0 runs the two steps. */
+static void cuda_gated(rlm_session *s, bool gelu, const rlm_linear *gate, const rlm_linear *up, const float *x,
+                       int64_t n, float *y, float *u) {
+  const rlm_cuda_weight gw = weight_of(s, gate), uw = weight_of(s, up);
+  rlm_cuda_q8out buf;
+  if (!switches()->dense_gated || !switches()->dense_multi || n > MAX_M ||
+      q8_out(s, (int)n, (int)gate->out, &buf) || !rlm__cuda_dense_gated_takes(&gw, &uw, x, (int)n)) {
+    const rlm_linear *ls[2] = {gate, up};
+    float *ys[2] = {y, u};
+    cuda_linears(s, ls, ys, 2, x, n);
+    cuda_act_mul(s, gelu, y, y, u, (int)n, (int)gate->out, gate->out);
+    return;
+  }
+  if (skip(s)) return; /* as cuda_act_mul: settles, forgets which x q8 holds (y is written) */
+  rlm_error er;
+  note(s, rlm__cuda_dense_gated(gelu, &gw, &uw, x, (int)n, y, cs_of(s)->st, &er), &er);
+}
+
 static void cuda_rope_angles(rlm_session *s, const rlm_pass *ps, float *cs, int64_t stride, const float *inv_freq,
                              int half) {
   if (skip(s)) return;
@@ -1112,6 +1140,7 @@ static const rlm_backend backend_cuda = {
     .softcap = cuda_softcap,
     .copy = cuda_copy,
     .act_mul = cuda_act_mul,
+    .gated = cuda_gated,
     .rope_angles = cuda_rope_angles,
     .rope = cuda_rope,
     .qkv_norm_rope = cuda_qkv_norm_rope,

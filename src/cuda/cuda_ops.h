@@ -114,6 +114,16 @@ rlm_status rlm__cuda_dense_gemv(const rlm_cuda_weight *w, const float *x, int m,
 rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int m,
                                       rlm_cuda_stream st, rlm_error *err);
 
+/* y [m][gate.rows] = act(x gate^T) * (x up^T), act gelu_tanh when gelu,
+ * else silu, in one launch with no activation kernel: bit for bit
+ * rlm__cuda_dense_gemv_multi of (gate, up), then rlm__cuda_act_mul. Only
+ * where rlm__cuda_dense_gated_takes: gate and up dense of one shape and
+ * dtype, 16-byte rows, x aligned, m in [1, 8] (else RLM_ERR_UNSUPPORTED,
+ * nothing launched). */
+bool rlm__cuda_dense_gated_takes(const rlm_cuda_weight *gate, const rlm_cuda_weight *up, const float *x, int m);
+rlm_status rlm__cuda_dense_gated(bool gelu, const rlm_cuda_weight *gate, const rlm_cuda_weight *up, const float *x,
+                                 int m, float *y, rlm_cuda_stream st, rlm_error *err);
+
 /* ---- many-token products (gemm.cu) ------------------------------------------ */
 
 typedef struct cublasContext *rlm_cuda_blas; /* cublasHandle_t */

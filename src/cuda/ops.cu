@@ -386,6 +386,40 @@ __device__ __forceinline__ void dense_load(uint4 (&wv)[U][kDenseRows], const uin
     }
 }
 
+/* dense_load for a gated pair (DenseAct): row 0 of the warp's pair is
+ * gate's row `row`, row 1 up's; same vectors, same zeros. */
+template <int U>
+__device__ __forceinline__ void dense_load_pair(uint4 (&wv)[U][kDenseRows], const uint4 *__restrict__ wg,
+                                                const uint4 *__restrict__ wu, int64_t row, bool on, int64_t n_vec,
+                                                int64_t v0, int64_t step) {
+  static_assert(kDenseRows == 2, "a gated pair is two rows");
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    const int64_t v = v0 + u * step;
+    const bool in = on && v < n_vec;
+    wv[u][0] = in ? __ldcs(wg + row * n_vec + v) : make_uint4(0, 0, 0, 0);
+    wv[u][1] = in ? __ldcs(wu + row * n_vec + v) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/* THE GATED PAIR (DenseAct, RINGLM_CUDA_DENSE_GATED): the MLP's gate and
+ * up products of one x and the activation after them, as one launch with
+ * no activation kernel: a warp's two rows are gate's row i and up's row
+ * i, so the warp that sums them writes act(gate_i) * up_i itself. Nothing
+ * crosses warps that did not already (the parts' sums in shared memory),
+ * unlike the 4-bit form, whose int8 output needs 64 rows' maximum
+ * (docs/cuda-notes.md: measured slower). Each row's sum is the one the
+ * two-segment launch gives it: a lane's vectors, the shuffle tree and the
+ * parts' order depend only on cols and `parts`, which the host works out
+ * from the same total of rows (launch_dense_gated); then act_mul_kernel's
+ * arithmetic. So the bits are those of the two launches. */
+enum DenseAct { kActNone = 0, kActSilu = 1, kActGelu = 2 };
+
+template <int ACT>
+__device__ __forceinline__ float dense_act(float g, float u) {
+  return __fmul_rn(ACT == kActGelu ? gelu_tanh(g) : silu(g), u);
+}
+
 /* kDenseRows weight rows x M rows of x, one warp a part of the row group
  * (`parts` warps per group, 1, 2, 4 or 8, chosen on the host from the
  * shape): part p's lane l takes the 16-byte vectors p*32 + l + k*32*parts
@@ -397,21 +431,28 @@ __device__ __forceinline__ void dense_load(uint4 (&wv)[U][kDenseRows], const uin
  * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
  * serves all the warp's rows. f32 accumulators per lane, then the warp's
  * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
-template <typename T, int M, int U>
+template <typename T, int M, int U, int ACT = kActNone>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
     dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
   constexpr int kVe = 16 / sizeof(T);
   __shared__ float red[kDenseWarps][kDenseRows][M];
   int si = 0; /* the segment, selected rather than indexed (a runtime index into the parameters) */
+  if constexpr (ACT == kActNone) {
 #pragma unroll
-  for (int k = 1; k < kDenseMaxSegs; k++) si += k < segs.n && (int64_t)blockIdx.x >= segs.first_block[k];
+    for (int k = 1; k < kDenseMaxSegs; k++) si += k < segs.n && (int64_t)blockIdx.x >= segs.first_block[k];
+  }
   const uint4 *__restrict__ w = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
   float *__restrict__ y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
   const int64_t rows = si == 0 ? segs.rows[0] : si == 1 ? segs.rows[1] : segs.rows[2];
   const int64_t blk = (int64_t)blockIdx.x - (si == 0 ? 0 : si == 1 ? segs.first_block[1] : segs.first_block[2]);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
-  const int64_t row0 = (blk * (kDenseWarps / parts) + warp / parts) * kDenseRows;
-  const int n_rows = row0 >= rows ? 0 : rows - row0 < kDenseRows ? (int)(rows - row0) : kDenseRows;
+  /* gated: the pair's row (gate's and up's), both rows present or neither */
+  const int64_t pair = blk * (kDenseWarps / parts) + warp / parts;
+  const int64_t row0 = ACT != kActNone ? pair : pair * kDenseRows;
+  const int n_rows = ACT != kActNone ? (pair < rows ? kDenseRows : 0)
+                     : row0 >= rows  ? 0
+                     : rows - row0 < kDenseRows ? (int)(rows - row0)
+                                                : kDenseRows;
   const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U;
   float acc[kDenseRows][M];
 #pragma unroll
@@ -420,13 +461,20 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
     for (int r = 0; r < M; r++) acc[i][r] = 0.f;
   int64_t v0 = part * kWarp + lane;
   if (ahead && threadIdx.x == 0) { /* the block's first `ahead` bytes of W (dense_ahead_bytes) */
-    const int64_t r0 = blk * (kDenseWarps / parts) * kDenseRows, bytes = (rows - r0) * n_vec * 16;
-    if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead ? bytes : ahead);
+    if constexpr (ACT != kActNone) { /* half from each of gate and up, the same bytes a block */
+      const int64_t r0 = blk * (kDenseWarps / parts), bytes = (rows - r0) * n_vec * 16;
+      if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
+      if (bytes > 0) prefetch_l2(segs.w[1] + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
+    } else {
+      const int64_t r0 = blk * (kDenseWarps / parts) * kDenseRows, bytes = (rows - r0) * n_vec * 16;
+      if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead ? bytes : ahead);
+    }
   }
   pdl_enter();
   for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
     uint4 wv[U][kDenseRows];
-    dense_load<U>(wv, w, row0, n_rows, n_vec, v0, step);
+    if constexpr (ACT != kActNone) dense_load_pair<U>(wv, w, segs.w[1], row0, true, n_vec, v0, step);
+    else dense_load<U>(wv, w, row0, n_rows, n_vec, v0, step);
 #pragma unroll
     for (int u = 0; u < U; u++) {
       const int64_t v = v0 + u * step;
@@ -452,7 +500,7 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
       }
     }
   }
-  if (parts == 1) {
+  if (parts == 1 && ACT == kActNone) {
     warp_store(acc, lane, n_rows, rows, row0, y);
     return;
   }
@@ -463,8 +511,18 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
       float a = acc[i][r];
 #pragma unroll
       for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0) red[warp][i][r] = a;
+      if (lane == 0) red[warp][i][r] = a; /* gated, one part: read back by this lane alone */
     }
+  if constexpr (ACT != kActNone) {
+    if (parts > 1) __syncthreads();
+    else __syncwarp();
+    if (part != 0 || lane >= M || n_rows == 0) return;
+    /* one part: warp_store's sums; more: the sum below, from 0 */
+    float g = parts == 1 ? red[warp][0][lane] : 0.f, u = parts == 1 ? red[warp][1][lane] : 0.f;
+    for (int p = 0; parts > 1 && p < parts; p++) g += red[warp + p][0][lane], u += red[warp + p][1][lane];
+    y[(int64_t)lane * rows + row0] = dense_act<ACT>(g, u);
+    return;
+  }
   __syncthreads();
   if (part != 0 || lane >= kDenseRows * M) return;
   const int i = lane / M, r = lane % M;
@@ -550,6 +608,41 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     }
   launch_k(dense_kernel<T, M, kDenseUnroll>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols,
            parts, dense_ahead_bytes());
+}
+
+/* The gated pair (DenseAct) of gate and up into y: `parts` from both
+ * matrices' rows, as launch_dense_segs works it out for the two of them,
+ * so that each row's sum is that launch's. */
+template <typename T, int M, int ACT>
+void launch_dense_gated(const rlm_cuda_weight *gate, const rlm_cuda_weight *up, float *y, const float *x,
+                        cudaStream_t st) {
+  static const bool wide = env_switch("RINGLM_CUDA_DENSE_UNROLL8", false);
+  const int unroll = M == 1 && wide ? kDenseUnrollWide : kDenseUnroll;
+  const int parts = dense_parts(gate->rows + up->rows, gate->cols / (16 / (int64_t)sizeof(T)), unroll);
+  const int64_t per_block = kDenseWarps / parts;
+  DenseSegs p = {};
+  p.n = 1;
+  p.w[0] = static_cast<const uint4 *>(gate->w), p.w[1] = static_cast<const uint4 *>(up->w);
+  p.y[0] = y, p.rows[0] = gate->rows;
+  const unsigned grid = (unsigned)((gate->rows + per_block - 1) / per_block);
+  if constexpr (M == 1)
+    if (unroll == kDenseUnrollWide) {
+      launch_k(dense_kernel<T, M, kDenseUnrollWide, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, gate->cols, parts,
+               dense_ahead_bytes());
+      return;
+    }
+  launch_k(dense_kernel<T, M, kDenseUnroll, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, gate->cols, parts,
+           dense_ahead_bytes());
+}
+
+template <typename T>
+void launch_dense_gated_m(bool gelu, const rlm_cuda_weight *gate, const rlm_cuda_weight *up, float *y, const float *x,
+                          int m, cudaStream_t st) {
+#define RLM_ONE(MM)                                                  \
+  if (gelu) launch_dense_gated<T, MM, kActGelu>(gate, up, y, x, st); \
+  else launch_dense_gated<T, MM, kActSilu>(gate, up, y, x, st);
+  RLM_CUDA_FOR_M(m, RLM_ONE)
+#undef RLM_ONE
 }
 
 template <typename T, int M>
@@ -1065,6 +1158,33 @@ extern "C" rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, floa
   case RLM_DTYPE_F16: launch_dense<__half>(ws, ys, k, x, m, vec, s); break;
   case RLM_DTYPE_BF16: launch_dense<__nv_bfloat16>(ws, ys, k, x, m, vec, s); break;
   default: launch_dense<float>(ws, ys, k, x, m, vec, s); break;
+  }
+  return launched(fn, err);
+}
+
+extern "C" bool rlm__cuda_dense_gated_takes(const rlm_cuda_weight *gate, const rlm_cuda_weight *up, const float *x,
+                                            int m) {
+  if (!gate || !up || !x || m < 1 || m > 8) return false;
+  for (const rlm_cuda_weight *w : {gate, up})
+    if (w->q.wq || !w->w || !float_dtype(w->dtype) || !aligned16(w->w) ||
+        (w->cols * (int64_t)elem_size(w->dtype)) % 16 != 0)
+      return false;
+  return gate->rows == up->rows && gate->cols == up->cols && gate->dtype == up->dtype && gate->rows >= 1 &&
+         aligned16(x);
+}
+
+extern "C" rlm_status rlm__cuda_dense_gated(bool gelu, const rlm_cuda_weight *gate, const rlm_cuda_weight *up,
+                                            const float *x, int m, float *y, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_dense_gated";
+  if (!y) return fail(err, RLM_ERR_INVALID, fn, "NULL output");
+  if (!rlm__cuda_dense_gated_takes(gate, up, x, m))
+    return fail(err, RLM_ERR_UNSUPPORTED, fn,
+                "gate and up must be dense f32/f16/bf16 of one shape with 16-byte rows, x aligned, m in [1, 8]");
+  cudaStream_t s = stream_of(st);
+  switch (gate->dtype) {
+  case RLM_DTYPE_F16: launch_dense_gated_m<__half>(gelu, gate, up, y, x, m, s); break;
+  case RLM_DTYPE_BF16: launch_dense_gated_m<__nv_bfloat16>(gelu, gate, up, y, x, m, s); break;
+  default: launch_dense_gated_m<float>(gelu, gate, up, y, x, m, s); break;
   }
   return launched(fn, err);
 }

@@ -54,6 +54,13 @@ struct rlm_backend {
   /* y[r][i] = act(g[r][i]) * u[r * u_stride + i]; gelu_tanh or silu. */
   void (*act_mul)(rlm_session *s, bool gelu, float *y, const float *g, const float *u, int rows, int n,
                   int64_t u_stride);
+  /* Optional (NULL: linears, then act_mul): the MLP's gated product of
+   * n rows of x, y [n][gate.out] = act(x gate^T) * (x up^T), gelu_tanh or
+   * silu; u [n][up.out] is scratch for a device that runs the two steps.
+   * A device may fuse them (no activation launch), as the two steps'
+   * bits. */
+  void (*gated)(rlm_session *s, bool gelu, const rlm_linear *gate, const rlm_linear *up, const float *x, int64_t n,
+                float *y, float *u);
   /* cs[j * stride ..] = cos, sin of tok_pos[j] * inv_freq[i], i < half. */
   void (*rope_angles)(rlm_session *s, const rlm_pass *ps, float *cs, int64_t stride, const float *inv_freq,
                       int half);

@@ -109,10 +109,14 @@ static bool mlp_block(rlm_session *s, int li, int n) {
   const rlm_model_config *c = &s->m->cfg;
   const rlm_layer *L = &s->m->layers[li];
   const int H = c->hidden, I = c->layer_inter[li];
-  const rlm_linear *gu[2] = {&L->gate, &L->up};
-  float *gu_out[2] = {s->g, s->u};
-  lins(s, gu, gu_out, 2, s->h, n);
-  s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
+  if (s->be->gated) {
+    s->be->gated(s, c->gemma, &L->gate, &L->up, s->h, n, s->g, s->u);
+  } else {
+    const rlm_linear *gu[2] = {&L->gate, &L->up};
+    float *gu_out[2] = {s->g, s->u};
+    lins(s, gu, gu_out, 2, s->h, n);
+    s->be->act_mul(s, c->gemma, s->g, s->g, s->u, n, I, I); /* g and u: [n][inter] */
+  }
   lin(s, &L->down, s->g, n, s->h);
   if (c->n_experts) s->be->moe(s, li, n);
   if (c->arch != RLM_ARCH_GEMMA4 && li + 1 < c->n_layers) {

@@ -718,6 +718,67 @@ TEST(dense_gemv_multi_matches_reference) {
   CHECK_STR_CONTAINS(err.msg, "NULL output 1");
 }
 
+/* The gated pair (rlm__cuda_dense_gated): gate and up with the activation
+ * in one launch, bit for bit the two-segment product then act_mul (each
+ * of which the tests above hold to the CPU's reference). */
+static void check_dense_gated(rlm_dtype dt, int64_t rows, int64_t cols, int m, bool gelu) {
+  const size_t es = dt_size(dt), wb = (size_t)(rows * cols) * es, yb = (size_t)(m * rows) * 4;
+  rlm_cuda_weight dw[2];
+  char *dbuf[2];
+  for (int i = 0; i < 2; i++) {
+    void *w = xmalloc(wb);
+    for (int64_t e = 0; e < rows * cols; e++) rlm__store_f(w, dt, e, rndf());
+    CU(cudaMalloc((void **)&dbuf[i], wb));
+    CU(cudaMemcpy(dbuf[i], w, wb, cudaMemcpyHostToDevice));
+    dw[i] = (rlm_cuda_weight){.w = dbuf[i], .dtype = dt, .rows = rows, .cols = cols};
+    free(w);
+  }
+  float *x = frand(m * cols, 1.0f), *dx = dev_copy(x, (size_t)(m * cols) * 4);
+  float *dg = dev_poisoned(yb), *du = dev_poisoned(yb), *dy = dev_poisoned(yb);
+  float *ref = xmalloc(yb), *got = xmalloc(yb);
+  rlm_error err = {0};
+  CHECK(rlm__cuda_dense_gated_takes(&dw[0], &dw[1], dx, m));
+  CHECK_EQ(rlm__cuda_dense_gemv_multi(dw, (float *[]){dg, du}, 2, dx, m, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_act_mul(gelu, dg, dg, du, m, (int)rows, rows, NULL, NULL, &err), RLM_OK);
+  CHECK_EQ(rlm__cuda_dense_gated(gelu, &dw[0], &dw[1], dx, m, dy, NULL, &err), RLM_OK);
+  download(ref, dg, yb);
+  download(got, dy, yb);
+  int64_t bad = -1;
+  for (int64_t i = 0; i < m * rows && bad < 0; i++)
+    if (memcmp(&got[i], &ref[i], 4)) bad = i;
+  if (bad >= 0)
+    fprintf(stderr, "  dense gated %s %s %lld x %lld, m %d: element %lld is %.9g, the two steps give %.9g\n",
+            rlm_dtype_name(dt), gelu ? "gelu" : "silu", (long long)rows, (long long)cols, m, (long long)bad,
+            got[bad], ref[bad]);
+  CHECK_EQ(bad, -1);
+  cudaFree(dbuf[0]), cudaFree(dbuf[1]), cudaFree(dx), cudaFree(dg), cudaFree(du), cudaFree(dy);
+  free(x), free(ref), free(got);
+}
+
+/* Shapes giving 1, 2, 4 and 8 warps a row pair (dense_parts), a last
+ * block of fewer pairs, every m, both activations; then what it refuses. */
+TEST(dense_gated_matches_two_steps) {
+  check_dense_gated(RLM_DTYPE_BF16, 1433, 4096, 1, false); /* Llama's gate/up shape, scaled down */
+  check_dense_gated(RLM_DTYPE_BF16, 1433, 4096, 1, true);
+  check_dense_gated(RLM_DTYPE_BF16, 69, 64, 1, false);     /* one part */
+  check_dense_gated(RLM_DTYPE_BF16, 67, 8192, 3, true);    /* four parts */
+  check_dense_gated(RLM_DTYPE_F16, 67, 16384, 1, false);   /* eight parts */
+  check_dense_gated(RLM_DTYPE_F32, 301, 1152, 8, true);
+  for (int m = 2; m <= 7; m++) check_dense_gated(RLM_DTYPE_BF16, 131, 512, m, m % 2);
+  rlm_cuda_weight w[2] = {{.w = (void *)16, .dtype = RLM_DTYPE_BF16, .rows = 8, .cols = 64}};
+  w[1] = w[0];
+  CHECK(rlm__cuda_dense_gated_takes(&w[0], &w[1], (float *)16, 1));
+  CHECK(!rlm__cuda_dense_gated_takes(&w[0], &w[1], (float *)20, 1)); /* x unaligned */
+  CHECK(!rlm__cuda_dense_gated_takes(&w[0], &w[1], (float *)16, 9));
+  w[1].rows = 9;
+  CHECK(!rlm__cuda_dense_gated_takes(&w[0], &w[1], (float *)16, 1));
+  w[1] = w[0], w[1].cols = 60; /* 120-byte rows */
+  CHECK(!rlm__cuda_dense_gated_takes(&w[0], &w[1], (float *)16, 1));
+  rlm_error err = {0};
+  CHECK_EQ(rlm__cuda_dense_gated(false, &w[0], &w[1], (float *)16, 1, (float *)16, NULL, &err), RLM_ERR_UNSUPPORTED);
+  CHECK_STR_CONTAINS(err.msg, "one shape");
+}
+
 TEST(dense_gemv_matches_reference) {
   static const rlm_dtype dts[] = {RLM_DTYPE_BF16, RLM_DTYPE_F16, RLM_DTYPE_F32};
   for (int d = 0; d < 3; d++) {
@@ -1554,6 +1615,7 @@ int main(int argc, char **argv) {
   RUN(embed_matches_reference);
   RUN(dense_gemv_matches_reference);
   RUN(dense_gemv_multi_matches_reference);
+  RUN(dense_gated_matches_two_steps);
   RUN(kv_write_matches_convert);
   RUN(kv_write_quantized_matches_cpu);
   RUN(attend_matches_reference);
