@@ -390,13 +390,13 @@ __device__ __forceinline__ void dense_load(uint4 (&wv)[U][kDenseRows], const uin
  * gate's row `row`, row 1 up's; same vectors, same zeros. */
 template <int U>
 __device__ __forceinline__ void dense_load_pair(uint4 (&wv)[U][kDenseRows], const uint4 *__restrict__ wg,
-                                                const uint4 *__restrict__ wu, int64_t row, bool on, int64_t n_vec,
-                                                int64_t v0, int64_t step) {
+                                                const uint4 *__restrict__ wu, int64_t row, int64_t n_vec, int64_t v0,
+                                                int64_t step) {
   static_assert(kDenseRows == 2, "a gated pair is two rows");
 #pragma unroll
   for (int u = 0; u < U; u++) {
     const int64_t v = v0 + u * step;
-    const bool in = on && v < n_vec;
+    const bool in = v < n_vec;
     wv[u][0] = in ? __ldcs(wg + row * n_vec + v) : make_uint4(0, 0, 0, 0);
     wv[u][1] = in ? __ldcs(wu + row * n_vec + v) : make_uint4(0, 0, 0, 0);
   }
@@ -407,8 +407,8 @@ __device__ __forceinline__ void dense_load_pair(uint4 (&wv)[U][kDenseRows], cons
  * no activation kernel: a warp's two rows are gate's row i and up's row
  * i, so the warp that sums them writes act(gate_i) * up_i itself. Nothing
  * crosses warps that did not already (the parts' sums in shared memory),
- * unlike the 4-bit form, whose int8 output needs 64 rows' maximum
- * (docs/cuda-notes.md: measured slower). Each row's sum is the one the
+ * unlike the 4-bit form, whose int8 output needs the maximum of 32 rows
+ * and the sum of 64 (docs/cuda-notes.md: its forms measured slower). Each row's sum is the one the
  * two-segment launch gives it: a lane's vectors, the shuffle tree and the
  * parts' order depend only on cols and `parts`, which the host works out
  * from the same total of rows (launch_dense_gated); then act_mul_kernel's
@@ -473,7 +473,7 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   pdl_enter();
   for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
     uint4 wv[U][kDenseRows];
-    if constexpr (ACT != kActNone) dense_load_pair<U>(wv, w, segs.w[1], row0, true, n_vec, v0, step);
+    if constexpr (ACT != kActNone) dense_load_pair<U>(wv, w, segs.w[1], row0, n_vec, v0, step);
     else dense_load<U>(wv, w, row0, n_rows, n_vec, v0, step);
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
       float a = acc[i][r];
 #pragma unroll
       for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
-      if (lane == 0) red[warp][i][r] = a; /* gated, one part: read back by this lane alone */
+      if (lane == 0) red[warp][i][r] = a; /* gated with one part: read by the warp's lanes < M (__syncwarp) */
     }
   if constexpr (ACT != kActNone) {
     if (parts > 1) __syncthreads();
