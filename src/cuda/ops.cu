@@ -584,13 +584,34 @@ int64_t dense_ahead_bytes() {
   return b;
 }
 
+/* Vectors in flight a lane: decode's (M = 1) doubled under
+ * RINGLM_CUDA_DENSE_UNROLL8, else kDenseUnroll. */
+template <int M>
+int dense_unroll() {
+  static const bool wide = env_switch("RINGLM_CUDA_DENSE_UNROLL8", false);
+  return M == 1 && wide ? kDenseUnrollWide : kDenseUnroll;
+}
+
+/* dense_kernel at that unroll (the wide instance for decode only). */
+template <typename T, int M, int ACT>
+void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts, int unroll,
+                         cudaStream_t st) {
+  if constexpr (M == 1)
+    if (unroll == kDenseUnrollWide) {
+      launch_k(dense_kernel<T, M, kDenseUnrollWide, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, cols, parts,
+               dense_ahead_bytes());
+      return;
+    }
+  launch_k(dense_kernel<T, M, kDenseUnroll, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, cols, parts,
+           dense_ahead_bytes());
+}
+
 /* The k products of ws (vectorizable: 16-byte rows, aligned) as one launch. */
 template <typename T, int M>
 void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st) {
   int64_t all = 0;
   for (int i = 0; i < k; i++) all += ws[i].rows;
-  static const bool wide = env_switch("RINGLM_CUDA_DENSE_UNROLL8", false);
-  const int unroll = M == 1 && wide ? kDenseUnrollWide : kDenseUnroll;
+  const int unroll = dense_unroll<M>();
   const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)), unroll);
   const int64_t per_block = kDenseWarps / parts;
   DenseSegs p = {};
@@ -600,14 +621,7 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     p.w[i] = static_cast<const uint4 *>(ws[i].w), p.y[i] = ys[i], p.rows[i] = ws[i].rows;
     p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
-  if constexpr (M == 1) /* the wide instance for decode only */
-    if (unroll == kDenseUnrollWide) {
-      launch_k(dense_kernel<T, M, kDenseUnrollWide>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x,
-               ws[0].cols, parts, dense_ahead_bytes());
-      return;
-    }
-  launch_k(dense_kernel<T, M, kDenseUnroll>, (unsigned)p.first_block[k], kWarp * kDenseWarps, 0, st, p, x, ws[0].cols,
-           parts, dense_ahead_bytes());
+  launch_dense_kernel<T, M, kActNone>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, unroll, st);
 }
 
 /* The gated pair (DenseAct) of gate and up into y: `parts` from both
@@ -616,23 +630,15 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
 template <typename T, int M, int ACT>
 void launch_dense_gated(const rlm_cuda_weight *gate, const rlm_cuda_weight *up, float *y, const float *x,
                         cudaStream_t st) {
-  static const bool wide = env_switch("RINGLM_CUDA_DENSE_UNROLL8", false);
-  const int unroll = M == 1 && wide ? kDenseUnrollWide : kDenseUnroll;
+  const int unroll = dense_unroll<M>();
   const int parts = dense_parts(gate->rows + up->rows, gate->cols / (16 / (int64_t)sizeof(T)), unroll);
   const int64_t per_block = kDenseWarps / parts;
   DenseSegs p = {};
   p.n = 1;
   p.w[0] = static_cast<const uint4 *>(gate->w), p.w[1] = static_cast<const uint4 *>(up->w);
   p.y[0] = y, p.rows[0] = gate->rows;
-  const unsigned grid = (unsigned)((gate->rows + per_block - 1) / per_block);
-  if constexpr (M == 1)
-    if (unroll == kDenseUnrollWide) {
-      launch_k(dense_kernel<T, M, kDenseUnrollWide, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, gate->cols, parts,
-               dense_ahead_bytes());
-      return;
-    }
-  launch_k(dense_kernel<T, M, kDenseUnroll, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, gate->cols, parts,
-           dense_ahead_bytes());
+  launch_dense_kernel<T, M, ACT>((unsigned)((gate->rows + per_block - 1) / per_block), p, x, gate->cols, parts, unroll,
+                                 st);
 }
 
 template <typename T>
