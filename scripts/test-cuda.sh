@@ -83,7 +83,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   XREG_ROWS=1|2    decode's 4-bit product's row groups of 1 or 2 rows
   #   XREG_HALF=0      that product at the fewest passes a warp and 4 rows
   #                    a block everywhere (not half-width blocks)
-  #   XREG_DEPTH=3     that product with two row groups' loads in flight
   #   ATTN_WHOLE=0     a one-token pass's attention always in parts and
   #                    a merge (not in one block a query head while no
   #                    query sees past 128 positions; test_cuda_ops forces
@@ -128,8 +127,6 @@ MERGE_KEEP=0 test_cuda_ops test_cuda_model
 XREG_ROWS=1 test_cuda_qgemv
 XREG_ROWS=2 test_cuda_qgemv
 XREG_HALF=0 test_cuda_qgemv test_cuda_model
-XREG_DEPTH=3 test_cuda_qgemv test_cuda_model
-XREG_DEPTH=3+XREG_HALF=0 test_cuda_qgemv
 ATTN_WHOLE=0 test_cuda_model
 ATTN_WHOLE=4096 test_cuda_model
 SWITCHES

@@ -456,36 +456,9 @@ __device__ __forceinline__ void xreg_fold(const XregRows<BITS, PP, R, T> &cur, c
   if (lane % (kWarp / R) == 0) red[warp][row] = part;
 }
 
-/* The block's sums of row group blk (xreg_fold, then the warps' parts in
- * a fixed order) written to its segment's y. */
 template <int BITS, int PP, int R, typename T>
-__device__ __forceinline__ void xreg_group(const Segs &segs, int64_t blk, const XregRows<BITS, PP, R, T> &cur,
-                                           const XregX<BITS, PP> &xr, int lane, int warp, int W, float (&red)[8][R]) {
-  xreg_fold(cur, xr, lane, warp, red);
-  __syncthreads();
-  if (threadIdx.x < R) {
-    int64_t b = blk;
-    const Seg &sg = seg_of(segs, &b);
-    const int64_t o = b * R + threadIdx.x;
-    if (o < sg.rows) {
-      float sum = 0.f;
-      for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
-      sg.y[o] = sum;
-    }
-  }
-  __syncthreads(); /* red is rewritten next group */
-}
-
-/* DEPTH: the row groups a warp holds loads of (the current one and
- * DEPTH - 1 ahead). 3 (RINGLM_CUDA_XREG_DEPTH=3) keeps twice the bytes in
- * flight a warp, for a card whose bandwidth needs more than the H100's
- * (on the H200 the 8B token's products reach 84% of the floor against
- * 93% there: docs/cuda-notes.md); the sums and their order are the same,
- * so are the bits. */
-template <int BITS, int PP, int R, typename T, int DEPTH = 2>
 __global__ void __launch_bounds__(kWarp * 8)
     qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
-  static_assert(DEPTH == 2 || DEPTH == 3, "one or two row groups ahead");
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
@@ -495,30 +468,26 @@ __global__ void __launch_bounds__(kWarp * 8)
   int64_t blk = blockIdx.x;
   XregRows<BITS, PP, R, T> cur;
   xreg_load(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
-  if constexpr (DEPTH == 3) {
+  pdl_enter();
+  XregX<BITS, PP> xr;
+  xreg_x(xr, scratch, cols, g, warp, W, lane);
+  for (; blk < total; blk += gridDim.x) {
     XregRows<BITS, PP, R, T> nxt;
     xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
-    pdl_enter();
-    XregX<BITS, PP> xr;
-    xreg_x(xr, scratch, cols, g, warp, W, lane);
-    for (; blk < total; blk += gridDim.x) {
-      XregRows<BITS, PP, R, T> far;
-      const int64_t b2 = blk + 2 * (int64_t)gridDim.x;
-      xreg_load(segs, b2, vec, gi, n_vec, n_groups, far, b2 < total);
-      xreg_group(segs, blk, cur, xr, lane, warp, W, red);
-      cur = nxt;
-      nxt = far;
+    xreg_fold(cur, xr, lane, warp, red);
+    __syncthreads();
+    if (threadIdx.x < R) {
+      int64_t b = blk;
+      const Seg &sg = seg_of(segs, &b);
+      const int64_t o = b * R + threadIdx.x;
+      if (o < sg.rows) {
+        float sum = 0.f;
+        for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
+        sg.y[o] = sum;
+      }
     }
-  } else {
-    pdl_enter();
-    XregX<BITS, PP> xr;
-    xreg_x(xr, scratch, cols, g, warp, W, lane);
-    for (; blk < total; blk += gridDim.x) {
-      XregRows<BITS, PP, R, T> nxt;
-      xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
-      xreg_group(segs, blk, cur, xr, lane, warp, W, red);
-      cur = nxt;
-    }
+    __syncthreads(); /* red is rewritten next group */
+    cur = nxt;
   }
 }
 
@@ -596,44 +565,23 @@ bool xreg_loop_on() {
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group. */
-/* RINGLM_CUDA_XREG_DEPTH=3: qgemv_xreg_kernel's DEPTH for 4-bit products
- * of R * PP <= 4 units a lane (the registers); 2 unless measured better. */
-bool xreg_deep() {
-  static const bool on = env_int("RINGLM_CUDA_XREG_DEPTH", 2, 2, 3) == 3;
-  return on;
-}
-
-template <int BITS, int PP, int R>
-constexpr bool xreg_deep_fits() {
-  return BITS == 4 && R * PP <= 4;
-}
-
-/* The persistent kernel's grid: as many blocks as fit on the card at
- * once (the occupancy of this instance at this block size), at most one
- * a row group. */
-template <int BITS, int PP, int R, typename T, int DEPTH>
+template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
   const int wi = threads / kWarp, sms = sm_count();
-  if (!per_sm[wi] && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                         &per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, DEPTH>, threads, 0) != cudaSuccess)
+  if (!per_sm[wi] &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
+          cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
   return (unsigned)(groups < n ? groups : n);
 }
 
-template <int BITS, int PP, int R, typename T, int DEPTH>
-void launch_xreg_depth(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
-  const int64_t groups = p.first_block[p.n];
-  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, DEPTH>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T, DEPTH>, grid, threads, 0, st, p, x, cols, g);
-}
-
 template <int BITS, int PP, int R, typename T>
 void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
-  if constexpr (xreg_deep_fits<BITS, PP, R>())
-    if (xreg_deep()) return launch_xreg_depth<BITS, PP, R, T, 3>(p, x, cols, g, threads, st);
-  launch_xreg_depth<BITS, PP, R, T, 2>(p, x, cols, g, threads, st);
+  const int64_t groups = p.first_block[p.n];
+  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int R, typename T>
