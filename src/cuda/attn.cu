@@ -181,33 +181,7 @@ int launch_parts(int n, int n_heads, int64_t cap, PartRule pr) {
   return most < 1 ? 1 : most < s ? (int)most : s;
 }
 
-/* *p = v in the cache's dtype, rounded to nearest even (rlm__convert). */
-__device__ __forceinline__ void put(float *p, float v) { *p = v; }
-/* A NaN keeps the CPU's bits (rlm__f32_to_f16, rlm__f32_to_bf16: quiet,
- * the payload's top bits), so a cache fed an overflow is the CPU's too. */
-__device__ __forceinline__ void put(__half *p, float v) {
-  const uint32_t u = __float_as_uint(v);
-  *p = isnan(v) ? __ushort_as_half((unsigned short)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu)))
-                : __float2half_rn(v);
-}
-__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
-  const uint32_t u = __float_as_uint(v);
-  *p = isnan(v) ? __ushort_as_bfloat16((unsigned short)((u >> 16) | 0x40u)) : __float2bfloat16_rn(v);
-}
-
 /* ---- the write ------------------------------------------------------------ */
-
-/* The slot token j writes in its row (*row), or -1: a negative row or
- * position, or a plain cache's position at or past cap, has no slot, and
- * the token is not written (a padded token of a fixed-size pass). */
-__device__ __forceinline__ int64_t token_slot(const rlm_cuda_kv &c, const int32_t *tok_row, const int64_t *tok_pos,
-                                              int64_t j, int *row) {
-  const int64_t p = tok_pos[j];
-  *row = tok_row[j];
-  if (p < 0 || *row < 0) return -1;
-  const int64_t slot = slot_of(p, c.ring, c.keep);
-  return slot < c.cap ? slot : -1;
-}
 
 /* Block (token j, kv head h), threads over dim. */
 template <typename T>
@@ -301,9 +275,7 @@ __device__ __forceinline__ void qkv_prep_row(float *q, float *k, float *v, int n
 #pragma unroll
     for (int u = 0; u < half; u++) {
       const int d = lane + kWarp * u;
-      const float co = cj[2 * d], si = cj[2 * d + 1], a = e[u], b = e[u + half];
-      e[u] = __fsub_rn(__fmul_rn(a, co), __fmul_rn(b, si));
-      e[u + half] = __fadd_rn(__fmul_rn(b, co), __fmul_rn(a, si));
+      rope_rotate(e[u], e[u + half], cj[2 * d], cj[2 * d + 1]);
     }
   }
 #pragma unroll

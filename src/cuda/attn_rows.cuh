@@ -1,7 +1,9 @@
 /* attn_rows.cuh -- a KV cache's rows as the attention kernels read them
  * (attn.cu's flash-decoding kernel, attn_tc.cu's tensor-core tiles): one
  * vector of a slot's row at a time, widened to floats, for dense rows of
- * f32/f16/bf16 and for MLX-affine rows of 2-8 bits. */
+ * f32/f16/bf16 and for MLX-affine rows of 2-8 bits; and what the kernels
+ * that write a dense row share (attn.cu's qkv_prep, qgemv_q8.cu's q, k, v
+ * product with RoPE): a token's slot, a value in the cache's dtype. */
 #ifndef RLM_CUDA_ATTN_ROWS_CUH
 #define RLM_CUDA_ATTN_ROWS_CUH
 
@@ -16,6 +18,32 @@ namespace rlm_cuda {
 /* The slot of position p (attn.cu's top comment). */
 __device__ __forceinline__ int64_t slot_of(int64_t p, int64_t ring, int keep) {
   return ring == 0 || p < keep ? p : keep + (p - keep) % ring;
+}
+
+/* The slot token j writes in its row (*row), or -1: a negative row or
+ * position, or a plain cache's position at or past cap, has no slot, and
+ * the token is not written (a padded token of a fixed-size pass). */
+__device__ __forceinline__ int64_t token_slot(const rlm_cuda_kv &c, const int32_t *tok_row, const int64_t *tok_pos,
+                                              int64_t j, int *row) {
+  const int64_t p = tok_pos[j];
+  *row = tok_row[j];
+  if (p < 0 || *row < 0) return -1;
+  const int64_t slot = slot_of(p, c.ring, c.keep);
+  return slot < c.cap ? slot : -1;
+}
+
+/* *p = v in the cache's dtype, rounded to nearest even (rlm__convert). */
+__device__ __forceinline__ void put(float *p, float v) { *p = v; }
+/* A NaN keeps the CPU's bits (rlm__f32_to_f16, rlm__f32_to_bf16: quiet,
+ * the payload's top bits), so a cache fed an overflow is the CPU's too. */
+__device__ __forceinline__ void put(__half *p, float v) {
+  const uint32_t u = __float_as_uint(v);
+  *p = isnan(v) ? __ushort_as_half((unsigned short)(((u >> 16) & 0x8000u) | 0x7e00u | ((u >> 13) & 0x3ffu)))
+                : __float2half_rn(v);
+}
+__device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
+  const uint32_t u = __float_as_uint(v);
+  *p = isnan(v) ? __ushort_as_bfloat16((unsigned short)((u >> 16) | 0x40u)) : __float2bfloat16_rn(v);
 }
 
 /* The positions a query at qp sees (none when qp < 0), as the two runs of

@@ -178,6 +178,16 @@ __device__ __forceinline__ void prefetch_l2(const void *base, int64_t lo, int64_
   if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
 }
 
+/* RoPE's rotation of the pair (a, b) = (x_i, x_{i + hd/2}) by the angle
+ * whose cosine and sine are co and si, rounded step by step, so that
+ * every kernel that rotates (rope_kernel, qkv_prep, the q, k, v
+ * product's epilogue) gives the same bits. */
+__device__ __forceinline__ void rope_rotate(float &a, float &b, float co, float si) {
+  const float a0 = a, b0 = b;
+  a = __fsub_rn(__fmul_rn(a0, co), __fmul_rn(b0, si));
+  b = __fadd_rn(__fmul_rn(b0, co), __fmul_rn(a0, si));
+}
+
 /* PROGRAMMATIC DEPENDENT LAUNCH. Every kernel is launched (launch_k) with
  * programmatic stream serialization, so that the next kernel of a stream
  * or graph is scheduled while this one drains: in a decode step of

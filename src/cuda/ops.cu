@@ -217,9 +217,10 @@ __global__ void rope_kernel(float *x, int64_t n_pairs, int heads, int hd, const 
     const int64_t jh = t / half, j = jh / heads;
     const int i = (int)(t - jh * half);
     float *p = x + jh * hd;
-    const float c = cs[j * stride + 2 * i], s = cs[j * stride + 2 * i + 1], a = p[i], b = p[i + half];
-    p[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    p[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    float a = p[i], b = p[i + half];
+    rope_rotate(a, b, cs[j * stride + 2 * i], cs[j * stride + 2 * i + 1]);
+    p[i] = a;
+    p[i + half] = b;
   }
 }
 
