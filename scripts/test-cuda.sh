@@ -75,7 +75,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   ATTN_CAP_PARTS=0 decode's attention grid by n_splits alone
   #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
   #   DENSE_AHEAD=0    the dense products ask the L2 for nothing ahead
-  #   DENSE_UNROLL8=1  decode's dense product with 8 vectors a lane in flight
   #   DENSE_GATED=0    dense gate and up as two products and an activation
   #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   #   ATTN_SHORT_PARTS=0 decode's attention parts by 64 keys alone
@@ -119,7 +118,6 @@ I8_FAST=0 test_cuda_qgemv test_cuda_model
 ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
 EARLY_POS=0 test_cuda_ops test_cuda_model
 DENSE_AHEAD=0 test_cuda_ops test_cuda_model
-DENSE_UNROLL8=1 test_cuda_ops test_cuda_model
 DENSE_GATED=0 test_cuda_model
 HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model

@@ -349,11 +349,6 @@ void launch_embed_q(const rlm_cuda_weight *e, const int32_t *ids, int n, float s
 constexpr int kDenseWarps = 8;                      /* warps per block                        */
 constexpr int kDenseRows = RLM_CUDA_DENSE_ROWS;     /* weight rows sharing each load of x     */
 constexpr int kDenseUnroll = RLM_CUDA_DENSE_UNROLL; /* 16-byte vectors per row in flight      */
-/* Decode's (m = 1) vectors in flight: RINGLM_CUDA_DENSE_UNROLL8=1 doubles
- * them, for a card whose bandwidth needs more bytes in flight than the
- * H100 (where the bf16 token's products reach 97% of the floor at 4:
- * docs/cuda-notes.md); 4 unless measured better. */
-constexpr int kDenseUnrollWide = 8;
 /* Warps that fill an H200 (132 SMs x 64): below this the row groups are
  * split over more warps, so small matrices still keep the chip busy. */
 constexpr int64_t kDenseTargetWarps = 8192;
@@ -585,24 +580,13 @@ int64_t dense_ahead_bytes() {
   return b;
 }
 
-/* Vectors in flight a lane: decode's (M = 1) doubled under
- * RINGLM_CUDA_DENSE_UNROLL8, else kDenseUnroll. */
-template <int M>
-int dense_unroll() {
-  static const bool wide = env_switch("RINGLM_CUDA_DENSE_UNROLL8", false);
-  return M == 1 && wide ? kDenseUnrollWide : kDenseUnroll;
-}
-
-/* dense_kernel at that unroll (the wide instance for decode only). */
+/* dense_kernel's launch (kDenseUnroll vectors a row in flight a lane:
+ * twice that measured slower on both cards, the bf16 token's products
+ * in a graph 91.2% against 97.4% of the floor on an H100 and 83.4%
+ * against 90.2% on the H200: docs/cuda-notes.md). */
 template <typename T, int M, int ACT>
-void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts, int unroll,
+void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts,
                          cudaStream_t st) {
-  if constexpr (M == 1)
-    if (unroll == kDenseUnrollWide) {
-      launch_k(dense_kernel<T, M, kDenseUnrollWide, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, cols, parts,
-               dense_ahead_bytes());
-      return;
-    }
   launch_k(dense_kernel<T, M, kDenseUnroll, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, cols, parts,
            dense_ahead_bytes());
 }
@@ -612,8 +596,7 @@ template <typename T, int M>
 void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st) {
   int64_t all = 0;
   for (int i = 0; i < k; i++) all += ws[i].rows;
-  const int unroll = dense_unroll<M>();
-  const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)), unroll);
+  const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)), kDenseUnroll);
   const int64_t per_block = kDenseWarps / parts;
   DenseSegs p = {};
   p.n = k;
@@ -622,7 +605,7 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     p.w[i] = static_cast<const uint4 *>(ws[i].w), p.y[i] = ys[i], p.rows[i] = ws[i].rows;
     p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
-  launch_dense_kernel<T, M, kActNone>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, unroll, st);
+  launch_dense_kernel<T, M, kActNone>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, st);
 }
 
 /* The gated pair (DenseAct) of gate and up into y: `parts` from both
@@ -631,15 +614,13 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
 template <typename T, int M, int ACT>
 void launch_dense_gated(const rlm_cuda_weight *gate, const rlm_cuda_weight *up, float *y, const float *x,
                         cudaStream_t st) {
-  const int unroll = dense_unroll<M>();
-  const int parts = dense_parts(gate->rows + up->rows, gate->cols / (16 / (int64_t)sizeof(T)), unroll);
+  const int parts = dense_parts(gate->rows + up->rows, gate->cols / (16 / (int64_t)sizeof(T)), kDenseUnroll);
   const int64_t per_block = kDenseWarps / parts;
   DenseSegs p = {};
   p.n = 1;
   p.w[0] = static_cast<const uint4 *>(gate->w), p.w[1] = static_cast<const uint4 *>(up->w);
   p.y[0] = y, p.rows[0] = gate->rows;
-  launch_dense_kernel<T, M, ACT>((unsigned)((gate->rows + per_block - 1) / per_block), p, x, gate->cols, parts, unroll,
-                                 st);
+  launch_dense_kernel<T, M, ACT>((unsigned)((gate->rows + per_block - 1) / per_block), p, x, gate->cols, parts, st);
 }
 
 template <typename T>
