@@ -446,6 +446,10 @@ typedef struct cuda_switches {
   bool dense_gated; /* RINGLM_CUDA_DENSE_GATED=0: dense gate and up as two
                        products and an activation launch, not one launch
                        (cuda_gated) */
+  bool qkv_rope;    /* RINGLM_CUDA_QKV_ROPE=1: decode's 4-bit q, k and v
+                       rotated and cached by their product's launch, no
+                       qkv_prep (cuda_qkv_project); off until it has run
+                       on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -473,6 +477,8 @@ static void read_switches(void) {
   g_switches.qgemm_multi = e && e[0] == '1';
   g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
   g_switches.dense_gated = env_on("RINGLM_CUDA_DENSE_GATED");
+  e = getenv("RINGLM_CUDA_QKV_ROPE");
+  g_switches.qkv_rope = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -887,6 +893,54 @@ static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float
   sess->kv_done = kv && !rc ? li : -1;
 }
 
+/* Whether decode's q, k and v of layer li can be one launch that also
+ * rotates them and writes the cache (rlm__cuda_qgemv_q8_qkv_rope): one
+ * token, heads without norms, 4-bit products of one int8 launch
+ * (one_launch), the shapes the kernel takes; the layer's cache dense or
+ * not written there (*kv NULL: attend writes a quantized one). */
+static bool qkv_rope_takes(rlm_session *s, int li, const rlm_cuda_weight *dw, int k, int n, int hd, const float *qw,
+                           const float *kw, bool vnorm, const rlm_cuda_kv **kv) {
+  cuda_sess *cs = cs_of(s);
+  *kv = k == 3 && !cs->kv[li].k_bits ? &cs->kv[li] : NULL;
+  if (!switches()->qkv_rope || !fuse_on() || n != 1 || qw || kw || vnorm || (k != 1 && k != 3) ||
+      !one_launch(s, dw, k, n))
+    return false;
+  rlm_cuda_qmat ws[3];
+  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
+  return rlm__cuda_qkv_rope_takes(ws, k, hd, *kv);
+}
+
+/* Layer li's q, k and v products and qkv_norm_rope's work: one launch
+ * where qkv_rope_takes (no qkv_prep launch, the two steps' bits; its kv
+ * is then done, as cuda_qkv_norm_rope's), else the two steps. */
+static void cuda_qkv_project(rlm_session *s, int li, const rlm_linear *const *ls, int k, const float *x, float *q,
+                             float *kk, float *v, int n, int hq, int hkv, int hd, const float *qw, const float *kw,
+                             bool vnorm, double eps, const float *cs, int64_t stride) {
+  cuda_sess *sess = cs_of(s);
+  float *ys[3] = {q, kk, v};
+  rlm_cuda_weight dw[3];
+  for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
+  const rlm_cuda_kv *kv;
+  if (!qkv_rope_takes(s, li, dw, k, n, hd, qw, kw, vnorm, &kv)) {
+    cuda_linears(s, ls, ys, k, x, n);
+    cuda_qkv_norm_rope(s, li, q, kk, v, n, hq, hkv, hd, qw, kw, vnorm, eps, cs, stride);
+    return;
+  }
+  sess->kv_done = -1;
+  if (enqueues_nothing(s)) return;
+  settle(s); /* as cuda_linears: not skip(), q8 may hold x's activations */
+  rlm_error er;
+  rlm_cuda_qmat ws[3];
+  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
+  rlm_status rc = q8_of(s, &ws[0], x, 1, &er);
+  if (!rc)
+    rc = rlm__cuda_qgemv_q8_qkv_rope(ws, ys, k, sess->q8, hd, cs, kv, sess->d_rows, sess->d_pos, sess->st, &er);
+  for (int i = 0; i < k; i++)
+    if (ys[i] == sess->q8_x) sess->q8_x = NULL; /* overwritten */
+  note(s, rc, &er);
+  sess->kv_done = kv && !rc ? li : -1;
+}
+
 static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
                         int64_t width) {
   (void)ps;
@@ -1144,6 +1198,7 @@ static const rlm_backend backend_cuda = {
     .rope_angles = cuda_rope_angles,
     .rope = cuda_rope,
     .qkv_norm_rope = cuda_qkv_norm_rope,
+    .qkv_project = cuda_qkv_project,
     .gather_wanted = cuda_gather,
     .attend = cuda_attend,
     .moe = cuda_moe,
