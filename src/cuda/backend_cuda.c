@@ -446,10 +446,10 @@ typedef struct cuda_switches {
   bool dense_gated; /* RINGLM_CUDA_DENSE_GATED=0: dense gate and up as two
                        products and an activation launch, not one launch
                        (cuda_gated) */
-  bool qkv_rope;    /* RINGLM_CUDA_QKV_ROPE=1: decode's 4-bit q, k and v
-                       rotated and cached by their product's launch, no
-                       qkv_prep (cuda_qkv_project); off until it has run
-                       on a GPU */
+  bool qkv_rope;    /* RINGLM_CUDA_QKV_ROPE=1: decode's 4-bit or dense q, k
+                       and v rotated and cached by their product's launch,
+                       no qkv_prep (cuda_qkv_project); off until it has
+                       run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -894,20 +894,22 @@ static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float
 }
 
 /* Whether decode's q, k and v of layer li can be one launch that also
- * rotates them and writes the cache (rlm__cuda_qgemv_q8_qkv_rope): one
- * token, heads without norms, 4-bit products of one int8 launch
- * (one_launch), the shapes the kernel takes; the layer's cache dense or
- * not written there (*kv NULL: attend writes a quantized one). */
-static bool qkv_rope_takes(rlm_session *s, int li, const rlm_cuda_weight *dw, int k, int n, int hd, const float *qw,
-                           const float *kw, bool vnorm, const rlm_cuda_kv **kv) {
+ * rotates them and writes the cache: one token, heads without norms, and
+ * either 4-bit products of one int8 launch (one_launch;
+ * rlm__cuda_qgemv_q8_qkv_rope) or dense ones of one launch
+ * (one_launch_dense; rlm__cuda_dense_gemv_qkv_rope), of shapes the kernel
+ * takes; the layer's cache dense or not written there (*kv NULL: attend
+ * writes a quantized one). 'q' or 'd' (which), or 0: the two steps. */
+static char qkv_rope_takes(rlm_session *s, int li, const rlm_cuda_weight *dw, int k, const float *x, int n, int hd,
+                           const float *qw, const float *kw, bool vnorm, const rlm_cuda_kv **kv) {
   cuda_sess *cs = cs_of(s);
   *kv = k == 3 && !cs->kv[li].k_bits ? &cs->kv[li] : NULL;
-  if (!switches()->qkv_rope || !fuse_on() || n != 1 || qw || kw || vnorm || (k != 1 && k != 3) ||
-      !one_launch(s, dw, k, n))
-    return false;
+  if (!switches()->qkv_rope || !fuse_on() || n != 1 || qw || kw || vnorm || (k != 1 && k != 3)) return 0;
+  if (one_launch_dense(dw, k, n)) return rlm__cuda_dense_qkv_rope_takes(dw, k, x, hd, *kv) ? 'd' : 0;
+  if (!one_launch(s, dw, k, n)) return 0;
   rlm_cuda_qmat ws[3];
   for (int i = 0; i < k; i++) ws[i] = dw[i].q;
-  return rlm__cuda_qkv_rope_takes(ws, k, hd, *kv);
+  return rlm__cuda_qkv_rope_takes(ws, k, hd, *kv) ? 'q' : 0;
 }
 
 /* Layer li's q, k and v products and qkv_norm_rope's work: one launch
@@ -921,7 +923,8 @@ static void cuda_qkv_project(rlm_session *s, int li, const rlm_linear *const *ls
   rlm_cuda_weight dw[3];
   for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
   const rlm_cuda_kv *kv;
-  if (!qkv_rope_takes(s, li, dw, k, n, hd, qw, kw, vnorm, &kv)) {
+  const char which = qkv_rope_takes(s, li, dw, k, x, n, hd, qw, kw, vnorm, &kv);
+  if (!which) {
     cuda_linears(s, ls, ys, k, x, n);
     cuda_qkv_norm_rope(s, li, q, kk, v, n, hq, hkv, hd, qw, kw, vnorm, eps, cs, stride);
     return;
@@ -930,11 +933,17 @@ static void cuda_qkv_project(rlm_session *s, int li, const rlm_linear *const *ls
   if (enqueues_nothing(s)) return;
   settle(s); /* as cuda_linears: not skip(), q8 may hold x's activations */
   rlm_error er;
-  rlm_cuda_qmat ws[3];
-  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
-  rlm_status rc = q8_of(s, &ws[0], x, 1, &er);
-  if (!rc)
-    rc = rlm__cuda_qgemv_q8_qkv_rope(ws, ys, k, sess->q8, hd, cs, kv, sess->d_rows, sess->d_pos, sess->st, &er);
+  rlm_status rc;
+  if (which == 'd') {
+    sess->q8_x = NULL; /* as cuda_linears' dense products */
+    rc = rlm__cuda_dense_gemv_qkv_rope(dw, ys, k, x, hd, cs, kv, sess->d_rows, sess->d_pos, sess->st, &er);
+  } else {
+    rlm_cuda_qmat ws[3];
+    for (int i = 0; i < k; i++) ws[i] = dw[i].q;
+    rc = q8_of(s, &ws[0], x, 1, &er);
+    if (!rc)
+      rc = rlm__cuda_qgemv_q8_qkv_rope(ws, ys, k, sess->q8, hd, cs, kv, sess->d_rows, sess->d_pos, sess->st, &er);
+  }
   for (int i = 0; i < k; i++)
     if (ys[i] == sess->q8_x) sess->q8_x = NULL; /* overwritten */
   note(s, rc, &er);

@@ -214,6 +214,13 @@ rlm_status rlm__cuda_qkv_prep_sum(float *q, float *k, float *v, const rlm_cuda_s
  * shapes: 4-bit weights of whole heads of hd on decode's x-in-registers
  * kernel at an instance with RoPE, and a dense cache of those heads. */
 bool rlm__cuda_qkv_rope_takes(const rlm_cuda_qmat *ws, int k, int hd, const rlm_cuda_kv *c);
+/* The same for dense (f32/f16/bf16) q, k, v (ops.cu): the bits of
+ * rlm__cuda_dense_gemv_multi then rlm__cuda_qkv_prep; x f32, its rows and
+ * W's of 16-byte vectors. */
+bool rlm__cuda_dense_qkv_rope_takes(const rlm_cuda_weight *ws, int k, const float *x, int hd, const rlm_cuda_kv *c);
+rlm_status rlm__cuda_dense_gemv_qkv_rope(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int hd,
+                                         const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
+                                         const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);
 rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *x, int hd,
                                        const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
                                        const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);

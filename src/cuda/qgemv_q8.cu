@@ -327,20 +327,12 @@ __device__ __forceinline__ float ld_scale_if(const __nv_bfloat16 *p, bool on) {
  * and the warps add in a fixed order), then qkv_prep's arithmetic
  * (rope_rotate, put): the bits of the two launches. One token, heads
  * without a norm (Llama, Mistral): rlm__cuda_qkv_rope_takes. */
-struct XregRope {
-  const float *cs;        /* the token's (cos, sin) of the hd / 2 pairs  */
-  rlm_cuda_kv c;          /* the layer's dense cache; c.k NULL: none     */
-  const int32_t *tok_row; /* the pass plan's row and position of token 0 */
-  const int64_t *tok_pos;
-  int half;    /* hd / 2                                                   */
-  int rotated; /* segments rotated: 1 (q) or 2 (q and k)                   */
-};
 
 /* Where row group blk of a segment lies: its first row, and in *jump the
  * rows its second half is moved by (0, or in a rotated segment hd/2 -
  * R/2 > 0: that half holds the first half's RoPE partners). */
 template <int R, bool ROPE>
-__device__ __forceinline__ int64_t xreg_place(int64_t blk, int si, const XregRope &rope, int *jump) {
+__device__ __forceinline__ int64_t xreg_place(int64_t blk, int si, const QkvRope &rope, int *jump) {
   *jump = 0;
   if (ROPE && si < rope.rotated) { /* 32 bits: a segment has far fewer than 2^31 rows */
     const int pair = (int)blk * (R / 2), head = pair / rope.half;
@@ -362,7 +354,7 @@ __device__ __forceinline__ int64_t xreg_place(int64_t blk, int si, const XregRop
 template <int BITS, int PP, int R, typename T, bool ROPE>
 __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int (&vec)[PP], const int (&gi)[PP],
                                           int n_vec, int n_groups, XregRows<BITS, PP, R, T> &o, bool on,
-                                          const XregRope &rope) {
+                                          const QkvRope &rope) {
   int si, jump;
   const Seg &sg = seg_of(segs, &blk, &si);
   const int64_t row0 = xreg_place<R, ROPE>(blk, si, rope, &jump);
@@ -500,18 +492,6 @@ __device__ __forceinline__ void xreg_fold(const XregRows<BITS, PP, R, T> &cur, c
   if (lane % (kWarp / R) == 0) red[warp][row] = part;
 }
 
-/* Row o of a segment's y as the cache's dtype into k or v's slot (rope's
- * cache, token 0's row crow and slot). */
-__device__ __forceinline__ void xreg_cache_put(const XregRope &rope, void *dst, int64_t o, float v, int crow,
-                                               int64_t slot) {
-  const rlm_cuda_kv &c = rope.c;
-  const int64_t hd = 2 * (int64_t)rope.half, h = o / hd;
-  const int64_t at = (((int64_t)crow * c.n_kv + h) * c.cap + slot) * c.dim + (o - h * hd);
-  if (c.dtype == RLM_DTYPE_F16) put(static_cast<__half *>(dst) + at, v);
-  else if (c.dtype == RLM_DTYPE_BF16) put(static_cast<__nv_bfloat16 *>(dst) + at, v);
-  else put(static_cast<float *>(dst) + at, v);
-}
-
 /* The sum of row r of the block over its W warps, in a fixed order. */
 template <int R>
 __device__ __forceinline__ float xreg_row_sum(const float (&red)[8][R], int W, int r) {
@@ -527,7 +507,7 @@ __device__ __forceinline__ float xreg_row_sum(const float (&red)[8][R], int W, i
 template <int BITS, int PP, int R, typename T, bool ROPE>
 __device__ __forceinline__ void xreg_group(const Segs &segs, int64_t blk, const XregRows<BITS, PP, R, T> &cur,
                                            const XregX<BITS, PP> &xr, int lane, int warp, int W, float (&red)[8][R],
-                                           const XregRope &rope, int crow, int64_t slot) {
+                                           const QkvRope &rope, int crow, int64_t slot) {
   xreg_fold(cur, xr, lane, warp, red);
   __syncthreads();
   if (threadIdx.x < R) {
@@ -545,21 +525,21 @@ __device__ __forceinline__ void xreg_group(const Segs &segs, int64_t blk, const 
         sg.y[i] = a;
         sg.y[i + rope.half] = p;
         if (si == 1 && slot >= 0)
-          xreg_cache_put(rope, rope.c.k, i, a, crow, slot), xreg_cache_put(rope, rope.c.k, i + rope.half, p, crow, slot);
+          qkv_cache_put(rope, rope.c.k, i, a, crow, slot), qkv_cache_put(rope, rope.c.k, i + rope.half, p, crow, slot);
       }
     } else {
       const int64_t o = row0 + threadIdx.x;
       if (o < sg.rows) {
         const float sum = xreg_row_sum(red, W, threadIdx.x);
         sg.y[o] = sum;
-        if (ROPE && si == 2 && slot >= 0) xreg_cache_put(rope, rope.c.v, o, sum, crow, slot);
+        if (ROPE && si == 2 && slot >= 0) qkv_cache_put(rope, rope.c.v, o, sum, crow, slot);
       }
     }
   }
   __syncthreads(); /* red is rewritten next group */
 }
 
-/* ROPE: XregRope's launch (rope is unused otherwise), held to the plain
+/* ROPE: QkvRope's launch (rope is unused otherwise), held to the plain
  * instance's 80 registers (three 256-thread blocks an SM, twelve of the
  * half-width ones), where it spills nothing: its row places and cache
  * slot took it to 116, and so the q, k, v launch to fewer blocks an SM,
@@ -567,7 +547,7 @@ __device__ __forceinline__ void xreg_group(const Segs &segs, int64_t blk, const 
 template <int BITS, int PP, int R, typename T, bool ROPE = false>
 __global__ void __launch_bounds__(kWarp * 8, ROPE ? 3 : 1)
     qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g,
-                      const XregRope rope) {
+                      const QkvRope rope) {
   static_assert(!ROPE || R % 2 == 0, "a rotated block holds whole pairs");
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
@@ -681,7 +661,7 @@ unsigned loop_grid(int threads, int64_t groups) {
 }
 
 template <int BITS, int PP, int R, typename T, bool ROPE>
-void launch_xreg_kernel(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, const XregRope &rope,
+void launch_xreg_kernel(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, const QkvRope &rope,
                         cudaStream_t st) {
   const int64_t groups = p.first_block[p.n];
   const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, ROPE>(threads, groups) : (unsigned)groups;
@@ -694,15 +674,15 @@ constexpr bool xreg_rope_fits(int bits, int pp, int r) { return bits == 4 && r %
 
 /* rope NULL: the plain products. */
 template <int BITS, int PP, int R, typename T>
-void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, const XregRope *rope,
+void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, const QkvRope *rope,
                     cudaStream_t st) {
   if constexpr (xreg_rope_fits(BITS, PP, R))
     if (rope) return launch_xreg_kernel<BITS, PP, R, T, true>(p, x, cols, g, threads, *rope, st);
-  launch_xreg_kernel<BITS, PP, R, T, false>(p, x, cols, g, threads, XregRope{}, st);
+  launch_xreg_kernel<BITS, PP, R, T, false>(p, x, cols, g, threads, QkvRope{}, st);
 }
 
 template <int BITS, int R, typename T>
-void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, const XregRope *rope,
+void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, const QkvRope *rope,
                    cudaStream_t st) {
   const Segs p = make_segs(ws, ys, k, R);
   const int64_t cols = ws[0].cols;
@@ -718,7 +698,7 @@ void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, con
 
 template <int BITS, typename T>
 void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st,
-                 const XregRope *rope = nullptr) {
+                 const QkvRope *rope = nullptr) {
   const int r = xreg_rows(BITS, pp);
   if constexpr (BITS == 4) {
     if (r == 16) launch_xreg_r<4, 16, T>(ws, ys, k, pp, x, rope, st);
@@ -885,9 +865,7 @@ extern "C" bool rlm__cuda_qkv_rope_takes(const rlm_cuda_qmat *ws, int k, int hd,
   if (ws[0].rows % hd) return false;
   if (k == 1) return c == NULL;
   if (ws[1].rows % hd || ws[2].rows != ws[1].rows) return false;
-  return !c || (c->k && c->v && !c->k_bits && !c->v_bits && c->dim == hd && (int64_t)c->n_kv * hd == ws[1].rows &&
-                c->cap >= 1 && c->keep >= 0 && (c->ring == 0 || (c->ring > 0 && c->ring == c->cap - c->keep)) &&
-                (c->dtype == RLM_DTYPE_F32 || c->dtype == RLM_DTYPE_F16 || c->dtype == RLM_DTYPE_BF16));
+  return qkv_rope_cache_ok(c, hd, ws[1].rows);
 }
 
 extern "C" rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch,
@@ -902,7 +880,7 @@ extern "C" rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float
                 "q (and k, v of one shape) of whole heads of %d, 4-bit one-row products with RoPE instances, and a "
                 "dense cache of those heads are needed (rlm__cuda_qkv_rope_takes)",
                 hd);
-  XregRope rope = {};
+  QkvRope rope = {};
   rope.cs = cs;
   if (c) rope.c = *c;
   rope.tok_row = tok_row;
