@@ -504,7 +504,11 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
     for (int r = 0; r < M; r++) acc[i][r] = 0.f;
   int64_t v0 = part * kWarp + lane;
   if (ahead && threadIdx.x == 0) { /* the block's first `ahead` bytes of W (dense_ahead_bytes) */
-    if constexpr (ACT == kActRope) { /* a rotated block's rows lie in two runs: none */
+    if (rotated) { /* a rotated block's rows lie in two runs (its pairs are in one head): half from each */
+      const int64_t r0 = dense_rope_row(blk * (kDenseWarps / parts), rope.half);
+      const int64_t bytes = (int64_t)(kDenseWarps / parts) * n_vec * 16, b = bytes < ahead / 2 ? bytes : ahead / 2;
+      prefetch_l2(w + r0 * n_vec, 0, b);
+      prefetch_l2(w + (r0 + rope.half) * n_vec, 0, b);
     } else if constexpr (kGated) { /* half from each of gate and up, the same bytes a block */
       const int64_t r0 = blk * (kDenseWarps / parts), bytes = (rows - r0) * n_vec * 16;
       if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
