@@ -904,7 +904,7 @@ static char qkv_rope_takes(rlm_session *s, int li, const rlm_cuda_weight *dw, in
                            const float *qw, const float *kw, bool vnorm, const rlm_cuda_kv **kv) {
   cuda_sess *cs = cs_of(s);
   *kv = k == 3 && !cs->kv[li].k_bits ? &cs->kv[li] : NULL;
-  if (!switches()->qkv_rope || !fuse_on() || n != 1 || qw || kw || vnorm || (k != 1 && k != 3)) return 0;
+  if (!fuse_on() || n != 1 || qw || kw || vnorm || (k != 1 && k != 3)) return 0;
   if (one_launch_dense(dw, k, n)) return rlm__cuda_dense_qkv_rope_takes(dw, k, x, hd, *kv) ? 'd' : 0;
   if (!one_launch(s, dw, k, n)) return 0;
   rlm_cuda_qmat ws[3];
@@ -913,17 +913,21 @@ static char qkv_rope_takes(rlm_session *s, int li, const rlm_cuda_weight *dw, in
 }
 
 /* Layer li's q, k and v products and qkv_norm_rope's work: one launch
- * where qkv_rope_takes (no qkv_prep launch, the two steps' bits; its kv
- * is then done, as cuda_qkv_norm_rope's), else the two steps. */
+ * where RINGLM_CUDA_QKV_ROPE=1 and qkv_rope_takes (no qkv_prep launch,
+ * the two steps' bits; its kv is then done, as cuda_qkv_norm_rope's),
+ * else the two steps, with no more host work than before the op. */
 static void cuda_qkv_project(rlm_session *s, int li, const rlm_linear *const *ls, int k, const float *x, float *q,
                              float *kk, float *v, int n, int hq, int hkv, int hd, const float *qw, const float *kw,
                              bool vnorm, double eps, const float *cs, int64_t stride) {
   cuda_sess *sess = cs_of(s);
   float *ys[3] = {q, kk, v};
   rlm_cuda_weight dw[3];
-  for (int i = 0; i < k && i < 3; i++) dw[i] = weight_of(s, ls[i]);
-  const rlm_cuda_kv *kv;
-  const char which = qkv_rope_takes(s, li, dw, k, x, n, hd, qw, kw, vnorm, &kv);
+  const rlm_cuda_kv *kv = NULL;
+  char which = 0;
+  if (switches()->qkv_rope && k <= 3) {
+    for (int i = 0; i < k; i++) dw[i] = weight_of(s, ls[i]);
+    which = qkv_rope_takes(s, li, dw, k, x, n, hd, qw, kw, vnorm, &kv);
+  }
   if (!which) {
     cuda_linears(s, ls, ys, k, x, n);
     cuda_qkv_norm_rope(s, li, q, kk, v, n, hq, hkv, hd, qw, kw, vnorm, eps, cs, stride);
