@@ -565,7 +565,8 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   if constexpr (ACT == kActRope) {
     if (parts > 1) __syncthreads();
     else __syncwarp();
-    if (part == 0 && lane == 0 && n_rows > 0) dense_rope_out(red, warp, parts, rotated, si, row0, n_rows, y, rope, crow, slot);
+    if (part == 0 && lane == 0 && n_rows > 0)
+      dense_rope_out(red, warp, parts, rotated, si, row0, n_rows, y, rope, crow, slot);
     return;
   }
   if constexpr (kGated) {
@@ -666,7 +667,8 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
   if constexpr (M == 1)
-    if (rope) return launch_dense_kernel<T, M, kActRope>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, st, *rope);
+    if (rope)
+      return launch_dense_kernel<T, M, kActRope>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, st, *rope);
   launch_dense_kernel<T, M, kActNone>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, st);
 }
 

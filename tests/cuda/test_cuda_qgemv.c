@@ -571,8 +571,10 @@ static void check_qkv_rope_case(int wd, int64_t cols, int hq, int hkv, int hd, i
   float *ya[3], *yb[3];
   float *x = malloc((size_t)cols * 4), *cs = malloc((size_t)hd * 4);
   for (int64_t i = 0; i < cols; i++) x[i] = rndf();
-  for (int i = 0; i < hd / 2; i++) cs[2 * i] = cosf(0.37f * (float)i + 0.1f), cs[2 * i + 1] = sinf(0.37f * (float)i + 0.1f);
-  float *dx = dev_copy(x, (size_t)cols * 4, cudaMemcpyHostToDevice), *dcs = dev_copy(cs, (size_t)hd * 4, cudaMemcpyHostToDevice);
+  for (int i = 0; i < hd / 2; i++) /* angles of one position */
+    cs[2 * i] = cosf(0.37f * (float)i + 0.1f), cs[2 * i + 1] = sinf(0.37f * (float)i + 0.1f);
+  float *dx = dev_copy(x, (size_t)cols * 4, cudaMemcpyHostToDevice);
+  float *dcs = dev_copy(cs, (size_t)hd * 4, cudaMemcpyHostToDevice);
   const int32_t row = 1;
   int32_t *drow = dev_copy(&row, sizeof row, cudaMemcpyHostToDevice);
   int64_t *dpos = dev_copy(&pos, sizeof pos, cudaMemcpyHostToDevice);
