@@ -59,12 +59,28 @@ struct QkvRope {
   int rotated; /* segments rotated: 1 (q) or 2 (q and k)                   */
 };
 
-/* Whether c (NULL: none) is a dense cache that a q, k, v launch with
- * RoPE can write k of k_rows rows (heads of hd) into: qkv_prep's terms. */
-inline bool qkv_rope_cache_ok(const rlm_cuda_kv *c, int hd, int64_t k_rows) {
-  return !c || (c->k && c->v && !c->k_bits && !c->v_bits && c->dim == hd && (int64_t)c->n_kv * hd == k_rows &&
+/* The shapes a q, k, v launch with RoPE takes, whichever its kernel: k 1
+ * (q alone, no cache) or 3 (k and v of one shape); whole heads of hd, a
+ * multiple of 64 up to 512 (qkv_prep's); c NULL, or a dense cache of k's
+ * heads in qkv_prep's terms. rows: each product's. */
+inline bool qkv_rope_shapes_ok(int k, int hd, const int64_t *rows, const rlm_cuda_kv *c) {
+  if ((k != 1 && k != 3) || hd < 64 || hd > 512 || hd % 64 || rows[0] % hd) return false;
+  if (k == 1) return c == NULL;
+  if (rows[1] % hd || rows[2] != rows[1]) return false;
+  return !c || (c->k && c->v && !c->k_bits && !c->v_bits && c->dim == hd && (int64_t)c->n_kv * hd == rows[1] &&
                 c->cap >= 1 && c->keep >= 0 && (c->ring == 0 || (c->ring > 0 && c->ring == c->cap - c->keep)) &&
                 (c->dtype == RLM_DTYPE_F32 || c->dtype == RLM_DTYPE_F16 || c->dtype == RLM_DTYPE_BF16));
+}
+
+/* The QkvRope of such a launch of k products. */
+inline QkvRope qkv_rope_of(int k, int hd, const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
+                           const int64_t *tok_pos) {
+  QkvRope r = {};
+  r.cs = cs;
+  if (c) r.c = *c;
+  r.tok_row = tok_row, r.tok_pos = tok_pos;
+  r.half = hd / 2, r.rotated = k == 1 ? 1 : 2;
+  return r;
 }
 
 /* Row o of a segment's output (heads of 2 half) as the cache's dtype into

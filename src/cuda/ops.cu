@@ -1227,15 +1227,13 @@ extern "C" rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, floa
 
 extern "C" bool rlm__cuda_dense_qkv_rope_takes(const rlm_cuda_weight *ws, int k, const float *x, int hd,
                                                const rlm_cuda_kv *c) {
-  if (!ws || (k != 1 && k != 3) || hd < 64 || hd > 512 || hd % 64) return false; /* qkv_prep's heads */
+  if (!ws || (k != 1 && k != 3)) return false;
   float y = 0.f;
   float *ys[3] = {&y, &y, &y};
-  bool vec;
-  if (dense_check(ws, ys, k, x, 1, "rlm__cuda_dense_qkv_rope_takes", NULL, &vec) || !vec) return false;
-  for (int i = 0; i < k; i++)
-    if (ws[i].rows % hd) return false;
-  if (k == 1) return c == NULL;
-  return ws[2].rows == ws[1].rows && qkv_rope_cache_ok(c, hd, ws[1].rows);
+  const int64_t rows[3] = {ws[0].rows, k == 3 ? ws[1].rows : 0, k == 3 ? ws[2].rows : 0};
+  bool vec = false;
+  return qkv_rope_shapes_ok(k, hd, rows, c) &&
+         !dense_check(ws, ys, k, x, 1, "rlm__cuda_dense_qkv_rope_takes", NULL, &vec) && vec;
 }
 
 extern "C" rlm_status rlm__cuda_dense_gemv_qkv_rope(const rlm_cuda_weight *ws, float *const *ys, int k,
@@ -1252,11 +1250,7 @@ extern "C" rlm_status rlm__cuda_dense_gemv_qkv_rope(const rlm_cuda_weight *ws, f
                 "q (and k, v of one shape) of whole heads of %d (a multiple of 64 up to 512), rows of 16-byte "
                 "vectors, and a dense cache of those heads are needed (rlm__cuda_dense_qkv_rope_takes)",
                 hd);
-  QkvRope rope = {};
-  rope.cs = cs;
-  if (c) rope.c = *c;
-  rope.tok_row = tok_row, rope.tok_pos = tok_pos;
-  rope.half = hd / 2, rope.rotated = k == 1 ? 1 : 2;
+  const QkvRope rope = qkv_rope_of(k, hd, cs, c, tok_row, tok_pos);
   cudaStream_t s = stream_of(st);
   switch (ws[0].dtype) {
   case RLM_DTYPE_F16: launch_dense_segs<__half, 1>(ws, ys, k, x, s, &rope); break;

@@ -860,14 +860,12 @@ static int qkv_rope_rows(const rlm_cuda_qmat *w, int hd) {
 }
 
 extern "C" bool rlm__cuda_qkv_rope_takes(const rlm_cuda_qmat *ws, int k, int hd, const rlm_cuda_kv *c) {
-  if (!ws || (k != 1 && k != 3) || hd < 64 || hd > 512 || hd % 64) return false; /* qkv_prep's heads */
+  if (!ws || (k != 1 && k != 3)) return false;
   float y = 0.f;
   float *ys[3] = {&y, &y, &y};
-  if (check_multi(ws, ys, k, ws, 1, "rlm__cuda_qkv_rope_takes", NULL) || !qkv_rope_rows(&ws[0], hd)) return false;
-  if (ws[0].rows % hd) return false;
-  if (k == 1) return c == NULL;
-  if (ws[1].rows % hd || ws[2].rows != ws[1].rows) return false;
-  return qkv_rope_cache_ok(c, hd, ws[1].rows);
+  const int64_t rows[3] = {ws[0].rows, k == 3 ? ws[1].rows : 0, k == 3 ? ws[2].rows : 0};
+  return qkv_rope_shapes_ok(k, hd, rows, c) && !check_multi(ws, ys, k, ws, 1, "rlm__cuda_qkv_rope_takes", NULL) &&
+         qkv_rope_rows(&ws[0], hd);
 }
 
 extern "C" rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch,
@@ -882,13 +880,7 @@ extern "C" rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float
                 "q (and k, v of one shape) of whole heads of %d, 4-bit one-row products with RoPE instances, and a "
                 "dense cache of those heads are needed (rlm__cuda_qkv_rope_takes)",
                 hd);
-  QkvRope rope = {};
-  rope.cs = cs;
-  if (c) rope.c = *c;
-  rope.tok_row = tok_row;
-  rope.tok_pos = tok_pos;
-  rope.half = hd / 2;
-  rope.rotated = k == 1 ? 1 : 2;
+  const QkvRope rope = qkv_rope_of(k, hd, cs, c, tok_row, tok_pos);
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const uint8_t *x = static_cast<const uint8_t *>(scratch);
   const int pp = xreg_passes(&ws[0], 1);
