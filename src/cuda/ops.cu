@@ -437,14 +437,11 @@ __device__ __forceinline__ int64_t dense_rope_row(int64_t pair, int half) {
  * into y, and k's or v's into the cache at token 0's slot. */
 __device__ __forceinline__ void dense_rope_out(const float (&red)[kDenseWarps][kDenseRows][1], int warp, int parts,
                                                bool rotated, int si, int64_t row0, int n_rows, float *y,
-                                               const QkvRope &rope, int crow, int64_t slot) {
+                                               const QkvRope &rope, float co, float sn, int crow, int64_t slot) {
   float a = parts == 1 ? red[warp][0][0] : 0.f, b = parts == 1 ? red[warp][1][0] : 0.f;
   for (int p = 0; parts > 1 && p < parts; p++) a += red[warp + p][0][0], b += red[warp + p][1][0];
   const int64_t r1 = rotated ? row0 + rope.half : row0 + 1;
-  if (rotated) {
-    const int d = (int)(row0 % (2 * rope.half));
-    rope_rotate(a, b, rope.cs[2 * d], rope.cs[2 * d + 1]);
-  }
+  if (rotated) rope_rotate(a, b, co, sn);
   y[row0] = a;
   if (n_rows > 1) y[r1] = b;
   if (si == 0 || slot < 0) return;
@@ -492,10 +489,12 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
                      : row0 >= rows          ? 0
                      : rows - row0 < kDenseRows ? (int)(rows - row0)
                                                 : kDenseRows;
-  /* the token's cache slot, read before the wait as qkv_prep's EARLY */
-  int crow = 0;
-  int64_t slot = -1;
-  if (ACT == kActRope && lane == 0 && rope.c.k) slot = token_slot(rope.c, rope.tok_row, rope.tok_pos, 0, &crow);
+  /* the token's position and cache row, read before the wait as
+   * qkv_prep's EARLY; its slot worked out at the end (token_slot), so that
+   * no lane waits on these loads before the weights' */
+  int32_t t_row = -1;
+  int64_t t_pos = -1;
+  if (ACT == kActRope && lane == 0 && rope.c.k) t_row = rope.tok_row[0], t_pos = rope.tok_pos[0];
   const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U;
   float acc[kDenseRows][M];
 #pragma unroll
@@ -519,6 +518,13 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
     }
   }
   pdl_enter();
+  /* a RoPE pair's cosine and sine, asked for now (a kernel wrote them)
+   * and used after the loop */
+  float co = 0.f, sn = 0.f;
+  if (rotated && part == 0 && lane == 0) {
+    const int d = (int)(row0 % (2 * rope.half));
+    co = rope.cs[2 * d], sn = rope.cs[2 * d + 1];
+  }
   for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
     uint4 wv[U][kDenseRows];
     if constexpr (kGated) dense_load_pair<U>(wv, w, segs.w[1], row0, n_vec, v0, step);
@@ -565,8 +571,11 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   if constexpr (ACT == kActRope) {
     if (parts > 1) __syncthreads();
     else __syncwarp();
-    if (part == 0 && lane == 0 && n_rows > 0)
-      dense_rope_out(red, warp, parts, rotated, si, row0, n_rows, y, rope, crow, slot);
+    if (part == 0 && lane == 0 && n_rows > 0) {
+      int crow = 0;
+      const int64_t slot = rope.c.k ? token_slot(rope.c, &t_row, &t_pos, 0, &crow) : -1;
+      dense_rope_out(red, warp, parts, rotated, si, row0, n_rows, y, rope, co, sn, crow, slot);
+    }
     return;
   }
   if constexpr (kGated) {

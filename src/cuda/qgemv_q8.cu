@@ -354,7 +354,7 @@ __device__ __forceinline__ int64_t xreg_place(int64_t blk, int si, const QkvRope
 template <int BITS, int PP, int R, typename T, bool ROPE>
 __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int (&vec)[PP], const int (&gi)[PP],
                                           int n_vec, int n_groups, XregRows<BITS, PP, R, T> &o, bool on,
-                                          const QkvRope &rope) {
+                                          const QkvRope &rope, bool cs_ahead = false) {
   int si, jump;
   const Seg &sg = seg_of(segs, &blk, &si);
   const int64_t row0 = xreg_place<R, ROPE>(blk, si, rope, &jump);
@@ -364,6 +364,11 @@ __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const i
   const uint2 *__restrict__ wq6 = reinterpret_cast<const uint2 *>(sg.wq) + row0 * (3 * n_vec); /* 6 bits */
   const T *__restrict__ sc = static_cast<const T *>(sg.sc) + row0 * n_groups;
   const T *__restrict__ bi = static_cast<const T *>(sg.bi) + row0 * n_groups;
+  /* ROPE, after the wait (a kernel of the pass wrote the angles): a pair's
+   * cosine and sine asked of the L1 with the group's weights, a fold
+   * before its epilogue reads them */
+  if (ROPE && cs_ahead && jump && threadIdx.x < R / 2)
+    prefetch_l1(rope.cs + 2 * ((int)(row0 + threadIdx.x) % (2 * rope.half)));
 #pragma unroll
   for (int r = 0; r < R; r++) {
     const int rr = (r < last ? r : last) + (r >= R / 2 ? jump : 0);
@@ -558,20 +563,21 @@ __global__ void __launch_bounds__(kWarp * 8, ROPE ? 3 : 0)
   int vec[PP], gi[PP];
   xreg_lanes(vec, gi, warp, W, lane, n_vec, g);
   int64_t blk = blockIdx.x;
-  /* the token's cache slot, read before the wait as qkv_prep's EARLY: the
-   * pass plan is copied before the pass, written by no kernel */
+  XregRows<BITS, PP, R, T> cur; /* loaded before the wait: no kernel writes weights */
+  xreg_load<BITS, PP, R, T, ROPE>(segs, blk, vec, gi, n_vec, n_groups, cur, true, rope);
+  /* the token's cache slot, read before the wait as qkv_prep's EARLY (the
+   * pass plan is copied before the pass, written by no kernel), and after
+   * the weights' loads are issued: its arithmetic waits on its own loads */
   int crow = 0;
   int64_t slot = -1;
   if (ROPE && threadIdx.x < R && rope.c.k) slot = token_slot(rope.c, rope.tok_row, rope.tok_pos, 0, &crow);
-  XregRows<BITS, PP, R, T> cur; /* loaded before the wait: no kernel writes weights */
-  xreg_load<BITS, PP, R, T, ROPE>(segs, blk, vec, gi, n_vec, n_groups, cur, true, rope);
   pdl_enter();
   XregX<BITS, PP> xr;
   xreg_x(xr, scratch, cols, g, warp, W, lane);
   for (; blk < total; blk += gridDim.x) {
     XregRows<BITS, PP, R, T> nxt;
     xreg_load<BITS, PP, R, T, ROPE>(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total,
-                                    rope);
+                                    rope, blk + gridDim.x < total);
     xreg_group<BITS, PP, R, T, ROPE>(segs, blk, cur, xr, lane, warp, W, red, rope, crow, slot);
     cur = nxt;
   }
