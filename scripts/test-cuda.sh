@@ -76,8 +76,6 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
   #   DENSE_AHEAD=0    the dense products ask the L2 for nothing ahead
   #   DENSE_GATED=0    dense gate and up as two products and an activation
-  #   QKV_ROPE=1       decode's q, k, v (4-bit or dense) rotated and cached
-  #                    by their product's launch (no qkv_prep)
   #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   #   ATTN_SHORT_PARTS=0 decode's attention parts by 64 keys alone
   #   MERGE_KEEP=0     the merge loads the parts' outputs after m and l
@@ -121,7 +119,6 @@ ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
 EARLY_POS=0 test_cuda_ops test_cuda_model
 DENSE_AHEAD=0 test_cuda_ops test_cuda_model
 DENSE_GATED=0 test_cuda_model
-QKV_ROPE=1 test_cuda_model
 HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model
 MERGE_KEEP=0 test_cuda_ops test_cuda_model

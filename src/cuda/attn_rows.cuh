@@ -46,55 +46,6 @@ __device__ __forceinline__ void put(__nv_bfloat16 *p, float v) {
   *p = isnan(v) ? __ushort_as_bfloat16((unsigned short)((u >> 16) | 0x40u)) : __float2bfloat16_rn(v);
 }
 
-/* What a q, k, v product that rotates and writes the cache in its own
- * launch needs (qgemv_q8.cu's decode 4-bit product, ops.cu's dense one):
- * segments 0 (q) and, where rotated is 2, 1 (k) rotated in RoPE pairs;
- * k's and v's (segment 2) rows written into c at token 0's slot. */
-struct QkvRope {
-  const float *cs;        /* the token's (cos, sin) of the hd / 2 pairs  */
-  rlm_cuda_kv c;          /* the layer's dense cache; c.k NULL: none     */
-  const int32_t *tok_row; /* the pass plan's row and position of token 0 */
-  const int64_t *tok_pos;
-  int half;    /* hd / 2                                                   */
-  int rotated; /* segments rotated: 1 (q) or 2 (q and k)                   */
-};
-
-/* The shapes a q, k, v launch with RoPE takes, whichever its kernel: k 1
- * (q alone, no cache) or 3 (k and v of one shape); whole heads of hd, a
- * multiple of 64 up to 512 (qkv_prep's); c NULL, or a dense cache of k's
- * heads in qkv_prep's terms. rows: each product's. */
-inline bool qkv_rope_shapes_ok(int k, int hd, const int64_t *rows, const rlm_cuda_kv *c) {
-  if ((k != 1 && k != 3) || hd < 64 || hd > 512 || hd % 64 || rows[0] % hd) return false;
-  if (k == 1) return c == NULL;
-  if (rows[1] % hd || rows[2] != rows[1]) return false;
-  return !c || (c->k && c->v && !c->k_bits && !c->v_bits && c->dim == hd && (int64_t)c->n_kv * hd == rows[1] &&
-                c->cap >= 1 && c->keep >= 0 && (c->ring == 0 || (c->ring > 0 && c->ring == c->cap - c->keep)) &&
-                (c->dtype == RLM_DTYPE_F32 || c->dtype == RLM_DTYPE_F16 || c->dtype == RLM_DTYPE_BF16));
-}
-
-/* The QkvRope of such a launch of k products. */
-inline QkvRope qkv_rope_of(int k, int hd, const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
-                           const int64_t *tok_pos) {
-  QkvRope r = {};
-  r.cs = cs;
-  if (c) r.c = *c;
-  r.tok_row = tok_row, r.tok_pos = tok_pos;
-  r.half = hd / 2, r.rotated = k == 1 ? 1 : 2;
-  return r;
-}
-
-/* Row o of a segment's output (heads of 2 half) as the cache's dtype into
- * k's or v's (dst) slot: token 0's row crow and slot. */
-__device__ __forceinline__ void qkv_cache_put(const QkvRope &rope, void *dst, int64_t o, float v, int crow,
-                                              int64_t slot) {
-  const rlm_cuda_kv &c = rope.c;
-  const int64_t hd = 2 * (int64_t)rope.half, h = o / hd;
-  const int64_t at = (((int64_t)crow * c.n_kv + h) * c.cap + slot) * c.dim + (o - h * hd);
-  if (c.dtype == RLM_DTYPE_F16) put(static_cast<__half *>(dst) + at, v);
-  else if (c.dtype == RLM_DTYPE_BF16) put(static_cast<__nv_bfloat16 *>(dst) + at, v);
-  else put(static_cast<float *>(dst) + at, v);
-}
-
 /* The positions a query at qp sees (none when qp < 0), as the two runs of
  * attn.cu's header. The clamps only matter for a cache that breaks its
  * contract: a plain one never reads past cap, a ring never more than ring

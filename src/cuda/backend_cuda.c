@@ -446,10 +446,6 @@ typedef struct cuda_switches {
   bool dense_gated; /* RINGLM_CUDA_DENSE_GATED=0: dense gate and up as two
                        products and an activation launch, not one launch
                        (cuda_gated) */
-  bool qkv_rope;    /* RINGLM_CUDA_QKV_ROPE=1: decode's 4-bit or dense q, k
-                       and v rotated and cached by their product's launch,
-                       no qkv_prep (cuda_qkv_project); off until it has
-                       run on a GPU */
 } cuda_switches;
 
 static cuda_switches g_switches;
@@ -477,8 +473,6 @@ static void read_switches(void) {
   g_switches.qgemm_multi = e && e[0] == '1';
   g_switches.head8 = env_on("RINGLM_CUDA_HEAD8");
   g_switches.dense_gated = env_on("RINGLM_CUDA_DENSE_GATED");
-  e = getenv("RINGLM_CUDA_QKV_ROPE");
-  g_switches.qkv_rope = e && e[0] == '1';
 }
 
 static const cuda_switches *switches(void) {
@@ -893,67 +887,6 @@ static void cuda_qkv_norm_rope(rlm_session *s, int li, float *q, float *k, float
   sess->kv_done = kv && !rc ? li : -1;
 }
 
-/* Whether decode's q, k and v of layer li can be one launch that also
- * rotates them and writes the cache: one token, heads without norms, and
- * either 4-bit products of one int8 launch (one_launch;
- * rlm__cuda_qgemv_q8_qkv_rope) or dense ones of one launch
- * (one_launch_dense; rlm__cuda_dense_gemv_qkv_rope), of shapes the kernel
- * takes; the layer's cache dense or not written there (*kv NULL: attend
- * writes a quantized one). 'q' or 'd' (which), or 0: the two steps. */
-static char qkv_rope_takes(rlm_session *s, int li, const rlm_cuda_weight *dw, int k, const float *x, int n, int hd,
-                           const float *qw, const float *kw, bool vnorm, const rlm_cuda_kv **kv) {
-  cuda_sess *cs = cs_of(s);
-  *kv = k == 3 && !cs->kv[li].k_bits ? &cs->kv[li] : NULL;
-  if (!fuse_on() || n != 1 || qw || kw || vnorm || (k != 1 && k != 3)) return 0;
-  if (one_launch_dense(dw, k, n)) return rlm__cuda_dense_qkv_rope_takes(dw, k, x, hd, *kv) ? 'd' : 0;
-  if (!one_launch(s, dw, k, n)) return 0;
-  rlm_cuda_qmat ws[3];
-  for (int i = 0; i < k; i++) ws[i] = dw[i].q;
-  return rlm__cuda_qkv_rope_takes(ws, k, hd, *kv) ? 'q' : 0;
-}
-
-/* Layer li's q, k and v products and qkv_norm_rope's work: one launch
- * where RINGLM_CUDA_QKV_ROPE=1 and qkv_rope_takes (no qkv_prep launch,
- * the two steps' bits; its kv is then done, as cuda_qkv_norm_rope's),
- * else the two steps, with no more host work than before the op. */
-static void cuda_qkv_project(rlm_session *s, int li, const rlm_linear *const *ls, int k, const float *x, float *q,
-                             float *kk, float *v, int n, int hq, int hkv, int hd, const float *qw, const float *kw,
-                             bool vnorm, double eps, const float *cs, int64_t stride) {
-  cuda_sess *sess = cs_of(s);
-  float *ys[3] = {q, kk, v};
-  rlm_cuda_weight dw[3];
-  const rlm_cuda_kv *kv = NULL;
-  char which = 0;
-  if (switches()->qkv_rope && k <= 3) {
-    for (int i = 0; i < k; i++) dw[i] = weight_of(s, ls[i]);
-    which = qkv_rope_takes(s, li, dw, k, x, n, hd, qw, kw, vnorm, &kv);
-  }
-  if (!which) {
-    cuda_linears(s, ls, ys, k, x, n);
-    cuda_qkv_norm_rope(s, li, q, kk, v, n, hq, hkv, hd, qw, kw, vnorm, eps, cs, stride);
-    return;
-  }
-  sess->kv_done = -1;
-  if (enqueues_nothing(s)) return;
-  settle(s); /* as cuda_linears: not skip(), q8 may hold x's activations */
-  rlm_error er;
-  rlm_status rc;
-  if (which == 'd') {
-    sess->q8_x = NULL; /* as cuda_linears' dense products */
-    rc = rlm__cuda_dense_gemv_qkv_rope(dw, ys, k, x, hd, cs, kv, sess->d_rows, sess->d_pos, sess->st, &er);
-  } else {
-    rlm_cuda_qmat ws[3];
-    for (int i = 0; i < k; i++) ws[i] = dw[i].q;
-    rc = q8_of(s, &ws[0], x, 1, &er);
-    if (!rc)
-      rc = rlm__cuda_qgemv_q8_qkv_rope(ws, ys, k, sess->q8, hd, cs, kv, sess->d_rows, sess->d_pos, sess->st, &er);
-  }
-  for (int i = 0; i < k; i++)
-    if (ys[i] == sess->q8_x) sess->q8_x = NULL; /* overwritten */
-  note(s, rc, &er);
-  sess->kv_done = kv && !rc ? li : -1;
-}
-
 static void cuda_gather(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
                         int64_t width) {
   (void)ps;
@@ -1211,7 +1144,6 @@ static const rlm_backend backend_cuda = {
     .rope_angles = cuda_rope_angles,
     .rope = cuda_rope,
     .qkv_norm_rope = cuda_qkv_norm_rope,
-    .qkv_project = cuda_qkv_project,
     .gather_wanted = cuda_gather,
     .attend = cuda_attend,
     .moe = cuda_moe,

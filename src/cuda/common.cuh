@@ -178,13 +178,6 @@ __device__ __forceinline__ void prefetch_l2(const void *base, int64_t lo, int64_
   if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
 }
 
-/* The line holding p asked of the L1 ahead of its load (no register
- * holds anything meanwhile: a value loaded early and kept across a long
- * stretch of code can cost a spill). */
-__device__ __forceinline__ void prefetch_l1(const void *p) {
-  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p) : "memory");
-}
-
 /* RoPE's rotation of the pair (a, b) = (x_i, x_{i + hd/2}) by the angle
  * whose cosine and sine are co and si, rounded step by step, so that
  * every kernel that rotates (rope_kernel, qkv_prep, the q, k, v

@@ -202,29 +202,6 @@ rlm_status rlm__cuda_qkv_prep_sum(float *q, float *k, float *v, const rlm_cuda_s
                                   int64_t stride, const rlm_cuda_kv *c, const int32_t *tok_row,
                                   const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);
 
-/* Decode's q, k and v products (qgemv_q8.cu) with rlm__cuda_qkv_prep's
- * work for heads without norms in the same launch: one token (x: its
- * int8 activations, rlm__cuda_q8act_quantize), ws and ys as
- * rlm__cuda_qgemv_q8_multi's for k = 3 (q, k, v) or 1 (q alone, a
- * KV-shared layer); q and k rotated by cs (rlm__cuda_rope's layout, the
- * token's row), then k and v written into the dense cache c (NULL: none;
- * k = 1 takes none) at the token's row and position (tok_row[0],
- * tok_pos[0]). The bits of rlm__cuda_qgemv_q8_multi then
- * rlm__cuda_qkv_prep. rlm__cuda_qkv_rope_takes says whether it takes the
- * shapes: 4-bit weights of whole heads of hd on decode's x-in-registers
- * kernel at an instance with RoPE, and a dense cache of those heads. */
-bool rlm__cuda_qkv_rope_takes(const rlm_cuda_qmat *ws, int k, int hd, const rlm_cuda_kv *c);
-/* The same for dense (f32/f16/bf16) q, k, v (ops.cu): the bits of
- * rlm__cuda_dense_gemv_multi then rlm__cuda_qkv_prep; x f32, its rows and
- * W's of 16-byte vectors. */
-bool rlm__cuda_dense_qkv_rope_takes(const rlm_cuda_weight *ws, int k, const float *x, int hd, const rlm_cuda_kv *c);
-rlm_status rlm__cuda_dense_gemv_qkv_rope(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int hd,
-                                         const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
-                                         const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);
-rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *x, int hd,
-                                       const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
-                                       const int64_t *tok_pos, rlm_cuda_stream st, rlm_error *err);
-
 /* Scratch for rlm__cuda_attend with n tokens of n_heads heads. */
 size_t rlm__cuda_attend_scratch_bytes(int n, int n_heads, int dim);
 /* out[j][h] = softmax(scale * q[j][h] . K^T) V over the positions token j

@@ -20,7 +20,6 @@
  */
 #include "cuda_ops.h"
 
-#include "attn_rows.cuh"
 #include "common.cuh"
 
 #include <cuda_runtime.h>
@@ -410,44 +409,11 @@ __device__ __forceinline__ void dense_load_pair(uint4 (&wv)[U][kDenseRows], cons
  * parts' order depend only on cols and `parts`, which the host works out
  * from the same total of rows (launch_dense_gated); then act_mul_kernel's
  * arithmetic. So the bits are those of the two launches. */
-/* kActRope is no activation: the q, k, v launch rotating its q and k
- * and writing k and v into the cache (QkvRope; dense_kernel's RoPE
- * pairs below). */
-enum DenseAct { kActNone = 0, kActSilu = 1, kActGelu = 2, kActRope = 3 };
+enum DenseAct { kActNone = 0, kActSilu = 1, kActGelu = 2 };
 
 template <int ACT>
 __device__ __forceinline__ float dense_act(float g, float u) {
   return __fmul_rn(ACT == kActGelu ? gelu_tanh(g) : silu(g), u);
-}
-
-/* THE Q, K, V LAUNCH WITH ROPE (kActRope, RINGLM_CUDA_QKV_ROPE): as
- * qgemv_q8.cu's 4-bit one, for dense weights. A rotated segment's warp
- * takes pair p of its rows: row i = head * hd + d for p = head * hd/2 + d,
- * and row i + hd/2 (dense_load_pair), so the lane that ends with row i's
- * sum also holds its partner's. Each row's sum is the plain launch's, as
- * the gated pair's are (a lane's vectors, the shuffle tree and the parts'
- * order depend only on cols and parts); then qkv_prep's arithmetic. */
-__device__ __forceinline__ int64_t dense_rope_row(int64_t pair, int half) {
-  const int p = (int)pair, head = p / half; /* 32 bits: far fewer than 2^31 rows */
-  return (int64_t)head * 2 * half + (p - head * half);
-}
-
-/* The warp's two rows from red (one part: its sums; more: their sum from
- * 0, as the plain launch adds them), rotated where they are a RoPE pair,
- * into y, and k's or v's into the cache at token 0's slot. */
-__device__ __forceinline__ void dense_rope_out(const float (&red)[kDenseWarps][kDenseRows][1], int warp, int parts,
-                                               bool rotated, int si, int64_t row0, int n_rows, float *y,
-                                               const QkvRope &rope, float co, float sn, int crow, int64_t slot) {
-  float a = parts == 1 ? red[warp][0][0] : 0.f, b = parts == 1 ? red[warp][1][0] : 0.f;
-  for (int p = 0; parts > 1 && p < parts; p++) a += red[warp + p][0][0], b += red[warp + p][1][0];
-  const int64_t r1 = rotated ? row0 + rope.half : row0 + 1;
-  if (rotated) rope_rotate(a, b, co, sn);
-  y[row0] = a;
-  if (n_rows > 1) y[r1] = b;
-  if (si == 0 || slot < 0) return;
-  void *dst = si == 1 ? rope.c.k : rope.c.v;
-  qkv_cache_put(rope, dst, row0, a, crow, slot);
-  if (n_rows > 1) qkv_cache_put(rope, dst, r1, b, crow, slot);
 }
 
 /* kDenseRows weight rows x M rows of x, one warp a part of the row group
@@ -463,14 +429,11 @@ __device__ __forceinline__ void dense_rope_out(const float (&red)[kDenseWarps][k
  * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
 template <typename T, int M, int U, int ACT = kActNone>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
-    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead,
-                 const QkvRope rope) {
+    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
   constexpr int kVe = 16 / sizeof(T);
-  constexpr bool kGated = ACT == kActSilu || ACT == kActGelu;
-  static_assert(ACT != kActRope || M == 1, "RoPE pairs: one token");
   __shared__ float red[kDenseWarps][kDenseRows][M];
   int si = 0; /* the segment, selected rather than indexed (a runtime index into the parameters) */
-  if constexpr (!kGated) {
+  if constexpr (ACT == kActNone) {
 #pragma unroll
     for (int k = 1; k < kDenseMaxSegs; k++) si += k < segs.n && (int64_t)blockIdx.x >= segs.first_block[k];
   }
@@ -479,22 +442,13 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   const int64_t rows = si == 0 ? segs.rows[0] : si == 1 ? segs.rows[1] : segs.rows[2];
   const int64_t blk = (int64_t)blockIdx.x - (si == 0 ? 0 : si == 1 ? segs.first_block[1] : segs.first_block[2]);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
-  /* gated: the pair's row (gate's and up's), both rows present or neither;
-   * a RoPE pair (a rotated segment's): rows i and i + hd/2 of one head,
-   * as pair i of a head's hd/2 (dense_rope_row) */
+  /* gated: the pair's row (gate's and up's), both rows present or neither */
   const int64_t pair = blk * (kDenseWarps / parts) + warp / parts;
-  const bool rotated = ACT == kActRope && si < rope.rotated;
-  const int64_t row0 = kGated ? pair : rotated ? dense_rope_row(pair, rope.half) : pair * kDenseRows;
-  const int n_rows = kGated || rotated        ? (row0 < rows ? kDenseRows : 0)
-                     : row0 >= rows          ? 0
+  const int64_t row0 = ACT != kActNone ? pair : pair * kDenseRows;
+  const int n_rows = ACT != kActNone ? (pair < rows ? kDenseRows : 0)
+                     : row0 >= rows  ? 0
                      : rows - row0 < kDenseRows ? (int)(rows - row0)
                                                 : kDenseRows;
-  /* the token's position and cache row, read before the wait as
-   * qkv_prep's EARLY; its slot worked out at the end (token_slot), so that
-   * no lane waits on these loads before the weights' */
-  int32_t t_row = -1;
-  int64_t t_pos = -1;
-  if (ACT == kActRope && lane == 0 && rope.c.k) t_row = rope.tok_row[0], t_pos = rope.tok_pos[0];
   const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U;
   float acc[kDenseRows][M];
 #pragma unroll
@@ -503,12 +457,7 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
     for (int r = 0; r < M; r++) acc[i][r] = 0.f;
   int64_t v0 = part * kWarp + lane;
   if (ahead && threadIdx.x == 0) { /* the block's first `ahead` bytes of W (dense_ahead_bytes) */
-    if (rotated) { /* a rotated block's rows lie in two runs (its pairs are in one head): half from each */
-      const int64_t r0 = dense_rope_row(blk * (kDenseWarps / parts), rope.half);
-      const int64_t bytes = (int64_t)(kDenseWarps / parts) * n_vec * 16, b = bytes < ahead / 2 ? bytes : ahead / 2;
-      prefetch_l2(w + r0 * n_vec, 0, b);
-      prefetch_l2(w + (r0 + rope.half) * n_vec, 0, b);
-    } else if constexpr (kGated) { /* half from each of gate and up, the same bytes a block */
+    if constexpr (ACT != kActNone) { /* half from each of gate and up, the same bytes a block */
       const int64_t r0 = blk * (kDenseWarps / parts), bytes = (rows - r0) * n_vec * 16;
       if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
       if (bytes > 0) prefetch_l2(segs.w[1] + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
@@ -518,17 +467,9 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
     }
   }
   pdl_enter();
-  /* a RoPE pair's cosine and sine, asked for now (a kernel wrote them)
-   * and used after the loop */
-  float co = 0.f, sn = 0.f;
-  if (rotated && part == 0 && lane == 0) {
-    const int d = (int)(row0 % (2 * rope.half));
-    co = rope.cs[2 * d], sn = rope.cs[2 * d + 1];
-  }
   for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
     uint4 wv[U][kDenseRows];
-    if constexpr (kGated) dense_load_pair<U>(wv, w, segs.w[1], row0, n_vec, v0, step);
-    else if (rotated) dense_load_pair<U>(wv, w, w + rope.half * n_vec, row0, n_vec, v0, step);
+    if constexpr (ACT != kActNone) dense_load_pair<U>(wv, w, segs.w[1], row0, n_vec, v0, step);
     else dense_load<U>(wv, w, row0, n_rows, n_vec, v0, step);
 #pragma unroll
     for (int u = 0; u < U; u++) {
@@ -568,17 +509,7 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
       for (int o = kWarp / 2; o > 0; o /= 2) a += __shfl_xor_sync(0xffffffffu, a, o);
       if (lane == 0) red[warp][i][r] = a; /* gated with one part: read by the warp's lanes < M (__syncwarp) */
     }
-  if constexpr (ACT == kActRope) {
-    if (parts > 1) __syncthreads();
-    else __syncwarp();
-    if (part == 0 && lane == 0 && n_rows > 0) {
-      int crow = 0;
-      const int64_t slot = rope.c.k ? token_slot(rope.c, &t_row, &t_pos, 0, &crow) : -1;
-      dense_rope_out(red, warp, parts, rotated, si, row0, n_rows, y, rope, co, sn, crow, slot);
-    }
-    return;
-  }
-  if constexpr (kGated) {
+  if constexpr (ACT != kActNone) {
     if (parts > 1) __syncthreads();
     else __syncwarp();
     if (part != 0 || lane >= M || n_rows == 0) return;
@@ -655,15 +586,14 @@ int64_t dense_ahead_bytes() {
  * against 90.2% on the H200: docs/cuda-notes.md). */
 template <typename T, int M, int ACT>
 void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts,
-                         cudaStream_t st, const QkvRope &rope = QkvRope{}) {
+                         cudaStream_t st) {
   launch_k(dense_kernel<T, M, kDenseUnroll, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, cols, parts,
-           dense_ahead_bytes(), rope);
+           dense_ahead_bytes());
 }
 
 /* The k products of ws (vectorizable: 16-byte rows, aligned) as one launch. */
 template <typename T, int M>
-void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st,
-                       const QkvRope *rope = nullptr) {
+void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, cudaStream_t st) {
   int64_t all = 0;
   for (int i = 0; i < k; i++) all += ws[i].rows;
   const int parts = dense_parts(all, ws[0].cols / (16 / (int64_t)sizeof(T)), kDenseUnroll);
@@ -675,9 +605,6 @@ void launch_dense_segs(const rlm_cuda_weight *ws, float *const *ys, int k, const
     p.w[i] = static_cast<const uint4 *>(ws[i].w), p.y[i] = ys[i], p.rows[i] = ws[i].rows;
     p.first_block[i + 1] = p.first_block[i] + (groups + per_block - 1) / per_block;
   }
-  if constexpr (M == 1)
-    if (rope)
-      return launch_dense_kernel<T, M, kActRope>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, st, *rope);
   launch_dense_kernel<T, M, kActNone>((unsigned)p.first_block[k], p, x, ws[0].cols, parts, st);
 }
 
@@ -1193,10 +1120,9 @@ extern "C" rlm_status rlm__cuda_embed(const rlm_cuda_weight *e, const int32_t *i
   return launched(fn, err);
 }
 
-/* rlm__cuda_dense_gemv_multi's checks; *vec: whether 16-byte vectors
- * take every row of W and x. */
-static rlm_status dense_check(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x, int m,
-                              const char *fn, rlm_error *err, bool *vec_out) {
+extern "C" rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x,
+                                                 int m, rlm_cuda_stream st, rlm_error *err) {
+  const char *fn = "rlm__cuda_dense_gemv";
   if (!ws || !ys || !x || m < 1 || m > 8 || k < 1 || k > kDenseMaxSegs)
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m outside [1, 8] or k outside [1, %d]", kDenseMaxSegs);
   bool vec = aligned16(x);
@@ -1215,56 +1141,11 @@ static rlm_status dense_check(const rlm_cuda_weight *ws, float *const *ys, int k
     /* 16-byte vectors need every row of W and of x to start aligned. */
     vec = vec && (w->cols * (int64_t)elem_size(w->dtype)) % 16 == 0 && aligned16(w->w);
   }
-  *vec_out = vec;
-  return RLM_OK;
-}
-
-extern "C" rlm_status rlm__cuda_dense_gemv_multi(const rlm_cuda_weight *ws, float *const *ys, int k, const float *x,
-                                                 int m, rlm_cuda_stream st, rlm_error *err) {
-  const char *fn = "rlm__cuda_dense_gemv";
-  bool vec;
-  rlm_status rc = dense_check(ws, ys, k, x, m, fn, err, &vec);
-  if (rc) return rc;
   cudaStream_t s = stream_of(st);
   switch (ws[0].dtype) {
   case RLM_DTYPE_F16: launch_dense<__half>(ws, ys, k, x, m, vec, s); break;
   case RLM_DTYPE_BF16: launch_dense<__nv_bfloat16>(ws, ys, k, x, m, vec, s); break;
   default: launch_dense<float>(ws, ys, k, x, m, vec, s); break;
-  }
-  return launched(fn, err);
-}
-
-extern "C" bool rlm__cuda_dense_qkv_rope_takes(const rlm_cuda_weight *ws, int k, const float *x, int hd,
-                                               const rlm_cuda_kv *c) {
-  if (!ws || (k != 1 && k != 3)) return false;
-  float y = 0.f;
-  float *ys[3] = {&y, &y, &y};
-  const int64_t rows[3] = {ws[0].rows, k == 3 ? ws[1].rows : 0, k == 3 ? ws[2].rows : 0};
-  bool vec = false;
-  return qkv_rope_shapes_ok(k, hd, rows, c) &&
-         !dense_check(ws, ys, k, x, 1, "rlm__cuda_dense_qkv_rope_takes", NULL, &vec) && vec;
-}
-
-extern "C" rlm_status rlm__cuda_dense_gemv_qkv_rope(const rlm_cuda_weight *ws, float *const *ys, int k,
-                                                    const float *x, int hd, const float *cs, const rlm_cuda_kv *c,
-                                                    const int32_t *tok_row, const int64_t *tok_pos,
-                                                    rlm_cuda_stream st, rlm_error *err) {
-  const char *fn = "rlm__cuda_dense_gemv_qkv_rope";
-  bool vec;
-  rlm_status rc = dense_check(ws, ys, k, x, 1, fn, err, &vec);
-  if (rc) return rc;
-  if (!cs || (c && (!tok_row || !tok_pos))) return fail(err, RLM_ERR_INVALID, fn, "NULL angles or pass plan");
-  if (!rlm__cuda_dense_qkv_rope_takes(ws, k, x, hd, c))
-    return fail(err, RLM_ERR_INVALID, fn,
-                "q (and k, v of one shape) of whole heads of %d (a multiple of 64 up to 512), rows of 16-byte "
-                "vectors, and a dense cache of those heads are needed (rlm__cuda_dense_qkv_rope_takes)",
-                hd);
-  const QkvRope rope = qkv_rope_of(k, hd, cs, c, tok_row, tok_pos);
-  cudaStream_t s = stream_of(st);
-  switch (ws[0].dtype) {
-  case RLM_DTYPE_F16: launch_dense_segs<__half, 1>(ws, ys, k, x, s, &rope); break;
-  case RLM_DTYPE_BF16: launch_dense_segs<__nv_bfloat16, 1>(ws, ys, k, x, s, &rope); break;
-  default: launch_dense_segs<float, 1>(ws, ys, k, x, s, &rope); break;
   }
   return launched(fn, err);
 }

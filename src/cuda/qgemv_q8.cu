@@ -22,9 +22,6 @@
  * norms and gated activations that produce x may write it themselves
  * (ops.cu), and the backend then skips the quantization here.
  */
-#include "cuda_ops.h"
-
-#include "attn_rows.cuh"
 #include "common.cuh"
 
 #include <cuda_runtime.h>
@@ -77,14 +74,12 @@ struct Segs {
   int n;
 };
 
-/* The segment block b falls in (its index in *si where given), and b's
- * index inside it. */
-__device__ __forceinline__ const Seg &seg_of(const Segs &p, int64_t *b, int *si = nullptr) {
+/* The segment block b falls in, and b's index inside it. */
+__device__ __forceinline__ const Seg &seg_of(const Segs &p, int64_t *b) {
   int i = 0;
 #pragma unroll
   for (int k = 1; k < kMaxSegs; k++) i += k < p.n && *b >= p.first_block[k];
   *b -= p.first_block[i];
-  if (si) *si = i;
   return p.s[i];
 }
 
@@ -313,35 +308,6 @@ __device__ __forceinline__ float ld_scale_if(const __nv_bfloat16 *p, bool on) {
   return __uint_as_float((uint32_t)ldg_u16_if(p, on) << 16);
 }
 
-/* DECODE'S Q, K AND V WITH ROPE AND THE CACHE WRITE
- * (RINGLM_CUDA_QKV_ROPE=1): the one launch of a layer's q, k and v
- * products (segments 0, 1 and 2; q alone for a KV-shared layer) rotates
- * q and k and writes k and v into the layer's dense cache itself, where
- * qkv_prep did it after the product: a launch and a dependency point a
- * layer (qkv_prep cost Llama-8B's 4-bit token 0.9 us a layer on an H100,
- * docs/cuda-notes.md). A rotated segment's block takes R / 2 RoPE pairs
- * of one head, rows i .. i + R/2 - 1 and their partners hd/2 rows on
- * (xreg_place), so the thread that adds up row i's sum also holds its
- * partner's. A row's sum is the plain launch's (its fold does not depend
- * on its place in the block: fold_rows is the same tree for every row,
- * and the warps add in a fixed order), then qkv_prep's arithmetic
- * (rope_rotate, put): the bits of the two launches. One token, heads
- * without a norm (Llama, Mistral): rlm__cuda_qkv_rope_takes. */
-
-/* Where row group blk of a segment lies: its first row, and in *jump the
- * rows its second half is moved by (0, or in a rotated segment hd/2 -
- * R/2 > 0: that half holds the first half's RoPE partners). */
-template <int R, bool ROPE>
-__device__ __forceinline__ int64_t xreg_place(int64_t blk, int si, const QkvRope &rope, int *jump) {
-  *jump = 0;
-  if (ROPE && si < rope.rotated) { /* 32 bits: a segment has far fewer than 2^31 rows */
-    const int pair = (int)blk * (R / 2), head = pair / rope.half;
-    *jump = rope.half - R / 2;
-    return head * 2 * rope.half + (pair - head * rope.half);
-  }
-  return blk * R;
-}
-
 /* Row group blk's weights as lane `vec` of each pass sees them (rows past
  * the segment's end repeat its last row, weighed by nothing); nothing is
  * read unless `on`. The addresses are one 64-bit base a group and 32-bit
@@ -351,27 +317,20 @@ __device__ __forceinline__ int64_t xreg_place(int64_t blk, int si, const QkvRope
  * against 64 IDP). `gi` is vec * 32 / g, a lane's group, worked out once.
  * A row is n_vec units: n_vec 16-byte vectors at 4 bits, 3 n_vec 8-byte
  * words at 6 (cols * 6 / 8 bytes, a multiple of 96: unit v at byte 24 v). */
-template <int BITS, int PP, int R, typename T, bool ROPE>
+template <int BITS, int PP, int R, typename T>
 __device__ __forceinline__ void xreg_load(const Segs &segs, int64_t blk, const int (&vec)[PP], const int (&gi)[PP],
-                                          int n_vec, int n_groups, XregRows<BITS, PP, R, T> &o, bool on,
-                                          const QkvRope &rope, bool cs_ahead = false) {
-  int si, jump;
-  const Seg &sg = seg_of(segs, &blk, &si);
-  const int64_t row0 = xreg_place<R, ROPE>(blk, si, rope, &jump);
+                                          int n_vec, int n_groups, XregRows<BITS, PP, R, T> &o, bool on) {
+  const Seg &sg = seg_of(segs, &blk);
+  const int64_t row0 = blk * R;
   const int64_t left = sg.rows - 1 - row0; /* rows of the group past its first, may be < R - 1 */
-  const int last = jump ? R - 1 : left < R - 1 ? (int)(left < 0 ? 0 : left) : R - 1;
+  const int last = left < R - 1 ? (int)(left < 0 ? 0 : left) : R - 1;
   const uint4 *__restrict__ wq = sg.wq + row0 * n_vec;                                      /* 4 bits */
   const uint2 *__restrict__ wq6 = reinterpret_cast<const uint2 *>(sg.wq) + row0 * (3 * n_vec); /* 6 bits */
   const T *__restrict__ sc = static_cast<const T *>(sg.sc) + row0 * n_groups;
   const T *__restrict__ bi = static_cast<const T *>(sg.bi) + row0 * n_groups;
-  /* ROPE, after the wait (a kernel of the pass wrote the angles): a pair's
-   * cosine and sine asked of the L1 with the group's weights, a fold
-   * before its epilogue reads them */
-  if (ROPE && cs_ahead && jump && threadIdx.x < R / 2)
-    prefetch_l1(rope.cs + 2 * ((int)(row0 + threadIdx.x) % (2 * rope.half)));
 #pragma unroll
   for (int r = 0; r < R; r++) {
-    const int rr = (r < last ? r : last) + (r >= R / 2 ? jump : 0);
+    const int rr = r < last ? r : last;
 #pragma unroll
     for (int p = 0; p < PP; p++) {
       if constexpr (BITS == 4) {
@@ -497,65 +456,9 @@ __device__ __forceinline__ void xreg_fold(const XregRows<BITS, PP, R, T> &cur, c
   if (lane % (kWarp / R) == 0) red[warp][row] = part;
 }
 
-/* The sum of row r of the block over its W warps, in a fixed order. */
-template <int R>
-__device__ __forceinline__ float xreg_row_sum(const float (&red)[8][R], int W, int r) {
-  float sum = 0.f;
-  for (int w = 0; w < W; w++) sum += red[w][r];
-  return sum;
-}
-
-/* The block's sums of row group blk (xreg_fold, then the warps' parts in
- * a fixed order) written to its segment's y; under ROPE a rotated
- * segment's pairs rotated first, and k's and v's rows also written into
- * the cache (crow, slot: token 0's, or slot < 0: not written). */
-template <int BITS, int PP, int R, typename T, bool ROPE>
-__device__ __forceinline__ void xreg_group(const Segs &segs, int64_t blk, const XregRows<BITS, PP, R, T> &cur,
-                                           const XregX<BITS, PP> &xr, int lane, int warp, int W, float (&red)[8][R],
-                                           const QkvRope &rope, int crow, int64_t slot) {
-  xreg_fold(cur, xr, lane, warp, red);
-  __syncthreads();
-  if (threadIdx.x < R) {
-    int64_t b = blk;
-    int si, jump;
-    const Seg &sg = seg_of(segs, &b, &si);
-    const int64_t row0 = xreg_place<R, ROPE>(b, si, rope, &jump);
-    if (jump) { /* a rotated segment's block: thread t < R/2 takes pair t */
-      const int t = threadIdx.x;
-      if (t < R / 2) {
-        const int64_t i = row0 + t;
-        const int d = (int)i % (2 * rope.half);
-        float a = xreg_row_sum(red, W, t), p = xreg_row_sum(red, W, t + R / 2);
-        rope_rotate(a, p, rope.cs[2 * d], rope.cs[2 * d + 1]);
-        sg.y[i] = a;
-        sg.y[i + rope.half] = p;
-        if (si == 1 && slot >= 0)
-          qkv_cache_put(rope, rope.c.k, i, a, crow, slot), qkv_cache_put(rope, rope.c.k, i + rope.half, p, crow, slot);
-      }
-    } else {
-      const int64_t o = row0 + threadIdx.x;
-      if (o < sg.rows) {
-        const float sum = xreg_row_sum(red, W, threadIdx.x);
-        sg.y[o] = sum;
-        if (ROPE && si == 2 && slot >= 0) qkv_cache_put(rope, rope.c.v, o, sum, crow, slot);
-      }
-    }
-  }
-  __syncthreads(); /* red is rewritten next group */
-}
-
-/* ROPE: QkvRope's launch (rope is unused otherwise), held to the plain
- * instance's 80 registers (three 256-thread blocks an SM, twelve of the
- * half-width ones), where it spills nothing: its row places and cache
- * slot took it to 116, and so the q, k, v launch to fewer blocks an SM,
- * fewer bytes in flight. The plain instances get no minimum (0): an
- * explicit 1 changed ptxas's choices, 79 registers to 101 in Llama-8B's
- * 4-bit instance, 80 to 148 in its 6-bit head's. */
-template <int BITS, int PP, int R, typename T, bool ROPE = false>
-__global__ void __launch_bounds__(kWarp * 8, ROPE ? 3 : 0)
-    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g,
-                      const QkvRope rope) {
-  static_assert(!ROPE || R % 2 == 0, "a rotated block holds whole pairs");
+template <int BITS, int PP, int R, typename T>
+__global__ void __launch_bounds__(kWarp * 8)
+    qgemv_xreg_kernel(const Segs segs, const uint8_t *__restrict__ scratch, int64_t cols, int g) {
   __shared__ float red[8][R];
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, W = blockDim.x / kWarp;
   const int n_vec = (int)(cols / 32), n_groups = (int)(cols / g);
@@ -563,22 +466,27 @@ __global__ void __launch_bounds__(kWarp * 8, ROPE ? 3 : 0)
   int vec[PP], gi[PP];
   xreg_lanes(vec, gi, warp, W, lane, n_vec, g);
   int64_t blk = blockIdx.x;
-  XregRows<BITS, PP, R, T> cur; /* loaded before the wait: no kernel writes weights */
-  xreg_load<BITS, PP, R, T, ROPE>(segs, blk, vec, gi, n_vec, n_groups, cur, true, rope);
-  /* the token's cache slot, read before the wait as qkv_prep's EARLY (the
-   * pass plan is copied before the pass, written by no kernel), and after
-   * the weights' loads are issued: its arithmetic waits on its own loads */
-  int crow = 0;
-  int64_t slot = -1;
-  if (ROPE && threadIdx.x < R && rope.c.k) slot = token_slot(rope.c, rope.tok_row, rope.tok_pos, 0, &crow);
+  XregRows<BITS, PP, R, T> cur;
+  xreg_load(segs, blk, vec, gi, n_vec, n_groups, cur, true); /* before the wait: no kernel writes weights */
   pdl_enter();
   XregX<BITS, PP> xr;
   xreg_x(xr, scratch, cols, g, warp, W, lane);
   for (; blk < total; blk += gridDim.x) {
     XregRows<BITS, PP, R, T> nxt;
-    xreg_load<BITS, PP, R, T, ROPE>(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total,
-                                    rope, blk + gridDim.x < total);
-    xreg_group<BITS, PP, R, T, ROPE>(segs, blk, cur, xr, lane, warp, W, red, rope, crow, slot);
+    xreg_load(segs, blk + gridDim.x, vec, gi, n_vec, n_groups, nxt, blk + gridDim.x < total);
+    xreg_fold(cur, xr, lane, warp, red);
+    __syncthreads();
+    if (threadIdx.x < R) {
+      int64_t b = blk;
+      const Seg &sg = seg_of(segs, &b);
+      const int64_t o = b * R + threadIdx.x;
+      if (o < sg.rows) {
+        float sum = 0.f;
+        for (int w = 0; w < W; w++) sum += red[w][threadIdx.x];
+        sg.y[o] = sum;
+      }
+    }
+    __syncthreads(); /* red is rewritten next group */
     cur = nxt;
   }
 }
@@ -657,67 +565,52 @@ bool xreg_loop_on() {
 /* The persistent kernel's grid: as many blocks as fit on the card at
  * once (the occupancy of this instance at this block size), at most one
  * a row group. */
-template <int BITS, int PP, int R, typename T, bool ROPE>
+template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
   const int wi = threads / kWarp, sms = sm_count();
-  if (!per_sm[wi] && cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                         &per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T, ROPE>, threads, 0) != cudaSuccess)
+  if (!per_sm[wi] &&
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
+          cudaSuccess)
     (void)cudaGetLastError(), per_sm[wi] = 1;
   const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
   return (unsigned)(groups < n ? groups : n);
 }
 
-template <int BITS, int PP, int R, typename T, bool ROPE>
-void launch_xreg_kernel(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, const QkvRope &rope,
-                        cudaStream_t st) {
-  const int64_t groups = p.first_block[p.n];
-  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T, ROPE>(threads, groups) : (unsigned)groups;
-  launch_k(qgemv_xreg_kernel<BITS, PP, R, T, ROPE>, grid, threads, 0, st, p, x, cols, g, rope);
-}
-
-/* The instances with RoPE: 4 bits, whole pairs a block, at most 4 units
- * a lane (within 80 registers; rlm__cuda_qkv_rope_takes asks the same). */
-constexpr bool xreg_rope_fits(int bits, int pp, int r) { return bits == 4 && r % 2 == 0 && r * pp <= 4; }
-
-/* rope NULL: the plain products. */
 template <int BITS, int PP, int R, typename T>
-void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, const QkvRope *rope,
-                    cudaStream_t st) {
-  if constexpr (xreg_rope_fits(BITS, PP, R))
-    if (rope) return launch_xreg_kernel<BITS, PP, R, T, true>(p, x, cols, g, threads, *rope, st);
-  launch_xreg_kernel<BITS, PP, R, T, false>(p, x, cols, g, threads, QkvRope{}, st);
+void launch_xreg_pp(const Segs &p, const uint8_t *x, int64_t cols, int g, int threads, cudaStream_t st) {
+  const int64_t groups = p.first_block[p.n];
+  const unsigned grid = xreg_loop_on() ? loop_grid<BITS, PP, R, T>(threads, groups) : (unsigned)groups;
+  launch_k(qgemv_xreg_kernel<BITS, PP, R, T>, grid, threads, 0, st, p, x, cols, g);
 }
 
 template <int BITS, int R, typename T>
-void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, const QkvRope *rope,
-                   cudaStream_t st) {
+void launch_xreg_r(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
   const Segs p = make_segs(ws, ys, k, R);
   const int64_t cols = ws[0].cols;
   const int g = ws[0].group_size, threads = (int)(kWarp * ((cols + 1023) / 1024 / pp));
   /* only the pairs xreg_rows gives are instantiated */
   if constexpr (xreg_fits(BITS, R, 1))
-    if (pp == 1) launch_xreg_pp<BITS, 1, R, T>(p, x, cols, g, threads, rope, st);
+    if (pp == 1) launch_xreg_pp<BITS, 1, R, T>(p, x, cols, g, threads, st);
   if constexpr (xreg_fits(BITS, R, 2))
-    if (pp == 2) launch_xreg_pp<BITS, 2, R, T>(p, x, cols, g, threads, rope, st);
+    if (pp == 2) launch_xreg_pp<BITS, 2, R, T>(p, x, cols, g, threads, st);
   if constexpr (xreg_fits(BITS, R, 4))
-    if (pp == 4) launch_xreg_pp<BITS, 4, R, T>(p, x, cols, g, threads, rope, st);
+    if (pp == 4) launch_xreg_pp<BITS, 4, R, T>(p, x, cols, g, threads, st);
 }
 
 template <int BITS, typename T>
-void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st,
-                 const QkvRope *rope = nullptr) {
+void launch_xreg(const rlm_cuda_qmat *ws, float *const *ys, int k, int pp, const uint8_t *x, cudaStream_t st) {
   const int r = xreg_rows(BITS, pp);
   if constexpr (BITS == 4) {
-    if (r == 16) launch_xreg_r<4, 16, T>(ws, ys, k, pp, x, rope, st);
-    else if (r == 8) launch_xreg_r<4, 8, T>(ws, ys, k, pp, x, rope, st);
-    else if (r == 2) launch_xreg_r<4, 2, T>(ws, ys, k, pp, x, rope, st);
-    else if (r == 1) launch_xreg_r<4, 1, T>(ws, ys, k, pp, x, rope, st);
-    else launch_xreg_r<4, 4, T>(ws, ys, k, pp, x, rope, st);
+    if (r == 16) launch_xreg_r<4, 16, T>(ws, ys, k, pp, x, st);
+    else if (r == 8) launch_xreg_r<4, 8, T>(ws, ys, k, pp, x, st);
+    else if (r == 2) launch_xreg_r<4, 2, T>(ws, ys, k, pp, x, st);
+    else if (r == 1) launch_xreg_r<4, 1, T>(ws, ys, k, pp, x, st);
+    else launch_xreg_r<4, 4, T>(ws, ys, k, pp, x, st);
   } else {
-    if (r == 4) launch_xreg_r<6, 4, T>(ws, ys, k, pp, x, rope, st);
-    else if (r == 2) launch_xreg_r<6, 2, T>(ws, ys, k, pp, x, rope, st);
-    else launch_xreg_r<6, 1, T>(ws, ys, k, pp, x, rope, st);
+    if (r == 4) launch_xreg_r<6, 4, T>(ws, ys, k, pp, x, st);
+    else if (r == 2) launch_xreg_r<6, 2, T>(ws, ys, k, pp, x, st);
+    else launch_xreg_r<6, 1, T>(ws, ys, k, pp, x, st);
   }
 }
 
@@ -796,11 +689,9 @@ extern "C" rlm_status rlm__cuda_q8act_quantize(const float *x, int m, int64_t co
 }
 
 
-namespace {
-
-/* The checks of k products of one x at m rows (rlm__cuda_qgemv_q8_multi). */
-rlm_status check_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch, int m, const char *fn,
-                       rlm_error *err) {
+extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k,
+                                              const void *scratch, int m, rlm_cuda_stream stream, rlm_error *err) {
+  const char *fn = "rlm__cuda_qgemv_q8";
   if (!ws || !ys || !scratch || m < 1 || m > 8 || k < 1 || k > kMaxSegs)
     return fail(err, RLM_ERR_INVALID, fn, "NULL argument, m outside [1, 8] or k outside [1, %d]", kMaxSegs);
   for (int i = 0; i < k; i++) {
@@ -811,24 +702,11 @@ rlm_status check_multi(const rlm_cuda_qmat *ws, float *const *ys, int k, const v
         ws[i].sdtype != ws[0].sdtype)
       return fail(err, RLM_ERR_INVALID, fn, "product %d differs from the first in cols, bits, group or scales", i);
   }
-  return RLM_OK;
-}
-
-bool no_xreg() { /* RLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare (docs/cuda-notes.md) */
-  static const bool on = getenv("RLM_CUDA_Q8_NO_XREG") != NULL;
-  return on;
-}
-
-} // namespace
-
-extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *const *ys, int k,
-                                              const void *scratch, int m, rlm_cuda_stream stream, rlm_error *err) {
-  const char *fn = "rlm__cuda_qgemv_q8";
-  rlm_status rc = check_multi(ws, ys, k, scratch, m, fn, err);
-  if (rc) return rc;
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const uint8_t *x = static_cast<const uint8_t *>(scratch);
-  const int pp = no_xreg() && ws[0].bits != 6 ? 0 : xreg_passes(&ws[0], m); /* 6 bits: no other kernel */
+  static int no_xreg = -1; /* RLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare (docs/cuda-notes.md) */
+  if (no_xreg < 0) no_xreg = getenv("RLM_CUDA_Q8_NO_XREG") != NULL;
+  const int pp = no_xreg && ws[0].bits != 6 ? 0 : xreg_passes(&ws[0], m); /* 6 bits: no other kernel */
   if (pp && ws[0].bits == 6) {
 #define RLM_T(T) launch_xreg<6, T>(ws, ys, k, pp, x, st)
     RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
@@ -853,45 +731,4 @@ extern "C" rlm_status rlm__cuda_qgemv_q8(const rlm_cuda_qmat *w, const void *scr
                                         rlm_cuda_stream stream, rlm_error *err) {
   if (!w || !y) return fail(err, RLM_ERR_INVALID, "rlm__cuda_qgemv_q8", "NULL argument");
   return rlm__cuda_qgemv_q8_multi(w, &y, 1, scratch, m, stream, err);
-}
-
-/* The R rows a block the q, k, v launch would take, or 0 where it has no
- * instance with RoPE (xreg_rope_fits) or a head's pairs do not fill its
- * blocks (or a block would hold a whole head: xreg_place's jump 0). */
-static int qkv_rope_rows(const rlm_cuda_qmat *w, int hd) {
-  const int pp = no_xreg() ? 0 : xreg_passes(w, 1);
-  if (!pp || w->bits != 4) return 0;
-  const int r = xreg_rows(4, pp);
-  return xreg_rope_fits(4, pp, r) && (hd / 2) % (r / 2) == 0 && hd / 2 > r / 2 ? r : 0;
-}
-
-extern "C" bool rlm__cuda_qkv_rope_takes(const rlm_cuda_qmat *ws, int k, int hd, const rlm_cuda_kv *c) {
-  if (!ws || (k != 1 && k != 3)) return false;
-  float y = 0.f;
-  float *ys[3] = {&y, &y, &y};
-  const int64_t rows[3] = {ws[0].rows, k == 3 ? ws[1].rows : 0, k == 3 ? ws[2].rows : 0};
-  return qkv_rope_shapes_ok(k, hd, rows, c) && !check_multi(ws, ys, k, ws, 1, "rlm__cuda_qkv_rope_takes", NULL) &&
-         qkv_rope_rows(&ws[0], hd);
-}
-
-extern "C" rlm_status rlm__cuda_qgemv_q8_qkv_rope(const rlm_cuda_qmat *ws, float *const *ys, int k, const void *scratch,
-                                                  int hd, const float *cs, const rlm_cuda_kv *c, const int32_t *tok_row,
-                                                  const int64_t *tok_pos, rlm_cuda_stream stream, rlm_error *err) {
-  const char *fn = "rlm__cuda_qgemv_q8_qkv_rope";
-  rlm_status rc = check_multi(ws, ys, k, scratch, 1, fn, err);
-  if (rc) return rc;
-  if (!cs || (c && (!tok_row || !tok_pos))) return fail(err, RLM_ERR_INVALID, fn, "NULL angles or pass plan");
-  if (!rlm__cuda_qkv_rope_takes(ws, k, hd, c))
-    return fail(err, RLM_ERR_INVALID, fn,
-                "q (and k, v of one shape) of whole heads of %d, 4-bit one-row products with RoPE instances, and a "
-                "dense cache of those heads are needed (rlm__cuda_qkv_rope_takes)",
-                hd);
-  const QkvRope rope = qkv_rope_of(k, hd, cs, c, tok_row, tok_pos);
-  cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-  const uint8_t *x = static_cast<const uint8_t *>(scratch);
-  const int pp = xreg_passes(&ws[0], 1);
-#define RLM_T(T) launch_xreg<4, T>(ws, ys, k, pp, x, st, &rope)
-  RLM_CUDA_FOR_SDTYPE(ws[0].sdtype, RLM_T)
-#undef RLM_T
-  return cuda_status(cudaGetLastError(), fn, err);
 }

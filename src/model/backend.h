@@ -73,14 +73,6 @@ struct rlm_backend {
    * also write k and v into li's cache there (its attend then does not). */
   void (*qkv_norm_rope)(rlm_session *s, int li, float *q, float *k, float *v, int n, int hq, int hkv, int hd,
                         const float *qw, const float *kw, bool vnorm, double eps, const float *cs, int64_t stride);
-  /* Optional (NULL: linears, then qkv_norm_rope): layer li's q, k and v
-   * products of n rows of x (ls of k: q alone for a KV-shared layer, or
-   * q, k and v; their outputs q, k, v) followed by qkv_norm_rope's work
-   * with these arguments. A device may rotate and write the cache in the
-   * products' launch, as the two steps' bits. */
-  void (*qkv_project)(rlm_session *s, int li, const rlm_linear *const *ls, int k, const float *x, float *q, float *kk,
-                      float *v, int n, int hq, int hkv, int hd, const float *qw, const float *kw, bool vnorm,
-                      double eps, const float *cs, int64_t stride);
   /* dst[i] = src[ps->want[i0 + i]] for i < count, rows of width floats. */
   void (*gather_wanted)(rlm_session *s, const rlm_pass *ps, int i0, int count, float *dst, const float *src,
                         int64_t width);

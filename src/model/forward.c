@@ -68,15 +68,10 @@ static void project_qkv(rlm_session *s, int li, int n) {
   int k = 1;
   if (own) ls[k] = &L->wk, ys[k++] = s->k;
   if (own && L->wv.out) ls[k] = &L->wv, ys[k++] = s->v;
-  const float *cs = rope_row(s, c->sliding[li], 0);
-  const int64_t stride = c->max_head_dim;
-  if (be->qkv_project && (!own || L->wv.out)) { /* not k_eq_v: its v is a copy between the steps */
-    be->qkv_project(s, li, ls, k, s->h, s->q, own ? s->k : NULL, s->v, n, c->n_heads, nkv, hd, L->q_norm,
-                    own ? L->k_norm : NULL, own && c->v_norm, eps, cs, stride);
-    return;
-  }
   lins(s, ls, ys, k, s->h, n);
   if (own && !L->wv.out) be->copy(s, s->v, s->k, (size_t)n * nkv * hd); /* k_eq_v: V = raw K */
+  const float *cs = rope_row(s, c->sliding[li], 0);
+  const int64_t stride = c->max_head_dim;
   if (be->qkv_norm_rope) {
     be->qkv_norm_rope(s, li, s->q, own ? s->k : NULL, s->v, n, c->n_heads, nkv, hd, L->q_norm,
                       own ? L->k_norm : NULL, own && c->v_norm, eps, cs, stride);

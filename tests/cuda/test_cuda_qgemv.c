@@ -38,7 +38,6 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-#include <math.h>
 #include <time.h>
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
@@ -523,136 +522,6 @@ TEST(multi_equals_single) {
   CHECK_EQ(rlm__cuda_qgemv_q8_multi(w, ys, 2, (const void *)16, 1, NULL, &err), RLM_ERR_INVALID);
   CHECK(strstr(err.msg, "differs") != NULL);
   CHECK_EQ(rlm__cuda_qgemv_q8_multi(w, ys, 4, (const void *)16, 1, NULL, &err), RLM_ERR_INVALID);
-}
-
-/* Device bytes a and b (n each) equal. */
-static bool dev_same(const void *a, const void *b, size_t n) {
-  unsigned char *ha = malloc(n), *hb = malloc(n);
-  CU(cudaMemcpy(ha, a, n, cudaMemcpyDeviceToHost));
-  CU(cudaMemcpy(hb, b, n, cudaMemcpyDeviceToHost));
-  const bool same = memcmp(ha, hb, n) == 0;
-  free(ha), free(hb);
-  return same;
-}
-
-/* A dense cache of 2 rows (token 0 writes row 1), every byte 0xff. */
-static rlm_cuda_kv rope_cache(rlm_dtype dt, int n_kv, int hd, int64_t cap, int64_t ring) {
-  rlm_cuda_kv c = {.dtype = dt, .n_kv = n_kv, .dim = hd, .cap = cap, .ring = ring};
-  const size_t bytes = (size_t)2 * n_kv * (size_t)cap * hd * dtype_size(dt);
-  c.k = dev_poisoned(bytes), c.v = dev_poisoned(bytes);
-  return c;
-}
-
-/* A random dense matrix of dtype dt on the device (its rlm_cuda_weight). */
-static rlm_cuda_weight dense_make(int64_t rows, int64_t cols, rlm_dtype dt) {
-  const size_t n = (size_t)rows * (size_t)cols;
-  void *h = malloc(n * dtype_size(dt));
-  for (size_t i = 0; i < n; i++) rlm__store_f(h, dt, (int64_t)i, 0.05f * rndf());
-  rlm_cuda_weight w = {.w = dev_copy(h, n * dtype_size(dt), cudaMemcpyHostToDevice), .dtype = dt, .rows = rows,
-                       .cols = cols};
-  free(h);
-  return w;
-}
-
-/* One case of decode's q, k, v launch with RoPE and the cache write
- * against the two launches it replaces, byte for byte (q, k, v, guards,
- * both caches): 4-bit weights (wd < 0: rlm__cuda_qgemv_q8_qkv_rope
- * against rlm__cuda_qgemv_q8_multi) or dense ones of dtype wd
- * (rlm__cuda_dense_gemv_qkv_rope against rlm__cuda_dense_gemv_multi),
- * then rlm__cuda_qkv_prep. k 3 (q, k, v) or 1 (q alone); cd a cache
- * dtype, or -1: none written (a quantized cache's layer). */
-static void check_qkv_rope_case(int wd, int64_t cols, int hq, int hkv, int hd, int k, int cd, int64_t pos,
-                                int64_t ring) {
-  const int g = 64;
-  const int64_t rows[3] = {(int64_t)hq * hd, (int64_t)hkv * hd, (int64_t)hkv * hd}, cap = 8;
-  qm q[3];
-  rlm_cuda_qmat ws[3];
-  rlm_cuda_weight dw[3] = {{0}};
-  float *ya[3], *yb[3];
-  float *x = malloc((size_t)cols * 4), *cs = malloc((size_t)hd * 4);
-  for (int64_t i = 0; i < cols; i++) x[i] = rndf();
-  for (int i = 0; i < hd / 2; i++) /* angles of one position */
-    cs[2 * i] = cosf(0.37f * (float)i + 0.1f), cs[2 * i + 1] = sinf(0.37f * (float)i + 0.1f);
-  float *dx = dev_copy(x, (size_t)cols * 4, cudaMemcpyHostToDevice);
-  float *dcs = dev_copy(cs, (size_t)hd * 4, cudaMemcpyHostToDevice);
-  const int32_t row = 1;
-  int32_t *drow = dev_copy(&row, sizeof row, cudaMemcpyHostToDevice);
-  int64_t *dpos = dev_copy(&pos, sizeof pos, cudaMemcpyHostToDevice);
-  void *dsc = dev_poisoned(rlm__cuda_q8act_bytes(cols, g, 1));
-  rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_q8act_quantize(dx, 1, cols, 4, g, dsc, NULL, &err), RLM_OK);
-  for (int i = 0; i < 3; i++) {
-    if (wd < 0) qm_make(&q[i], rows[i], cols, 4, g, RLM_DTYPE_BF16), ws[i] = q[i].d;
-    else dw[i] = dense_make(rows[i], cols, (rlm_dtype)wd);
-    ya[i] = dev_poisoned((size_t)rows[i] * 4 + 64), yb[i] = dev_poisoned((size_t)rows[i] * 4 + 64); /* 64: guard */
-  }
-  rlm_cuda_kv ca = {0}, cb = {0};
-  if (cd >= 0) ca = rope_cache((rlm_dtype)cd, hkv, hd, cap, ring), cb = rope_cache((rlm_dtype)cd, hkv, hd, cap, ring);
-  const rlm_cuda_kv *pa = cd >= 0 ? &ca : NULL, *pb = cd >= 0 ? &cb : NULL;
-  if (wd < 0) {
-    CHECK_EQ(rlm__cuda_qkv_rope_takes(ws, k, hd, pb), true);
-    CHECK_EQ(rlm__cuda_qgemv_q8_multi(ws, ya, k, dsc, 1, NULL, &err), RLM_OK);
-  } else {
-    CHECK_EQ(rlm__cuda_dense_qkv_rope_takes(dw, k, dx, hd, pb), true);
-    CHECK_EQ(rlm__cuda_dense_gemv_multi(dw, ya, k, dx, 1, NULL, &err), RLM_OK);
-  }
-  CHECK_EQ(rlm__cuda_qkv_prep(ya[0], k == 3 ? ya[1] : NULL, ya[2], 1, hq, hkv, hd, NULL, NULL, false, 1e-6, dcs, hd,
-                              pa, drow, dpos, NULL, &err),
-           RLM_OK);
-  if (wd < 0) CHECK_EQ(rlm__cuda_qgemv_q8_qkv_rope(ws, yb, k, dsc, hd, dcs, pb, drow, dpos, NULL, &err), RLM_OK);
-  else CHECK_EQ(rlm__cuda_dense_gemv_qkv_rope(dw, yb, k, dx, hd, dcs, pb, drow, dpos, NULL, &err), RLM_OK);
-  CU(cudaDeviceSynchronize());
-  int differ = 0;
-  for (int i = 0; i < 3; i++) differ += !dev_same(ya[i], yb[i], (size_t)rows[i] * 4 + 64);
-  const size_t cbytes = cd >= 0 ? (size_t)2 * hkv * (size_t)cap * hd * dtype_size((rlm_dtype)cd) : 0;
-  if (cd >= 0) differ += !dev_same(ca.k, cb.k, cbytes) + !dev_same(ca.v, cb.v, cbytes);
-  test_note("qkv with RoPE, %s weights: %lld cols, %d + %d heads of %d, k %d, cache %s, position %lld (ring %lld): "
-            "%d differ",
-            wd < 0 ? "4-bit" : rlm_dtype_name((rlm_dtype)wd), (long long)cols, hq, hkv, hd, k,
-            cd >= 0 ? rlm_dtype_name((rlm_dtype)cd) : "none", (long long)pos, (long long)ring, differ);
-  CHECK_EQ(differ, 0);
-  for (int i = 0; i < 3; i++) {
-    cudaFree(ya[i]), cudaFree(yb[i]);
-    if (wd < 0) qm_free(&q[i]);
-    else cudaFree((void *)dw[i].w);
-  }
-  cudaFree(ca.k), cudaFree(ca.v), cudaFree(cb.k), cudaFree(cb.v);
-  cudaFree(dx), cudaFree(dcs), cudaFree(drow), cudaFree(dpos), cudaFree(dsc);
-  free(x), free(cs);
-}
-
-TEST(qkv_rope_equals_two_steps) {
-  check_qkv_rope_case(-1, 4096, 32, 8, 128, 3, RLM_DTYPE_BF16, 5, 0);  /* Llama-8B: half-width blocks, two rounds */
-  check_qkv_rope_case(-1, 1152, 4, 1, 64, 3, RLM_DTYPE_F16, 13, 8);    /* 4 rows a block, a ring's slot 5 */
-  check_qkv_rope_case(-1, 2048, 6, 2, 128, 3, RLM_DTYPE_F32, 7, 0);
-  check_qkv_rope_case(-1, 4096, 8, 2, 128, 3, -1, 3, 0);              /* a quantized cache's layer: no write */
-  check_qkv_rope_case(-1, 4096, 32, 8, 128, 1, -1, 3, 0);             /* KV-shared: q alone */
-  check_qkv_rope_case(-1, 3072, 8, 2, 256, 3, RLM_DTYPE_BF16, -1, 0); /* a padded token: no slot, nothing written */
-  /* dense weights: two parts a pair (Llama-8B's q, k, v), one (1152 columns), f16 and f32 */
-  check_qkv_rope_case(RLM_DTYPE_BF16, 4096, 32, 8, 128, 3, RLM_DTYPE_BF16, 5, 0);
-  check_qkv_rope_case(RLM_DTYPE_F16, 1152, 4, 1, 64, 3, RLM_DTYPE_F16, 13, 8);
-  check_qkv_rope_case(RLM_DTYPE_F32, 2048, 2, 1, 256, 3, RLM_DTYPE_F32, 7, 0);
-  check_qkv_rope_case(RLM_DTYPE_BF16, 4096, 8, 2, 128, 1, -1, 3, 0);
-  /* what it does not take: 8 bits, a quantized cache, two products, heads of another size */
-  qm a[3];
-  rlm_cuda_qmat ws[3];
-  for (int i = 0; i < 3; i++) qm_make(&a[i], 256, 1024, i == 0 ? 8 : 4, 64, RLM_DTYPE_BF16), ws[i] = a[i].d;
-  rlm_cuda_kv c = {.k = (void *)16, .v = (void *)16, .dtype = RLM_DTYPE_BF16, .n_kv = 2,
-                   .dim = 128, .cap = 8};
-  CHECK_EQ(rlm__cuda_qkv_rope_takes(ws, 3, 128, &c), false); /* q 8-bit */
-  ws[0] = ws[1];
-  CHECK_EQ(rlm__cuda_qkv_rope_takes(ws, 3, 128, &c), true);
-  CHECK_EQ(rlm__cuda_qkv_rope_takes(ws, 2, 128, NULL), false);
-  CHECK_EQ(rlm__cuda_qkv_rope_takes(ws, 3, 96, NULL), false); /* heads of 96: qkv_prep takes multiples of 64 */
-  c.k_bits = c.v_bits = 4, c.group = 32;
-  CHECK_EQ(rlm__cuda_qkv_rope_takes(ws, 3, 128, &c), false);
-  float *ys[3] = {(float *)16, (float *)16, (float *)16};
-  rlm_error err = {0};
-  CHECK_EQ(rlm__cuda_qgemv_q8_qkv_rope(ws, ys, 3, (const void *)16, 128, (const float *)16, &c, (const int32_t *)16,
-                                       (const int64_t *)16, NULL, &err),
-           RLM_ERR_INVALID);
-  CHECK(strstr(err.msg, "dense cache") != NULL);
-  for (int i = 0; i < 3; i++) qm_free(&a[i]);
 }
 
 TEST(refuses_what_it_lacks) {
@@ -1419,7 +1288,6 @@ int main(int argc, char **argv) {
   RUN(matches_reference);
   RUN(q8_matches_reference);
   RUN(multi_equals_single);
-  RUN(qkv_rope_equals_two_steps);
   RUN(qgemm_i8_matches_reference);
   RUN(qgemm_i8_multi_matches_reference);
   RUN(widened_codes_take_int8_products);
