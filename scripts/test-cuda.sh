@@ -76,6 +76,8 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #   EARLY_POS=0      qkv_prep and the merge read positions after the wait
   #   DENSE_AHEAD=0    the dense products ask the L2 for nothing ahead
   #   DENSE_GATED=0    dense gate and up as two products and an activation
+  #   DENSE_LOOP=1     one-row dense products on a persistent grid, the
+  #                    next block's first loads before the sums go out
   #   HEAD8=0          a 2-6-bit lm_head past one row on the f32 unit kernel
   #   ATTN_SHORT_PARTS=0 decode's attention parts by 64 keys alone
   #   MERGE_KEEP=0     the merge loads the parts' outputs after m and l
@@ -119,6 +121,7 @@ ATTN_CAP_PARTS=0 test_cuda_ops test_cuda_model
 EARLY_POS=0 test_cuda_ops test_cuda_model
 DENSE_AHEAD=0 test_cuda_ops test_cuda_model
 DENSE_GATED=0 test_cuda_model
+DENSE_LOOP=1 test_cuda_qgemv test_cuda_ops test_cuda_model
 HEAD8=0 test_cuda_model
 ATTN_SHORT_PARTS=0 test_cuda_ops test_cuda_model
 MERGE_KEEP=0 test_cuda_ops test_cuda_model

@@ -427,77 +427,103 @@ __device__ __forceinline__ float dense_act(float g, float u) {
  * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
  * serves all the warp's rows. f32 accumulators per lane, then the warp's
  * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
-template <typename T, int M, int U, int ACT = kActNone>
-__global__ void __launch_bounds__(kWarp *kDenseWarps)
-    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
-  constexpr int kVe = 16 / sizeof(T);
-  __shared__ float red[kDenseWarps][kDenseRows][M];
+/* Where a warp of dense_kernel's block vb works: its segment's W (gate's
+ * for a gated pair), y and rows, the block's place in the segment, the
+ * warp's first row and how many of its kDenseRows are present. */
+struct DenseAt {
+  const uint4 *w;
+  float *y;
+  int64_t rows, blk, row0;
+  int n_rows;
+};
+
+template <int ACT>
+__device__ __forceinline__ DenseAt dense_at(const DenseSegs &segs, unsigned vb, int parts) {
   int si = 0; /* the segment, selected rather than indexed (a runtime index into the parameters) */
   if constexpr (ACT == kActNone) {
 #pragma unroll
-    for (int k = 1; k < kDenseMaxSegs; k++) si += k < segs.n && (int64_t)blockIdx.x >= segs.first_block[k];
+    for (int k = 1; k < kDenseMaxSegs; k++) si += k < segs.n && (int64_t)vb >= segs.first_block[k];
   }
-  const uint4 *__restrict__ w = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
-  float *__restrict__ y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
-  const int64_t rows = si == 0 ? segs.rows[0] : si == 1 ? segs.rows[1] : segs.rows[2];
-  const int64_t blk = (int64_t)blockIdx.x - (si == 0 ? 0 : si == 1 ? segs.first_block[1] : segs.first_block[2]);
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
+  DenseAt at;
+  at.w = si == 0 ? segs.w[0] : si == 1 ? segs.w[1] : segs.w[2];
+  at.y = si == 0 ? segs.y[0] : si == 1 ? segs.y[1] : segs.y[2];
+  at.rows = si == 0 ? segs.rows[0] : si == 1 ? segs.rows[1] : segs.rows[2];
+  at.blk = (int64_t)vb - (si == 0 ? 0 : si == 1 ? segs.first_block[1] : segs.first_block[2]);
+  const int warp = threadIdx.x / kWarp;
   /* gated: the pair's row (gate's and up's), both rows present or neither */
-  const int64_t pair = blk * (kDenseWarps / parts) + warp / parts;
-  const int64_t row0 = ACT != kActNone ? pair : pair * kDenseRows;
-  const int n_rows = ACT != kActNone ? (pair < rows ? kDenseRows : 0)
-                     : row0 >= rows  ? 0
-                     : rows - row0 < kDenseRows ? (int)(rows - row0)
-                                                : kDenseRows;
-  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U;
-  float acc[kDenseRows][M];
-#pragma unroll
-  for (int i = 0; i < kDenseRows; i++)
-#pragma unroll
-    for (int r = 0; r < M; r++) acc[i][r] = 0.f;
-  int64_t v0 = part * kWarp + lane;
-  if (ahead && threadIdx.x == 0) { /* the block's first `ahead` bytes of W (dense_ahead_bytes) */
-    if constexpr (ACT != kActNone) { /* half from each of gate and up, the same bytes a block */
-      const int64_t r0 = blk * (kDenseWarps / parts), bytes = (rows - r0) * n_vec * 16;
-      if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
-      if (bytes > 0) prefetch_l2(segs.w[1] + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
-    } else {
-      const int64_t r0 = blk * (kDenseWarps / parts) * kDenseRows, bytes = (rows - r0) * n_vec * 16;
-      if (bytes > 0) prefetch_l2(w + r0 * n_vec, 0, bytes < ahead ? bytes : ahead);
-    }
+  const int64_t pair = at.blk * (kDenseWarps / parts) + warp / parts;
+  at.row0 = ACT != kActNone ? pair : pair * kDenseRows;
+  at.n_rows = ACT != kActNone ? (pair < at.rows ? kDenseRows : 0)
+              : at.row0 >= at.rows ? 0
+              : at.rows - at.row0 < kDenseRows ? (int)(at.rows - at.row0)
+                                               : kDenseRows;
+  return at;
+}
+
+/* The block's first `ahead` bytes of W asked of the L2 (dense_ahead_bytes). */
+template <int ACT>
+__device__ __forceinline__ void dense_ahead(const DenseSegs &segs, const DenseAt &at, int64_t n_vec, int parts,
+                                            int64_t ahead) {
+  if constexpr (ACT != kActNone) { /* half from each of gate and up, the same bytes a block */
+    const int64_t r0 = at.blk * (kDenseWarps / parts), bytes = (at.rows - r0) * n_vec * 16;
+    if (bytes > 0) prefetch_l2(at.w + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
+    if (bytes > 0) prefetch_l2(segs.w[1] + r0 * n_vec, 0, bytes < ahead / 2 ? bytes : ahead / 2);
+  } else {
+    const int64_t r0 = at.blk * (kDenseWarps / parts) * kDenseRows, bytes = (at.rows - r0) * n_vec * 16;
+    if (bytes > 0) prefetch_l2(at.w + r0 * n_vec, 0, bytes < ahead ? bytes : ahead);
   }
-  pdl_enter();
-  for (; n_rows > 0 && v0 < n_vec; v0 += stride) {
-    uint4 wv[U][kDenseRows];
-    if constexpr (ACT != kActNone) dense_load_pair<U>(wv, w, segs.w[1], row0, n_vec, v0, step);
-    else dense_load<U>(wv, w, row0, n_rows, n_vec, v0, step);
+}
+
+/* One step's vectors v0 + u * step of the warp's rows (dense_load, or
+ * dense_load_pair for a gated pair). */
+template <int U, int ACT>
+__device__ __forceinline__ void dense_load_at(uint4 (&wv)[U][kDenseRows], const DenseSegs &segs, const DenseAt &at,
+                                              int64_t n_vec, int64_t v0, int64_t step) {
+  if constexpr (ACT != kActNone) dense_load_pair<U>(wv, at.w, segs.w[1], at.row0, n_vec, v0, step);
+  else dense_load<U>(wv, at.w, at.row0, at.n_rows, n_vec, v0, step);
+}
+
+/* One step's loaded vectors times x into the lane's accumulators, in
+ * vector order. */
+template <typename T, int M, int U>
+__device__ __forceinline__ void dense_step(const uint4 (&wv)[U][kDenseRows], const float *__restrict__ x,
+                                           int64_t cols, int64_t v0, int64_t step, int64_t n_vec,
+                                           float (&acc)[kDenseRows][M]) {
+  constexpr int kVe = 16 / sizeof(T);
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = v0 + u * step;
-      if (v >= n_vec) continue; /* not break: the unrolled loop keeps wv in registers */
-      float wf[kDenseRows][kVe];
+  for (int u = 0; u < U; u++) {
+    const int64_t v = v0 + u * step;
+    if (v >= n_vec) continue; /* not break: the unrolled loop keeps wv in registers */
+    float wf[kDenseRows][kVe];
 #pragma unroll
-      for (int i = 0; i < kDenseRows; i++) widen16<T>(wv[u][i], wf[i]);
+    for (int i = 0; i < kDenseRows; i++) widen16<T>(wv[u][i], wf[i]);
 #pragma unroll
-      for (int r = 0; r < M; r++) {
-        const float4 *xv = reinterpret_cast<const float4 *>(x + r * cols + v * kVe);
+    for (int r = 0; r < M; r++) {
+      const float4 *xv = reinterpret_cast<const float4 *>(x + r * cols + v * kVe);
 #pragma unroll
-        for (int h = 0; h < kVe / 4; h++) {
-          const float4 a = __ldg(xv + h);
+      for (int h = 0; h < kVe / 4; h++) {
+        const float4 a = __ldg(xv + h);
 #pragma unroll
-          for (int i = 0; i < kDenseRows; i++) {
-            float s = acc[i][r];
-            s = fmaf(wf[i][4 * h], a.x, s);
-            s = fmaf(wf[i][4 * h + 1], a.y, s);
-            s = fmaf(wf[i][4 * h + 2], a.z, s);
-            acc[i][r] = fmaf(wf[i][4 * h + 3], a.w, s);
-          }
+        for (int i = 0; i < kDenseRows; i++) {
+          float s = acc[i][r];
+          s = fmaf(wf[i][4 * h], a.x, s);
+          s = fmaf(wf[i][4 * h + 1], a.y, s);
+          s = fmaf(wf[i][4 * h + 2], a.z, s);
+          acc[i][r] = fmaf(wf[i][4 * h + 3], a.w, s);
         }
       }
     }
   }
+}
+
+/* The warp's sums out: one part, its shuffle sum (warp_store); more, the
+ * parts added in shared memory from 0 in part order; a gated pair,
+ * act(gate) * up. Every thread of the block reaches its barrier. */
+template <int M, int ACT>
+__device__ __forceinline__ void dense_out(float (&acc)[kDenseRows][M], float (&red)[kDenseWarps][kDenseRows][M],
+                                          int lane, int warp, int part, int parts, const DenseAt &at) {
   if (parts == 1 && ACT == kActNone) {
-    warp_store(acc, lane, n_rows, rows, row0, y);
+    warp_store(acc, lane, at.n_rows, at.rows, at.row0, at.y);
     return;
   }
 #pragma unroll
@@ -512,11 +538,11 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   if constexpr (ACT != kActNone) {
     if (parts > 1) __syncthreads();
     else __syncwarp();
-    if (part != 0 || lane >= M || n_rows == 0) return;
+    if (part != 0 || lane >= M || at.n_rows == 0) return;
     /* one part: warp_store's sums; more: the sum below, from 0 */
     float g = parts == 1 ? red[warp][0][lane] : 0.f, u = parts == 1 ? red[warp][1][lane] : 0.f;
     for (int p = 0; parts > 1 && p < parts; p++) g += red[warp + p][0][lane], u += red[warp + p][1][lane];
-    y[(int64_t)lane * rows + row0] = dense_act<ACT>(g, u);
+    at.y[(int64_t)lane * at.rows + at.row0] = dense_act<ACT>(g, u);
     return;
   }
   __syncthreads();
@@ -524,7 +550,79 @@ __global__ void __launch_bounds__(kWarp *kDenseWarps)
   const int i = lane / M, r = lane % M;
   float a = 0.f;
   for (int p = 0; p < parts; p++) a += red[warp + p][i][r];
-  if (i < n_rows) y[(int64_t)r * rows + row0 + i] = a;
+  if (i < at.n_rows) at.y[(int64_t)r * at.rows + at.row0 + i] = a;
+}
+
+template <typename T, int M, int U, int ACT = kActNone>
+__global__ void __launch_bounds__(kWarp *kDenseWarps)
+    dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
+  constexpr int kVe = 16 / sizeof(T);
+  __shared__ float red[kDenseWarps][kDenseRows][M];
+  const DenseAt at = dense_at<ACT>(segs, blockIdx.x, parts);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
+  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U;
+  float acc[kDenseRows][M];
+#pragma unroll
+  for (int i = 0; i < kDenseRows; i++)
+#pragma unroll
+    for (int r = 0; r < M; r++) acc[i][r] = 0.f;
+  int64_t v0 = part * kWarp + lane;
+  if (ahead && threadIdx.x == 0) dense_ahead<ACT>(segs, at, n_vec, parts, ahead);
+  pdl_enter();
+  for (; at.n_rows > 0 && v0 < n_vec; v0 += stride) {
+    uint4 wv[U][kDenseRows];
+    dense_load_at<U, ACT>(wv, segs, at, n_vec, v0, step);
+    dense_step<T, M, U>(wv, x, cols, v0, step, n_vec, acc);
+  }
+  dense_out<M, ACT>(acc, red, lane, warp, part, parts, at);
+}
+
+/* THE PERSISTENT FORM (RINGLM_CUDA_DENSE_LOOP=1, one row of x; off until
+ * a GPU has timed it): the blocks that fit at once, each walking
+ * dense_kernel's blocks vb, vb + grid, ..., and issuing the next one's
+ * first step of loads before the current one's sums go out (into the
+ * registers its last step has just consumed: no more registers). The
+ * premise: on the H200 the bf16 products in a graph reach 90% of the
+ * floor against 97% on an H100, while a persistent read-only chain
+ * (bench/cuda_read_floor.cu) reaches 100% there; Llama-8B's q, k, v and
+ * o blocks are one step of loads a warp, so each block's shuffles,
+ * barrier and stores, and the block's own start, are not hidden behind
+ * any load. The plain persistent grid without the early loads was level
+ * on an H100 (docs/cuda-notes.md, 2026-12-06, seventh). Each row's sum
+ * is dense_kernel's: the same vectors a lane in the same order, the same
+ * shuffle tree and parts' order. */
+template <typename T, int U, int ACT>
+__global__ void __launch_bounds__(kWarp *kDenseWarps)
+    dense_loop_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead,
+                      int64_t total) {
+  constexpr int kVe = 16 / sizeof(T);
+  __shared__ float red[kDenseWarps][kDenseRows][1];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, part = warp % parts;
+  const int64_t n_vec = cols / kVe, step = (int64_t)kWarp * parts, stride = step * U, v0 = part * kWarp + lane;
+  int64_t vb = blockIdx.x;
+  DenseAt at = dense_at<ACT>(segs, (unsigned)vb, parts);
+  if (ahead && threadIdx.x == 0) dense_ahead<ACT>(segs, at, n_vec, parts, ahead);
+  pdl_enter();
+  uint4 wv[U][kDenseRows];
+  if (at.n_rows > 0) dense_load_at<U, ACT>(wv, segs, at, n_vec, v0, step);
+  for (; vb < total; vb += gridDim.x) {
+    float acc[kDenseRows][1] = {};
+    for (int64_t v = v0;; v += stride) {
+      if (at.n_rows > 0) dense_step<T, 1, U>(wv, x, cols, v, step, n_vec, acc);
+      if (at.n_rows > 0 && v + stride < n_vec) {
+        dense_load_at<U, ACT>(wv, segs, at, n_vec, v + stride, step);
+        continue;
+      }
+      /* (its place worked out here and again below, rather than held
+       * across the loop in registers) */
+      const DenseAt nxt = dense_at<ACT>(segs, (unsigned)(vb + gridDim.x), parts);
+      if (vb + gridDim.x < total && nxt.n_rows > 0) dense_load_at<U, ACT>(wv, segs, nxt, n_vec, v0, step);
+      break;
+    }
+    dense_out<1, ACT>(acc, red, lane, warp, part, parts, at);
+    __syncthreads(); /* red is written again by the next block's sums */
+    at = dense_at<ACT>(segs, (unsigned)(vb + gridDim.x), parts);
+  }
 }
 
 /* Rows whose bytes are not a multiple of 16 (or a W or x not 16-byte
@@ -584,9 +682,32 @@ int64_t dense_ahead_bytes() {
  * twice that measured slower on both cards, the bf16 token's products
  * in a graph 91.2% against 97.4% of the floor on an H100 and 83.4%
  * against 90.2% on the H200: docs/cuda-notes.md). */
+bool dense_loop_on() {
+  static const bool on = env_switch("RINGLM_CUDA_DENSE_LOOP", false);
+  return on;
+}
+
+/* The blocks of dense_loop_kernel that fit on the GPU at once (at most
+ * `blocks`, dense_kernel's grid). */
+template <typename T, int ACT>
+unsigned dense_loop_grid(unsigned blocks) {
+  static int per_sm = 0;
+  if (!per_sm && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dense_loop_kernel<T, kDenseUnroll, ACT>,
+                                                               kWarp * kDenseWarps, 0) != cudaSuccess)
+    (void)cudaGetLastError(), per_sm = 1;
+  const int64_t n = (int64_t)sm_count() * (per_sm > 0 ? per_sm : 1);
+  return (unsigned)(blocks < n ? blocks : n);
+}
+
 template <typename T, int M, int ACT>
 void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts,
                          cudaStream_t st) {
+  if constexpr (M == 1)
+    if (dense_loop_on()) {
+      launch_k(dense_loop_kernel<T, kDenseUnroll, ACT>, dense_loop_grid<T, ACT>(grid), kWarp * kDenseWarps, 0, st, p,
+               x, cols, parts, dense_ahead_bytes(), (int64_t)grid);
+      return;
+    }
   launch_k(dense_kernel<T, M, kDenseUnroll, ACT>, grid, kWarp * kDenseWarps, 0, st, p, x, cols, parts,
            dense_ahead_bytes());
 }
