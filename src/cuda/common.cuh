@@ -297,6 +297,17 @@ inline int sm_count() {
   return sms;
 }
 
+/* A persistent grid: the blocks of `threads` threads of `kernel` that fit
+ * on the card at once (per_sm, the occupancy, queried once into the
+ * caller's cache; 1 an SM where the query fails), at most `blocks`. */
+template <typename K>
+unsigned resident_grid(K kernel, int threads, int64_t blocks, int *per_sm) {
+  if (!*per_sm && cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, threads, 0) != cudaSuccess)
+    (void)cudaGetLastError(), *per_sm = 1;
+  const int64_t n = (int64_t)sm_count() * (*per_sm > 0 ? *per_sm : 1);
+  return (unsigned)(blocks < n ? blocks : n);
+}
+
 /* ---- a split product's sums, read where they are used (rlm_cuda_sum) -------------
  * Element (t, c): the S partials added in split order, as qgemm_i8.cu's
  * add_splits_kernel adds them, so the value is the one that kernel would

@@ -416,17 +416,6 @@ __device__ __forceinline__ float dense_act(float g, float u) {
   return __fmul_rn(ACT == kActGelu ? gelu_tanh(g) : silu(g), u);
 }
 
-/* kDenseRows weight rows x M rows of x, one warp a part of the row group
- * (`parts` warps per group, 1, 2, 4 or 8, chosen on the host from the
- * shape): part p's lane l takes the 16-byte vectors p*32 + l + k*32*parts
- * of each row, coalesced, kDenseUnroll of them per row loaded before the
- * first use. (Loading the first step before the PDL wait, and each step
- * before the previous one's arithmetic, measured no faster on the H200:
- * 220.2 and 205.9 tok/s against 220.5 on Llama-8B bf16, the second at 98
- * registers instead of 64, two blocks an SM: docs/cuda-notes.md.) Each
- * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
- * serves all the warp's rows. f32 accumulators per lane, then the warp's
- * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
 /* Where a warp of dense_kernel's block vb works: its segment's W (gate's
  * for a gated pair), y and rows, the block's place in the segment, the
  * warp's first row and how many of its kDenseRows are present. */
@@ -553,6 +542,17 @@ __device__ __forceinline__ void dense_out(float (&acc)[kDenseRows][M], float (&r
   if (i < at.n_rows) at.y[(int64_t)r * at.rows + at.row0 + i] = a;
 }
 
+/* kDenseRows weight rows x M rows of x, one warp a part of the row group
+ * (`parts` warps per group, 1, 2, 4 or 8, chosen on the host from the
+ * shape): part p's lane l takes the 16-byte vectors p*32 + l + k*32*parts
+ * of each row, coalesced, kDenseUnroll of them per row loaded before the
+ * first use. (Loading the first step before the PDL wait, and each step
+ * before the previous one's arithmetic, measured no faster on the H200:
+ * 220.2 and 205.9 tok/s against 220.5 on Llama-8B bf16, the second at 98
+ * registers instead of 64, two blocks an SM: docs/cuda-notes.md.) Each
+ * vector's x (M rows, f32, 2 or 4 float4 a row) comes through L1/L2 and
+ * serves all the warp's rows. f32 accumulators per lane, then the warp's
+ * shuffle sum and, for parts > 1, a sum of the parts in shared memory. */
 template <typename T, int M, int U, int ACT = kActNone>
 __global__ void __launch_bounds__(kWarp *kDenseWarps)
     dense_kernel(const DenseSegs segs, const float *__restrict__ x, int64_t cols, int parts, int64_t ahead) {
@@ -678,10 +678,7 @@ int64_t dense_ahead_bytes() {
   return b;
 }
 
-/* dense_kernel's launch (kDenseUnroll vectors a row in flight a lane:
- * twice that measured slower on both cards, the bf16 token's products
- * in a graph 91.2% against 97.4% of the floor on an H100 and 83.4%
- * against 90.2% on the H200: docs/cuda-notes.md). */
+/* RINGLM_CUDA_DENSE_LOOP=1: dense_loop_kernel for one row of x (off). */
 bool dense_loop_on() {
   static const bool on = env_switch("RINGLM_CUDA_DENSE_LOOP", false);
   return on;
@@ -692,13 +689,13 @@ bool dense_loop_on() {
 template <typename T, int ACT>
 unsigned dense_loop_grid(unsigned blocks) {
   static int per_sm = 0;
-  if (!per_sm && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dense_loop_kernel<T, kDenseUnroll, ACT>,
-                                                               kWarp * kDenseWarps, 0) != cudaSuccess)
-    (void)cudaGetLastError(), per_sm = 1;
-  const int64_t n = (int64_t)sm_count() * (per_sm > 0 ? per_sm : 1);
-  return (unsigned)(blocks < n ? blocks : n);
+  return resident_grid(dense_loop_kernel<T, kDenseUnroll, ACT>, kWarp * kDenseWarps, blocks, &per_sm);
 }
 
+/* dense_kernel's launch, or dense_loop_kernel's (kDenseUnroll vectors a row in flight a lane:
+ * twice that measured slower on both cards, the bf16 token's products
+ * in a graph 91.2% against 97.4% of the floor on an H100 and 83.4%
+ * against 90.2% on the H200: docs/cuda-notes.md). */
 template <typename T, int M, int ACT>
 void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts,
                          cudaStream_t st) {

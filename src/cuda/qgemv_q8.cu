@@ -568,13 +568,7 @@ bool xreg_loop_on() {
 template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
   static int per_sm[9] = {0}; /* by warps a block (1..8) */
-  const int wi = threads / kWarp, sms = sm_count();
-  if (!per_sm[wi] &&
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[wi], qgemv_xreg_kernel<BITS, PP, R, T>, threads, 0) !=
-          cudaSuccess)
-    (void)cudaGetLastError(), per_sm[wi] = 1;
-  const int64_t n = (int64_t)sms * (per_sm[wi] > 0 ? per_sm[wi] : 1);
-  return (unsigned)(groups < n ? groups : n);
+  return resident_grid(qgemv_xreg_kernel<BITS, PP, R, T>, threads, groups, &per_sm[threads / kWarp]);
 }
 
 template <int BITS, int PP, int R, typename T>
