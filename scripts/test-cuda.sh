@@ -10,7 +10,8 @@
 #   scripts/test-cuda.sh           all three
 # To fit `run` into shorter device calls: MEMCHECK=0 skips the memcheck
 # runs; SWITCHES=REGEX runs only the switch table's lines that match it
-# (SWITCHES=none: none of them).
+# (SWITCHES=none: none of them); SWITCH_MEMCHECK=1 runs those lines under
+# memcheck too.
 # A GPU machine without our Debian packages can run what another machine
 # built: `build` gathers the libraries it lacks into build-cuda/devlib, which
 # `run` puts on LD_LIBRARY_PATH, and packs the programs and devlib into
@@ -92,6 +93,10 @@ if [ "$what" = run ] || [ "$what" = all ]; then
   #                    rounds a block)
   # The ones marked "off until it has run on a GPU" in their source are
   # tested here before any default changes.
+  # SWITCH_MEMCHECK=1: each switch's programs under memcheck too (a switch
+  # on its way to a default: the memory it touches, not only its bits)
+  san=""
+  [ "${SWITCH_MEMCHECK:-0}" = 1 ] && san="compute-sanitizer --tool memcheck --error-exitcode 1"
   while read -r sw progs_sw; do
     [[ "$sw $progs_sw" =~ ${SWITCHES:-.} ]] || continue
     IFS=+ read -ra parts <<<"$sw" # A=1+B=2: both switches at once
@@ -99,8 +104,8 @@ if [ "$what" = run ] || [ "$what" = all ]; then
     for x in "${parts[@]}"; do envs+=("RINGLM_CUDA_$x"); done
     for p in $progs_sw; do
       log=build-cuda/switch-$p-${sw//[=+]/_}.log
-      if env "${envs[@]}" build-cuda/tests/$p >"$log" 2>&1; then
-        echo "test-cuda: $p with ${envs[*]}: passed"
+      if env "${envs[@]}" $san build-cuda/tests/$p >"$log" 2>&1; then
+        echo "test-cuda: $p with ${envs[*]}: passed${san:+ under memcheck}"
       else
         tail -30 "$log"
         echo "test-cuda: $p with ${envs[*]}: FAILED ($log)"
