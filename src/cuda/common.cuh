@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
+#include <atomic>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,22 +290,33 @@ inline rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, 
 
 inline uint8_t *q8_scratch(const rlm_cuda_q8out *q8) { return q8 ? static_cast<uint8_t *>(q8->scratch) : NULL; }
 
-/* The card's multiprocessors, queried once (1 where the query fails). */
+/* The card's multiprocessors, queried once (1 where the query fails).
+ * Sessions on several threads launch at once: a function-local static's
+ * initialisation is thread-safe, where a plain static filled on first use
+ * is a data race. */
 inline int sm_count() {
-  static int sms = 0;
-  if (!sms && cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
-    (void)cudaGetLastError(), sms = 1;
+  static const int sms = [] {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || n < 1)
+      (void)cudaGetLastError(), n = 1;
+    return n;
+  }();
   return sms;
 }
 
 /* A persistent grid: the blocks of `threads` threads of `kernel` that fit
  * on the card at once (per_sm, the occupancy, queried once into the
- * caller's cache; 1 an SM where the query fails), at most `blocks`. */
+ * caller's cache, an atomic since sessions on several threads launch at
+ * once; 1 an SM where the query fails), at most `blocks`. */
 template <typename K>
-unsigned resident_grid(K kernel, int threads, int64_t blocks, int *per_sm) {
-  if (!*per_sm && cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, kernel, threads, 0) != cudaSuccess)
-    (void)cudaGetLastError(), *per_sm = 1;
-  const int64_t n = (int64_t)sm_count() * (*per_sm > 0 ? *per_sm : 1);
+unsigned resident_grid(K kernel, int threads, int64_t blocks, std::atomic<int> *per_sm) {
+  int k = per_sm->load(std::memory_order_relaxed);
+  if (!k) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, kernel, threads, 0) != cudaSuccess || k < 1)
+      (void)cudaGetLastError(), k = 1;
+    per_sm->store(k, std::memory_order_relaxed);
+  }
+  const int64_t n = (int64_t)sm_count() * k;
   return (unsigned)(blocks < n ? blocks : n);
 }
 

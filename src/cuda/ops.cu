@@ -688,7 +688,7 @@ bool dense_loop_on() {
  * `blocks`, dense_kernel's grid). */
 template <typename T, int ACT>
 unsigned dense_loop_grid(unsigned blocks) {
-  static int per_sm = 0;
+  static std::atomic<int> per_sm{0};
   return resident_grid(dense_loop_kernel<T, kDenseUnroll, ACT>, kWarp * kDenseWarps, blocks, &per_sm);
 }
 

@@ -567,7 +567,7 @@ bool xreg_loop_on() {
  * a row group. */
 template <int BITS, int PP, int R, typename T>
 unsigned loop_grid(int threads, int64_t groups) {
-  static int per_sm[9] = {0}; /* by warps a block (1..8) */
+  static std::atomic<int> per_sm[9]; /* by warps a block (1..8); zero-initialised, as statics are */
   return resident_grid(qgemv_xreg_kernel<BITS, PP, R, T>, threads, groups, &per_sm[threads / kWarp]);
 }
 
@@ -698,8 +698,8 @@ extern "C" rlm_status rlm__cuda_qgemv_q8_multi(const rlm_cuda_qmat *ws, float *c
   }
   cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
   const uint8_t *x = static_cast<const uint8_t *>(scratch);
-  static int no_xreg = -1; /* RLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare (docs/cuda-notes.md) */
-  if (no_xreg < 0) no_xreg = getenv("RLM_CUDA_Q8_NO_XREG") != NULL;
+  /* RINGLM_CUDA_Q8_NO_XREG=1: the general kernel, to compare */
+  static const bool no_xreg = env_switch("RINGLM_CUDA_Q8_NO_XREG", false);
   const int pp = no_xreg && ws[0].bits != 6 ? 0 : xreg_passes(&ws[0], m); /* 6 bits: no other kernel */
   if (pp && ws[0].bits == 6) {
 #define RLM_T(T) launch_xreg<6, T>(ws, ys, k, pp, x, st)
