@@ -290,14 +290,15 @@ inline rlm_status q8_check(const rlm_cuda_q8out *q8, int64_t n, const char *fn, 
 
 inline uint8_t *q8_scratch(const rlm_cuda_q8out *q8) { return q8 ? static_cast<uint8_t *>(q8->scratch) : NULL; }
 
-/* The card's multiprocessors, queried once (1 where the query fails).
- * Sessions on several threads launch at once: a function-local static's
- * initialisation is thread-safe, where a plain static filled on first use
- * is a data race. */
+/* The current card's multiprocessors, queried once (1 where the query
+ * fails). Sessions on several threads launch at once: a function-local
+ * static's initialisation is thread-safe, where a plain static filled on
+ * first use is a data race. */
 inline int sm_count() {
   static const int sms = [] {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess || n < 1)
+    int n = 0, dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1)
       (void)cudaGetLastError(), n = 1;
     return n;
   }();

@@ -692,10 +692,10 @@ unsigned dense_loop_grid(unsigned blocks) {
   return resident_grid(dense_loop_kernel<T, kDenseUnroll, ACT>, kWarp * kDenseWarps, blocks, &per_sm);
 }
 
-/* dense_kernel's launch, or dense_loop_kernel's (kDenseUnroll vectors a row in flight a lane:
- * twice that measured slower on both cards, the bf16 token's products
- * in a graph 91.2% against 97.4% of the floor on an H100 and 83.4%
- * against 90.2% on the H200: docs/cuda-notes.md). */
+/* dense_kernel's launch, or dense_loop_kernel's (kDenseUnroll vectors a
+ * row in flight a lane: twice that measured slower on both cards, the
+ * bf16 token's products in a graph 91.2% against 97.4% of the floor on an
+ * H100 and 83.4% against 90.2% on the H200: docs/cuda-notes.md). */
 template <typename T, int M, int ACT>
 void launch_dense_kernel(unsigned grid, const DenseSegs &p, const float *x, int64_t cols, int parts,
                          cudaStream_t st) {

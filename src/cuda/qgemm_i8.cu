@@ -554,17 +554,15 @@ auto kernel_of() -> void (*)(const Args) {
 template <int BITS, int NT, typename T, bool MULTI, int G>
 int resident_blocks() {
   static const int n = [] {
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0;
     if (cudaFuncSetAttribute(kernel_of<BITS, NT, T, MULTI, G>(), cudaFuncAttributeMaxDynamicSharedMemorySize,
                              Cfg<BITS, NT>::kSmem) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of<BITS, NT, T, MULTI, G>(), kThreads,
-                                                      Cfg<BITS, NT>::kSmem) != cudaSuccess ||
-        cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+                                                      Cfg<BITS, NT>::kSmem) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
     }
-    return per_sm * sms;
+    return per_sm * sm_count();
   }();
   return n;
 }
