@@ -33,6 +33,9 @@
 #             (`ringlm logits --prefill-chunk 1`), compared byte for byte
 #             with the first variant's: a switch that must keep every bit
 #             shows here that it does
+#   NCU=1     then each variant's decode kernels, each timed alone by
+#             Nsight Compute (ncu) over two tokens without the graph, as
+#             bench/ncu_kernels.py's table: where a token's time goes
 #   BATCH (32,64; empty: no batched rows), ROUNDS (2), HEAD (8),
 #   RINGLM (build-cuda/ringlm)
 set -euo pipefail
@@ -96,6 +99,18 @@ if [ "${LOGITS:-0}" = 1 ]; then
       verdict="DIFFERENT from ${vs[0]}'s"
     fi
     printf 'logits  %-70s %s\n' "${vs[$i]}" "$verdict"
+  done
+fi
+if [ "${NCU:-0}" = 1 ]; then
+  command -v ncu >/dev/null || { echo "cuda_switches: NCU=1 needs ncu (Nsight Compute) on PATH" >&2 && exit 2; }
+  for i in "${!vs[@]}"; do
+    csv=$dir/switch-ncu-$i.csv
+    echo "kernels of ${vs[$i]}"
+    [ "${vs[$i]}" = old ] && echo "  (not measured: the old binary)" && continue
+    if [ "${vs[$i]}" = - ]; then pre=(); else read -ra pre <<<"env ${vs[$i]}"; fi
+    "${pre[@]}" ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      "$bin" bench -m "$model" --device cuda --act-bits "$acts" -p 0 -n 2 -r 1 --no-graph >"$csv" 2>/dev/null || true
+    python3 bench/ncu_kernels.py "$csv" --top 16 || true
   done
 fi
 for r in $(seq 1 "$rounds"); do
