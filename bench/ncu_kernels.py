@@ -9,9 +9,12 @@ breakdown issue 17 asks for where a speed goal is not met.
   bench/ncu_kernels.py kernels.csv[.xz] [--bytes-per-token B --copy-gbs G]
 
 Kernels are grouped by name (template arguments kept: they tell the
-instances apart), grid, and the kernel launched before (Llama's o and
-down products are the same instance on the same grid: one follows the
-attention, the other the gate and up product). A token is one embedding launch (every decode
+instances apart), grid, and the names of the --context kernels launched
+before (default 3): Llama's o and down products are one instance on one
+grid, one after the attention, the other after the gate and up product;
+a 4-bit q, k, v and gate, up are one instance on one persistent grid,
+both after an add and norm, which follows the down product for the one
+and the o product for the other. A token is one embedding launch (every decode
 pass starts with one), so the table gives each group's launches and
 microseconds per token, and its share of the token's kernel time. ncu
 runs kernels one at a time, so each time includes the launch's ramp and
@@ -70,16 +73,17 @@ def main():
     ap.add_argument('--bytes-per-token', type=float, help='weight and KV bytes one token reads')
     ap.add_argument('--copy-gbs', type=float, help='device-to-device copy bandwidth, GB/s')
     ap.add_argument('--top', type=int, default=40)
+    ap.add_argument('--context', type=int, default=3, help='kernels before a launch that tell its group')
     a = ap.parse_args()
     rows = read_rows(a.csv)
     tokens = sum(1 for n, _, _ in rows if n.startswith('embed'))
     if tokens == 0:
         sys.exit(f'ncu_kernels: {a.csv}: no embedding launch, so no token to divide by')
     groups = collections.defaultdict(list)
-    before = '(none)'
+    before = []
     for n, g, t in rows:
-        groups[(n, g, before)].append(t)
-        before = n
+        groups[(n, g, ' < '.join(before) or '(none)')].append(t)
+        before = ([n.split('<')[0]] + before)[:a.context]
     total = sum(t for _, _, t in rows) / tokens
     print(f'{len(rows)} launches, {tokens} tokens: {total:,.1f} us of kernels a token (each timed alone)')
     print(f'| kernel | grid | after | launches a token | us a launch | us a token | share |')
@@ -87,7 +91,7 @@ def main():
     ordered = sorted(groups.items(), key=lambda kv: -sum(kv[1]))
     for (n, g, b), ts in ordered[:a.top]:
         per = sum(ts) / tokens
-        print(f'| `{n}` | {g} | `{b.split("<")[0]}` | {len(ts) / tokens:g} | {sum(ts) / len(ts):,.2f} | {per:,.1f} | {100 * per / total:.1f}% |')
+        print(f'| `{n}` | {g} | {b} | {len(ts) / tokens:g} | {sum(ts) / len(ts):,.2f} | {per:,.1f} | {100 * per / total:.1f}% |')
     if len(ordered) > a.top:
         rest = sum(sum(ts) for _, ts in ordered[a.top:]) / tokens
         print(f'| ({len(ordered) - a.top} more) | | | | | {rest:,.1f} | {100 * rest / total:.1f}% |')
