@@ -14,12 +14,12 @@ before (default 3): Llama's o and down products are one instance on one
 grid, one after the attention, the other after the gate and up product;
 a 4-bit q, k, v and gate, up are one instance on one persistent grid,
 both after an add and norm, which follows the down product for the one
-and the o product for the other. A token is one embedding launch (every decode
-pass starts with one), so the table gives each group's launches and
-microseconds per token, and its share of the token's kernel time. ncu
-runs kernels one at a time, so each time includes the launch's ramp and
-tail that a graph with programmatic dependent launch partly overlaps:
-the sum is an upper bound on the token, not the token. With the bytes a
+and the o product for the other. A token is one embedding launch (every
+decode pass starts with one), so the table gives each group's launches
+and microseconds per token, and its share of the token's kernel time.
+ncu runs kernels one at a time, so each time includes the launch's ramp
+and tail that a graph with programmatic dependent launch partly
+overlaps: the sum is usually more than the token takes, not the token. With the bytes a
 token reads and the copy bandwidth, it also prints the floor and the
 share of it that the kernels' sum reaches."""
 import argparse
