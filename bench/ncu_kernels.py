@@ -48,8 +48,11 @@ def short_name(full):
 
 def read_rows(path):
     opener = lzma.open if path.endswith('.xz') else open
-    with opener(path, 'rt', errors='replace') as fh:
-        lines = [l for l in fh if l.startswith('"')]  # ncu's own lines start with ==
+    try:
+        with opener(path, 'rt', errors='replace') as fh:
+            lines = [l for l in fh if l.startswith('"')]  # ncu's own lines start with ==
+    except (OSError, lzma.LZMAError) as e:
+        sys.exit(f'ncu_kernels: {path}: {getattr(e, "strerror", None) or e}')
     if not lines:
         sys.exit(f'ncu_kernels: {path}: no CSV rows (was ncu run with --csv?)')
     rows = []
