@@ -64,7 +64,9 @@ mkdir -p "$dir"
 
 # one variant's command: its environment, then the program (ringlm's
 # subcommand, or the old binary with its own libraries; "qgemv": the
-# token of products, which the old binary has no copy of)
+# token of products, which the old binary has no copy of), run under
+# the words of the array `wrap` if any (ncu)
+wrap=()
 run() {
   local v=$1 sub=$2
   shift 2
@@ -72,11 +74,11 @@ run() {
   [ "$sub" = qgemv ] && prog=("$qgemv" --bench-token)
   if [ "$v" = old ]; then
     [ "$sub" = qgemv ] && return 0
-    env ${OLD_LIB:+LD_LIBRARY_PATH=$OLD_LIB} "$OLD" "$sub" -m "$model" --device cuda --act-bits "$acts" "$@"
+    env ${OLD_LIB:+LD_LIBRARY_PATH=$OLD_LIB} "${wrap[@]}" "$OLD" "$sub" -m "$model" --device cuda --act-bits "$acts" "$@"
   elif [ "$v" = - ]; then
-    "${prog[@]}" "$@"
+    "${wrap[@]}" "${prog[@]}" "$@"
   else
-    env $v "${prog[@]}" "$@"
+    env $v "${wrap[@]}" "${prog[@]}" "$@"
   fi
 }
 
@@ -103,15 +105,14 @@ if [ "${LOGITS:-0}" = 1 ]; then
 fi
 if [ "${NCU:-0}" = 1 ]; then
   command -v ncu >/dev/null || { echo "cuda_switches: NCU=1 needs ncu (Nsight Compute) on PATH" >&2 && exit 2; }
+  wrap=(ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base)
   for i in "${!vs[@]}"; do
     csv=$dir/switch-ncu-$i.csv
     echo "kernels of ${vs[$i]}"
-    [ "${vs[$i]}" = old ] && echo "  (not measured: the old binary)" && continue
-    if [ "${vs[$i]}" = - ]; then pre=(); else read -ra pre <<<"env ${vs[$i]}"; fi
-    "${pre[@]}" ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --print-units base \
-      "$bin" bench -m "$model" --device cuda --act-bits "$acts" -p 0 -n 2 -r 1 --no-graph >"$csv" 2>/dev/null || true
+    run "${vs[$i]}" bench -p 0 -n 2 -r 1 --no-graph >"$csv" 2>/dev/null || true
     python3 bench/ncu_kernels.py "$csv" --top 16 || true
   done
+  wrap=()
 fi
 for r in $(seq 1 "$rounds"); do
   for v in "${vs[@]}"; do

@@ -19,9 +19,9 @@ decode pass starts with one), so the table gives each group's launches
 and microseconds per token, and its share of the token's kernel time.
 ncu runs kernels one at a time, so each time includes the launch's ramp
 and tail that a graph with programmatic dependent launch partly
-overlaps: the sum is usually more than the token takes, not the token. With the bytes a
-token reads and the copy bandwidth, it also prints the floor and the
-share of it that the kernels' sum reaches."""
+overlaps: the sum is usually more than the token takes, not the token.
+With the bytes a token reads and the copy bandwidth, it also prints the
+floor and the share of it that the kernels' sum reaches."""
 import argparse
 import collections
 import csv
